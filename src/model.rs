@@ -1,0 +1,508 @@
+//! The Mimi streaming transformer, computed with candle, with a streaming state we own.
+//!
+//! Reused from candle-transformers' `mimi::transformer`: `Config`, `Norm` (layer/rms norm),
+//! `Mlp` (plain or gated), `LayerScale`, and the weight names; from candle-nn: `Linear`,
+//! `rope_i`, `softmax_last_dim`. Owned here: the self-attention and its state, because
+//! candle's is private and wrong in four ways (see the README):
+//!
+//! * the window is exact: every query at absolute position `p` attends to keys
+//!   `max(0, p-C+1)..=p` (`C = context`), whatever the chunking of the input;
+//! * the state is `(position, per-layer ring buffers of the last C keys/values)`;
+//!   `deep_copy` copies all of it, `reset` returns to a fresh state;
+//! * rotary and sinusoidal angles are computed from the absolute position in f64, with no
+//!   `max_seq_len` table, so a stream never ends; memory is bounded by `context`.
+//!
+//! The model itself (weights) is immutable and shared between clones.
+
+use crate::config::TransformerConfig;
+use candle::{DType, Device, Module, Result, Tensor};
+use candle_nn::{Linear, VarBuilder};
+use candle_transformers::models::mimi::transformer::{LayerScale, Mlp, Norm};
+use std::collections::{BTreeMap, HashMap};
+
+/// Queries processed per internal block when a call is longer than this; results do not
+/// depend on it (the computation is chunk-invariant), only memory does.
+fn block_len(context: usize) -> usize {
+    context.max(64)
+}
+
+struct Attention {
+    /// q, k and v projections fused into one `(3d, d)` matmul.
+    qkv: Linear,
+    out: Linear,
+}
+
+struct Layer {
+    norm1: Norm,
+    norm2: Norm,
+    attn: Attention,
+    mlp: Mlp,
+    ls1: Option<LayerScale>,
+    ls2: Option<LayerScale>,
+}
+
+/// Weights and shapes of a transformer; immutable once built.
+pub struct Model {
+    cfg: TransformerConfig,
+    layers: Vec<Layer>,
+    device: Device,
+    dtype: DType,
+    weights: BTreeMap<String, Tensor>,
+}
+
+/// One layer's ring buffers of keys and values, `(batch, heads, context, head_dim)`.
+/// Slot `p % context` holds position `p`.
+#[derive(Clone)]
+struct LayerCache {
+    k: Tensor,
+    v: Tensor,
+}
+
+/// The streaming state: the absolute position and the last `context` keys/values of each
+/// layer (allocated at the first call, when the batch size is known).
+#[derive(Clone, Default)]
+pub struct State {
+    pos: u64,
+    batch: usize,
+    caches: Vec<LayerCache>,
+}
+
+impl State {
+    /// Time steps consumed since the start of the stream.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// The batch size of the current stream, if one was started.
+    pub fn batch(&self) -> Option<usize> {
+        (!self.caches.is_empty()).then_some(self.batch)
+    }
+
+    /// Bytes held by the key/value buffers.
+    pub fn nbytes(&self) -> usize {
+        self.caches
+            .iter()
+            .map(|c| (c.k.elem_count() + c.v.elem_count()) * c.k.dtype().size_in_bytes())
+            .sum()
+    }
+
+    pub fn reset(&mut self) {
+        *self = State::default();
+    }
+
+    /// An independent copy: new buffers, same contents and position.
+    pub fn deep_copy(&self) -> Result<State> {
+        let caches = self
+            .caches
+            .iter()
+            .map(|c| Ok(LayerCache { k: c.k.copy()?, v: c.v.copy()? }))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(State { pos: self.pos, batch: self.batch, caches })
+    }
+
+    /// `(num_layers, batch, heads, context, head_dim)` of the buffers, if allocated.
+    pub fn layout(&self) -> Option<(usize, Vec<usize>)> {
+        self.caches.first().map(|c| (self.caches.len(), c.k.dims().to_vec()))
+    }
+}
+
+impl Model {
+    /// Builds the model from checked weights (names without prefix, interleaved q/k layout,
+    /// already in `dtype` on `device`).
+    pub fn new(
+        cfg: &TransformerConfig,
+        weights: BTreeMap<String, Tensor>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let ccfg = cfg.to_candle();
+        let map: HashMap<String, Tensor> =
+            weights.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let vb = VarBuilder::from_tensors(map, dtype, device);
+        let d = cfg.d_model;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let vb = vb.pp("layers").pp(i);
+            let (n1, n2) = if cfg.norm == "rms_norm" {
+                ("input_rmsnorm", "post_attention_rmsnorm")
+            } else {
+                ("input_layernorm", "post_attention_layernorm")
+            };
+            let norm1 = Norm::new(d, &ccfg, vb.pp(n1))?;
+            let norm2 = Norm::new(d, &ccfg, vb.pp(n2))?;
+            let (ls1, ls2) = match cfg.layer_scale {
+                Some(init) => (
+                    Some(LayerScale::new(d, init, vb.pp("self_attn_layer_scale"))?),
+                    Some(LayerScale::new(d, init, vb.pp("mlp_layer_scale"))?),
+                ),
+                None => (None, None),
+            };
+            let mlp = Mlp::new(&ccfg, vb.clone())?;
+            let get = |name: &str| -> Result<Tensor> {
+                weights
+                    .get(&format!("layers.{i}.self_attn.{name}"))
+                    .cloned()
+                    .ok_or_else(|| candle::Error::Msg(format!("missing self_attn.{name}")))
+            };
+            let qkv_w = Tensor::cat(&[get("q_proj.weight")?, get("k_proj.weight")?, get("v_proj.weight")?], 0)?;
+            let qkv_b = if cfg.bias_attn {
+                Some(Tensor::cat(&[get("q_proj.bias")?, get("k_proj.bias")?, get("v_proj.bias")?], 0)?)
+            } else {
+                None
+            };
+            let out_b = if cfg.bias_attn { Some(get("o_proj.bias")?) } else { None };
+            let attn = Attention {
+                qkv: Linear::new(qkv_w, qkv_b),
+                out: Linear::new(get("o_proj.weight")?, out_b),
+            };
+            layers.push(Layer { norm1, norm2, attn, mlp, ls1, ls2 });
+        }
+        Ok(Self { cfg: cfg.clone(), layers, device: device.clone(), dtype, weights })
+    }
+
+    pub fn config(&self) -> &TransformerConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The weights under their checkpoint names (no prefix, interleaved q/k layout).
+    pub fn weights(&self) -> &BTreeMap<String, Tensor> {
+        &self.weights
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether `state` may be given to this model (same layout of buffers).
+    pub fn state_fits(&self, state: &State) -> bool {
+        match state.layout() {
+            None => true,
+            Some((n, dims)) => {
+                let c = &self.cfg;
+                n == self.layers.len()
+                    && dims[1..] == [c.num_heads, c.context, c.head_dim()]
+                    && state.caches[0].k.dtype() == self.dtype
+                    && state.caches[0].k.device().same_device(&self.device)
+            }
+        }
+    }
+
+    /// Runs `xs` (batch, time, d_model) through the transformer, continuing `state`.
+    /// The caller has checked the shape and that the batch matches the state's.
+    pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+        let (b, t, _) = xs.dims3()?;
+        if t == 0 {
+            return Ok(xs.clone());
+        }
+        if state.caches.is_empty() {
+            let c = &self.cfg;
+            let shape = (b, c.num_heads, c.context, c.head_dim());
+            state.caches = (0..self.layers.len())
+                .map(|_| {
+                    Ok(LayerCache {
+                        k: Tensor::zeros(shape, self.dtype, &self.device)?,
+                        v: Tensor::zeros(shape, self.dtype, &self.device)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            state.batch = b;
+        }
+        let block = block_len(self.cfg.context);
+        if t <= block {
+            return self.forward_block(state, xs);
+        }
+        let mut outs = Vec::with_capacity(t.div_ceil(block));
+        let mut start = 0;
+        while start < t {
+            let len = block.min(t - start);
+            outs.push(self.forward_block(state, &xs.narrow(1, start, len)?)?);
+            start += len;
+        }
+        Tensor::cat(&outs, 1)
+    }
+
+    /// cos/sin of the rotary angles for positions `pos..pos+t`, `(t, head_dim/2)` in f32.
+    fn rope_tables(&self, pos: u64, t: usize) -> Result<(Tensor, Tensor)> {
+        let hd = self.cfg.head_dim();
+        let theta = self.cfg.max_period as f64;
+        let inv: Vec<f64> =
+            (0..hd).step_by(2).map(|i| 1.0 / theta.powf(i as f64 / hd as f64)).collect();
+        let mut cos = Vec::with_capacity(t * inv.len());
+        let mut sin = Vec::with_capacity(t * inv.len());
+        for p in 0..t as u64 {
+            let p = (pos + p) as f64;
+            for f in &inv {
+                let a = p * f;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        let n = inv.len();
+        Ok((
+            Tensor::from_vec(cos, (t, n), &self.device)?,
+            Tensor::from_vec(sin, (t, n), &self.device)?,
+        ))
+    }
+
+    /// Sinusoidal embeddings `[cos(p f), sin(p f)]` for positions `pos..pos+t`, `(t, d)`.
+    fn sin_embedding(&self, pos: u64, t: usize) -> Result<Tensor> {
+        let d = self.cfg.d_model;
+        let half = d / 2;
+        let theta = self.cfg.max_period as f64;
+        let inv: Vec<f64> =
+            (0..half).map(|i| 1.0 / theta.powf(i as f64 / (half - 1) as f64)).collect();
+        let mut out = Vec::with_capacity(t * d);
+        for p in 0..t as u64 {
+            let p = (pos + p) as f64;
+            out.extend(inv.iter().map(|f| (p * f).cos() as f32));
+            out.extend(inv.iter().map(|f| (p * f).sin() as f32));
+        }
+        Tensor::from_vec(out, (t, d), &self.device)?.to_dtype(self.dtype)
+    }
+
+    /// Additive mask for `t` queries at `pos..pos+t` over `n_old` cached keys (ring slots
+    /// `0..n_old`) followed by the `t` new keys: 0 where `0 <= q - k < context`, -inf else.
+    fn chunk_mask(&self, pos: u64, t: usize, n_old: usize) -> Result<Tensor> {
+        let c = self.cfg.context as u64;
+        let key_pos = |j: usize| -> u64 {
+            if j >= n_old {
+                pos + (j - n_old) as u64
+            } else if pos <= c {
+                j as u64
+            } else {
+                (pos - 1) - ((pos - 1 - j as u64) % c)
+            }
+        };
+        let n = n_old + t;
+        let keys: Vec<u64> = (0..n).map(key_pos).collect();
+        let mut mask = Vec::with_capacity(t * n);
+        for i in 0..t as u64 {
+            let q = pos + i;
+            mask.extend(keys.iter().map(|&k| if k <= q && q - k < c { 0f32 } else { f32::NEG_INFINITY }));
+        }
+        Tensor::from_vec(mask, (t, n), &self.device)?.to_dtype(self.dtype)
+    }
+
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        if self.dtype == DType::F32 {
+            candle_nn::rotary_emb::rope_i(x, cos, sin)
+        } else {
+            candle_nn::rotary_emb::rope_i(&x.to_dtype(DType::F32)?, cos, sin)?.to_dtype(self.dtype)
+        }
+    }
+
+    fn forward_block(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let (b, t, d) = xs.dims3()?;
+        let (h, hd, c) = (cfg.num_heads, cfg.head_dim(), cfg.context);
+        let pos = state.pos;
+        let cpos = c as u64;
+        let rope = match cfg.positional_embedding.as_str() {
+            "rope" => Some(self.rope_tables(pos, t)?),
+            _ => None,
+        };
+        let mut xs = match cfg.positional_embedding.as_str() {
+            "sin" => xs.broadcast_add(&self.sin_embedding(pos, t)?)?,
+            _ => xs.clone(),
+        };
+        let n_old = pos.min(cpos) as usize;
+        let mask = if t > 1 { Some(self.chunk_mask(pos, t, n_old)?) } else { None };
+        let scale = (hd as f64).powf(-0.5);
+        // New keys/values to write into the rings once every layer succeeded (t > 1).
+        let mut pending: Vec<(Tensor, Tensor)> = Vec::new();
+        for (layer, cache) in self.layers.iter().zip(state.caches.iter()) {
+            let normed = xs.apply(&layer.norm1)?;
+            let qkv = normed
+                .apply(&layer.attn.qkv)?
+                .reshape((b, t, 3, h, hd))?
+                .permute((2, 0, 3, 1, 4))?
+                .contiguous()?;
+            let (mut q, mut k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
+            if let Some((cos, sin)) = &rope {
+                q = self.rope(&q, cos, sin)?;
+                k = self.rope(&k, cos, sin)?;
+            }
+            let q = (q * scale)?;
+            let attn = if t == 1 {
+                // Slot pos % C holds position pos - C, which no query from pos on needs,
+                // so writing before the other layers ran is safe.
+                let slot = (pos % cpos) as usize;
+                cache.k.slice_set(&k, 2, slot)?;
+                cache.v.slice_set(&v, 2, slot)?;
+                let n = (pos + 1).min(cpos) as usize;
+                let keys = cache.k.narrow(2, 0, n)?;
+                let vals = cache.v.narrow(2, 0, n)?;
+                let w = candle_nn::ops::softmax_last_dim(&q.matmul(&keys.t()?)?)?;
+                w.matmul(&vals)?
+            } else {
+                let (keys, vals) = if n_old == 0 {
+                    (k.clone(), v.clone())
+                } else {
+                    (
+                        Tensor::cat(&[&cache.k.narrow(2, 0, n_old)?, &k], 2)?,
+                        Tensor::cat(&[&cache.v.narrow(2, 0, n_old)?, &v], 2)?,
+                    )
+                };
+                let scores = q.matmul(&keys.t()?)?;
+                let scores = match &mask {
+                    Some(m) => scores.broadcast_add(m)?,
+                    None => scores,
+                };
+                let w = candle_nn::ops::softmax_last_dim(&scores)?;
+                let m = t.min(c);
+                pending.push((k.narrow(2, t - m, m)?, v.narrow(2, t - m, m)?));
+                w.matmul(&vals)?
+            };
+            let attn = attn.transpose(1, 2)?.reshape((b, t, d))?.apply(&layer.attn.out)?;
+            let attn = match &layer.ls1 {
+                Some(ls) => ls.forward(&attn)?,
+                None => attn,
+            };
+            xs = (xs + attn)?;
+            let ff = xs.apply(&layer.norm2)?.apply(&layer.mlp)?;
+            let ff = match &layer.ls2 {
+                Some(ls) => ls.forward(&ff)?,
+                None => ff,
+            };
+            xs = (xs + ff)?;
+        }
+        // Commit the new keys/values: positions pos+t-m .. pos+t-1 into their slots.
+        for (cache, (k, v)) in state.caches.iter().zip(pending) {
+            let m = k.dim(2)?;
+            let start = ((pos + (t - m) as u64) % cpos) as usize;
+            let first = m.min(c - start);
+            for (ring, new) in [(&cache.k, &k), (&cache.v, &v)] {
+                ring.slice_set(&new.narrow(2, 0, first)?.contiguous()?, 2, start)?;
+                if first < m {
+                    ring.slice_set(&new.narrow(2, first, m - first)?.contiguous()?, 2, 0)?;
+                }
+            }
+        }
+        state.pos += t as u64;
+        Ok(xs)
+    }
+}
+
+/// Random activations for tests.
+#[cfg(test)]
+pub(crate) fn test_input(b: usize, t: usize, d: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..b * t * d)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::{self, QkLayout, WeightSource};
+    use candle::StreamingModule;
+
+    fn small_cfg(pe: &str, norm: &str, gating: Option<&str>, context: usize) -> TransformerConfig {
+        let mut c = TransformerConfig::mimi_preset();
+        c.d_model = 32;
+        c.num_heads = 4;
+        c.num_layers = 2;
+        c.dim_feedforward = 64;
+        c.context = context;
+        c.max_seq_len = 512;
+        c.positional_embedding = pe.into();
+        c.norm = norm.into();
+        c.gating = gating.map(String::from);
+        c.bias_attn = gating.is_some();
+        c.layer_scale = if gating.is_some() { None } else { Some(0.3) };
+        c.validate().unwrap();
+        c
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// Inverse of the loader's conversion: interleaved -> half-split rows, per head.
+    fn to_halves(t: &Tensor, head_dim: usize) -> Tensor {
+        let rows = t.dim(0).unwrap();
+        let fwd = weights::halves_to_interleaved_index(rows, head_dim);
+        let mut inv = vec![0u32; rows];
+        for (new, &old) in fwd.iter().enumerate() {
+            inv[old as usize] = new as u32;
+        }
+        t.index_select(&Tensor::new(inv, &Device::Cpu).unwrap(), 0).unwrap()
+    }
+
+    /// candle's own transformer is right when fed one step at a time (before `max_seq_len`):
+    /// ours must agree with it on the same weights. candle 0.11.1 applies the half-split
+    /// rope, so it gets the weights in the HF layout.
+    #[test]
+    fn matches_candle_step_by_step() {
+        for (pe, norm, gating) in [
+            ("rope", "layer_norm", None),
+            ("sin", "rms_norm", Some("silu")),
+            ("none", "layer_norm", Some("gelu")),
+        ] {
+            let cfg = small_cfg(pe, norm, gating, 6);
+            let dev = Device::Cpu;
+            let w = weights::load(&cfg, WeightSource::Seed(7), "", QkLayout::Interleaved, &dev, DType::F32).unwrap();
+            let hd = cfg.head_dim();
+            let hf: HashMap<String, Tensor> = w
+                .iter()
+                .map(|(k, v)| {
+                    let v = if k.contains("q_proj") || k.contains("k_proj") { to_halves(v, hd) } else { v.clone() };
+                    (k.clone(), v)
+                })
+                .collect();
+            let vb = VarBuilder::from_tensors(hf, DType::F32, &dev);
+            let mut reference =
+                candle_transformers::models::mimi::transformer::StreamingTransformer::new(&cfg.to_candle(), vb).unwrap();
+            let model = Model::new(&cfg, w, &dev, DType::F32).unwrap();
+            let mut state = State::default();
+            let (b, t, d) = (2, 20, cfg.d_model);
+            let x = Tensor::from_vec(test_input(b, t, d, 3), (b, t, d), &dev).unwrap();
+            for i in 0..t {
+                let xi = x.narrow(1, i, 1).unwrap();
+                let ours = model.forward(&mut state, &xi).unwrap();
+                let theirs = reference.step(&xi.into()).unwrap().as_option().unwrap().clone();
+                let diff = max_abs_diff(&ours, &theirs);
+                assert!(diff < 1e-4, "{pe}/{norm}/{gating:?} step {i}: max abs diff {diff}");
+            }
+            assert_eq!(state.position(), t as u64);
+        }
+    }
+
+    /// Any chunking gives the step-by-step result.
+    #[test]
+    fn chunk_invariant() {
+        let cfg = small_cfg("rope", "layer_norm", None, 5);
+        let dev = Device::Cpu;
+        let w = weights::load(&cfg, WeightSource::Seed(1), "", QkLayout::Interleaved, &dev, DType::F32).unwrap();
+        let model = Model::new(&cfg, w, &dev, DType::F32).unwrap();
+        let (b, t, d) = (1, 40, cfg.d_model);
+        let x = Tensor::from_vec(test_input(b, t, d, 9), (b, t, d), &dev).unwrap();
+        let mut s = State::default();
+        let steps: Vec<Tensor> = (0..t).map(|i| model.forward(&mut s, &x.narrow(1, i, 1).unwrap()).unwrap()).collect();
+        let steps = Tensor::cat(&steps, 1).unwrap();
+        for chunks in [vec![40], vec![3, 9, 1, 12, 15], vec![5, 5, 5, 25], vec![2, 38], vec![7, 1, 1, 31]] {
+            let mut s = State::default();
+            let mut outs = Vec::new();
+            let mut start = 0;
+            for c in &chunks {
+                outs.push(model.forward(&mut s, &x.narrow(1, start, *c).unwrap()).unwrap());
+                start += c;
+            }
+            let y = Tensor::cat(&outs, 1).unwrap();
+            let diff = max_abs_diff(&y, &steps);
+            assert!(diff < 1e-5, "chunks {chunks:?}: max abs diff {diff}");
+        }
+    }
+}

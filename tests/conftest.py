@@ -1,0 +1,79 @@
+"""Shared helpers: the reference fixtures in ../shared/fixtures and small utilities."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(os.environ.get("MIMI_FIXTURES", REPO.parent / "shared" / "fixtures"))
+TRANSFORMER_FIXTURES = FIXTURES / "transformer"
+
+if not TRANSFORMER_FIXTURES.is_dir():  # pragma: no cover - a broken checkout, not a skip
+    raise RuntimeError(
+        f"reference fixtures not found at {FIXTURES}; set MIMI_FIXTURES to the shared/fixtures folder"
+    )
+
+sys.path.insert(0, str(FIXTURES))
+import mimi_fixtures as mf  # noqa: E402
+
+# Cases with arrays (npz); gqa must be refused (kv_repeat=2).
+NUMERIC_CASES = ["small_rope", "small_sin_rms_gated", "mimi"]
+ALL_JSON_CASES = sorted(p.stem for p in TRANSFORMER_FIXTURES.glob("*.json"))
+
+
+def load_case(name: str):
+    """(meta, cfg, weights, arrays) of a transformer fixture; weights checked by digest."""
+    meta, cfg, weights, arrays = mf.load_case(str(TRANSFORMER_FIXTURES / f"{name}.json"))
+    assert mf.weights_digest(weights) == meta["weights_sha256"]
+    return meta, cfg, weights, arrays
+
+
+def case_json(name: str) -> dict:
+    return json.loads((TRANSFORMER_FIXTURES / f"{name}.json").read_text())
+
+
+def assert_close(actual, expected, atol=1e-4, rtol=1e-4, what=""):
+    """The fixtures' rule: |actual - expected| <= atol + rtol * |expected|, elementwise."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    err = np.abs(actual - expected)
+    bound = atol + rtol * np.abs(expected)
+    bad = err > bound
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} values out of tolerance; "
+        f"max abs err {err.max():.3g} (atol={atol}, rtol={rtol})"
+    )
+
+
+def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
+    """A minimal safetensors writer (little-endian, C order), so tests need no extra package."""
+    codes = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("float64"): "F64",
+             np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("uint8"): "U8"}
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": codes[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for b in blobs:
+            f.write(b)
+
+
+@pytest.fixture(scope="session")
+def small_case():
+    return load_case("small_rope")

@@ -1,0 +1,134 @@
+"""Package surface: stubs match the module, metadata, threads."""
+
+from __future__ import annotations
+
+import ast
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import mimi_py
+from mimi_py import _core
+
+PKG = Path(mimi_py.__file__).parent
+
+
+def stub_names():
+    tree = ast.parse((PKG / "_core.pyi").read_text())
+    names = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names[node.name] = [
+                n.name for n in node.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"
+            ]
+        elif isinstance(node, ast.FunctionDef):
+            names[node.name] = []
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names[node.target.id] = []
+    return names
+
+
+def test_every_stubbed_name_exists():
+    aliases = {"PositionalEmbedding", "NormName", "Gating"}
+    for name, members in stub_names().items():
+        if name in aliases:
+            continue
+        assert hasattr(_core, name), name
+        obj = getattr(_core, name)
+        for m in members:
+            assert hasattr(obj, m), f"{name}.{m}"
+
+
+def test_every_public_class_is_stubbed():
+    stubbed = stub_names()
+    for name in dir(_core):
+        if name.startswith("__") or name in ("_core",):
+            continue
+        assert name in stubbed, f"{name} is missing from _core.pyi"
+    for name in mimi_py.__all__:
+        assert hasattr(mimi_py, name)
+
+
+def test_metadata():
+    assert (PKG / "py.typed").exists()
+    assert isinstance(mimi_py.__version__, str) and mimi_py.__version__
+    assert isinstance(mimi_py.features, frozenset)
+    assert mimi_py.features <= {"cuda", "metal", "mkl", "accelerate"}
+
+
+def small(seed=0):
+    cfg = mimi_py.TransformerConfig(d_model=64, num_heads=4, num_layers=4, dim_feedforward=256, context=32)
+    return mimi_py.StreamingTransformer(cfg, seed=seed)
+
+
+def test_two_threads_run_two_transformers_at_once():
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((2, 200, 64)).astype(np.float32) for _ in range(2)]
+    serial = [small(i).forward(xs[i]) for i in range(2)]
+    results = [None, None]
+    errors = []
+
+    def work(i):
+        try:
+            t = small(i)
+            results[i] = np.concatenate([t.step(xs[i][:, j : j + 1]) for j in range(200)], axis=1)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors and all(not th.is_alive() for th in threads)
+    for i in range(2):
+        np.testing.assert_allclose(results[i], serial[i], atol=1e-5, rtol=1e-5)
+
+
+def test_one_object_shared_by_threads_serializes_calls():
+    t = small()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 1, 64)).astype(np.float32)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(50):
+                t.step(x)
+                _ = t.position
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors, errors
+    assert t.position == 200
+
+
+def test_gil_is_released_during_compute():
+    """While one thread computes a long forward, another Python thread keeps running."""
+    t = mimi_py.StreamingTransformer(mimi_py.TransformerConfig(num_layers=4), seed=0)
+    x = np.random.default_rng(2).standard_normal((1, 600, 512)).astype(np.float32)
+    ticks = []
+    done = threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    th = threading.Thread(target=ticker)
+    th.start()
+    time.sleep(0.01)
+    n0 = len(ticks)
+    t.forward(x)
+    n1 = len(ticks)
+    done.set()
+    th.join()
+    # if forward held the GIL, the ticker could not have run during it
+    assert n1 - n0 >= 3
