@@ -106,7 +106,10 @@ impl Default for TransformerConfig {
 
 fn get_usize(field: &str, v: &Bound<'_, PyAny>) -> Result<usize> {
     if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
-        return Err(Error::config(field, format!("expected an int, got {}", describe(v))));
+        return Err(Error::config(
+            field,
+            format!("expected an int, got {}", describe(v)),
+        ));
     }
     v.extract::<i64>()
         .ok()
@@ -118,24 +121,43 @@ fn get_bool(field: &str, v: &Bound<'_, PyAny>) -> Result<bool> {
     if let Ok(b) = v.cast::<PyBool>() {
         return Ok(b.is_true());
     }
-    Err(Error::config(field, format!("expected True or False, got {}", describe(v))))
+    Err(Error::config(
+        field,
+        format!("expected True or False, got {}", describe(v)),
+    ))
 }
 
 fn get_str(field: &str, v: &Bound<'_, PyAny>, allowed: &[&str]) -> Result<String> {
-    let choices = allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ");
+    let choices = allowed
+        .iter()
+        .map(|a| format!("{a:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let s = v
         .cast::<PyString>()
-        .map_err(|_| Error::config(field, format!("expected one of {choices}, got {}", describe(v))))?
+        .map_err(|_| {
+            Error::config(
+                field,
+                format!("expected one of {choices}, got {}", describe(v)),
+            )
+        })?
         .to_string();
     if allowed.contains(&s.as_str()) {
         Ok(s)
     } else {
-        Err(Error::config(field, format!("expected one of {choices}, got {s:?}")))
+        Err(Error::config(
+            field,
+            format!("expected one of {choices}, got {s:?}"),
+        ))
     }
 }
 
 fn describe(v: &Bound<'_, PyAny>) -> String {
-    let ty = v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    let ty = v
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
     match v.repr() {
         Ok(r) => format!("{r} ({ty})"),
         Err(_) => ty,
@@ -206,7 +228,10 @@ impl TransformerConfig {
                     ));
                 } else {
                     let f: f64 = v.extract().map_err(|_| {
-                        Error::config(key, format!("expected a float or None, got {}", describe(v)))
+                        Error::config(
+                            key,
+                            format!("expected a float or None, got {}", describe(v)),
+                        )
                     })?;
                     Some(f)
                 }
@@ -299,7 +324,10 @@ impl TransformerConfig {
         }
         if let Some(ls) = self.layer_scale {
             if !ls.is_finite() {
-                return Err(Error::config("layer_scale", format!("must be finite, got {ls}")));
+                return Err(Error::config(
+                    "layer_scale",
+                    format!("must be finite, got {ls}"),
+                ));
             }
         }
         if self.gating.is_some() && self.gated_hidden() == 0 {
@@ -319,11 +347,21 @@ impl TransformerConfig {
     /// supports the same subset).
     pub fn check_supported(&self) -> Result<()> {
         if self.kv_repeat != 1 {
-            return Err(Error::UnsupportedKvRepeat { kv_repeat: self.kv_repeat });
+            return Err(Error::UnsupportedKvRepeat {
+                kv_repeat: self.kv_repeat,
+            });
         }
         let unsupported = [
-            ("use_conv_block", self.use_conv_block, "use_conv_block=False"),
-            ("cross_attention", self.cross_attention, "cross_attention=False"),
+            (
+                "use_conv_block",
+                self.use_conv_block,
+                "use_conv_block=False",
+            ),
+            (
+                "cross_attention",
+                self.cross_attention,
+                "cross_attention=False",
+            ),
             ("norm_first", !self.norm_first, "norm_first=True"),
             ("causal", !self.causal, "causal=True"),
         ];
@@ -380,7 +418,11 @@ impl TransformerConfig {
             conv_kernel_size: self.conv_kernel_size,
             use_conv_bias: self.use_conv_bias,
             gating: self.activation(),
-            norm: if self.norm == "rms_norm" { NormType::RmsNorm } else { NormType::LayerNorm },
+            norm: if self.norm == "rms_norm" {
+                NormType::RmsNorm
+            } else {
+                NormType::LayerNorm
+            },
             context: self.context,
             max_period: self.max_period,
             max_seq_len: self.max_seq_len,
@@ -454,7 +496,8 @@ impl TransformerConfig {
 
     fn __repr__(&self) -> String {
         let opt_f = |v: Option<f64>| v.map_or("None".to_string(), |f| format!("{f}"));
-        let opt_s = |v: &Option<String>| v.as_ref().map_or("None".to_string(), |s| format!("'{s}'"));
+        let opt_s =
+            |v: &Option<String>| v.as_ref().map_or("None".to_string(), |s| format!("'{s}'"));
         let b = |v: bool| if v { "True" } else { "False" };
         format!(
             "TransformerConfig(d_model={}, num_heads={}, num_layers={}, causal={}, \

@@ -29,7 +29,10 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 /// Returns `obj` as a numpy array, converting array-likes with `numpy.asarray`.
-pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyUntypedArray>> {
+pub fn as_ndarray<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         return Ok(a.clone());
     }
@@ -65,7 +68,10 @@ pub fn check_float(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<()> {
     let dtype = a.dtype();
     let kind = dtype.kind();
     if kind != b'f' {
-        let name = dtype.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
+        let name = dtype
+            .str()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|_| "?".into());
         return Err(Error::DType(format!(
             "{what} must be a real floating-point array (float16, float32 or float64), \
              got dtype {name}; convert it with .astype(numpy.float32)"
@@ -104,7 +110,11 @@ pub fn read_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray
 }
 
 /// Moves a C-ordered `Vec<f32>` into a new numpy array.
-pub fn to_numpy<'py>(py: Python<'py>, data: Vec<f32>, shape: &[usize]) -> Result<Bound<'py, PyAny>> {
+pub fn to_numpy<'py>(
+    py: Python<'py>,
+    data: Vec<f32>,
+    shape: &[usize],
+) -> Result<Bound<'py, PyAny>> {
     let arr = ArrayD::from_shape_vec(IxDyn(shape), data)
         .map_err(|e| Error::Shape(format!("internal shape error: {e}")))?;
     Ok(arr.into_pyarray(py).into_any())

@@ -47,7 +47,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn config(field: &str, msg: impl Into<String>) -> Self {
-        Error::Config { field: field.to_string(), msg: msg.into() }
+        Error::Config {
+            field: field.to_string(),
+            msg: msg.into(),
+        }
     }
 }
 
@@ -144,7 +147,12 @@ fn build_types(py: Python<'_>) -> PyResult<ExceptionTypes> {
     let type_err = py.get_type::<PyTypeError>().into_any();
     let runtime = py.get_type::<PyRuntimeError>().into_any();
 
-    let mimi = make_type(py, "MimiError", &[exc], "Base class of every error raised by mimi_py.")?;
+    let mimi = make_type(
+        py,
+        "MimiError",
+        &[exc],
+        "Base class of every error raised by mimi_py.",
+    )?;
     let m = mimi.bind(py).clone().into_any();
     let config = make_type(
         py,
@@ -167,7 +175,10 @@ fn build_types(py: Python<'_>) -> PyResult<ExceptionTypes> {
     let depth_mismatch = make_type(
         py,
         "DepthMismatchError",
-        &[incompatible_state.bind(py).clone().into_any(), value.clone()],
+        &[
+            incompatible_state.bind(py).clone().into_any(),
+            value.clone(),
+        ],
         "copy_state between transformers with different numbers of layers.",
     )?;
     let shape = make_type(
@@ -222,7 +233,9 @@ fn build_types(py: Python<'_>) -> PyResult<ExceptionTypes> {
 }
 
 pub fn types(py: Python<'_>) -> &ExceptionTypes {
-    TYPES.get_or_init(py, || build_types(py).expect("creating mimi_py's exception classes"))
+    TYPES.get_or_init(py, || {
+        build_types(py).expect("creating mimi_py's exception classes")
+    })
 }
 
 /// Registers the exception classes on the module.

@@ -28,7 +28,10 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-        m.add("features", PyFrozenSet::new(m.py(), device::compiled_features())?)?;
+        m.add(
+            "features",
+            PyFrozenSet::new(m.py(), device::compiled_features())?,
+        )?;
         m.add("candle_version", "0.11.1")?;
         errors::register(m)
     }
@@ -37,7 +40,9 @@ mod _core {
     /// `InternalError` (a `MimiError`), never as `PanicException`.
     #[pyfunction]
     fn _panic_for_tests(py: Python<'_>) -> PyResult<()> {
-        py.detach(|| errors::guarded(|| -> errors::Result<()> { panic!("forced panic for tests") }))?;
+        py.detach(|| {
+            errors::guarded(|| -> errors::Result<()> { panic!("forced panic for tests") })
+        })?;
         Ok(())
     }
 }

@@ -95,14 +95,25 @@ impl State {
         let caches = self
             .caches
             .iter()
-            .map(|c| Ok(LayerCache { k: c.k.copy()?, v: c.v.copy()? }))
+            .map(|c| {
+                Ok(LayerCache {
+                    k: c.k.copy()?,
+                    v: c.v.copy()?,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
-        Ok(State { pos: self.pos, batch: self.batch, caches })
+        Ok(State {
+            pos: self.pos,
+            batch: self.batch,
+            caches,
+        })
     }
 
     /// `(num_layers, batch, heads, context, head_dim)` of the buffers, if allocated.
     pub fn layout(&self) -> Option<(usize, Vec<usize>)> {
-        self.caches.first().map(|c| (self.caches.len(), c.k.dims().to_vec()))
+        self.caches
+            .first()
+            .map(|c| (self.caches.len(), c.k.dims().to_vec()))
     }
 }
 
@@ -116,8 +127,10 @@ impl Model {
         dtype: DType,
     ) -> Result<Self> {
         let ccfg = cfg.to_candle();
-        let map: HashMap<String, Tensor> =
-            weights.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let map: HashMap<String, Tensor> = weights
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let vb = VarBuilder::from_tensors(map, dtype, device);
         let d = cfg.d_model;
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -144,20 +157,51 @@ impl Model {
                     .cloned()
                     .ok_or_else(|| candle::Error::Msg(format!("missing self_attn.{name}")))
             };
-            let qkv_w = Tensor::cat(&[get("q_proj.weight")?, get("k_proj.weight")?, get("v_proj.weight")?], 0)?;
+            let qkv_w = Tensor::cat(
+                &[
+                    get("q_proj.weight")?,
+                    get("k_proj.weight")?,
+                    get("v_proj.weight")?,
+                ],
+                0,
+            )?;
             let qkv_b = if cfg.bias_attn {
-                Some(Tensor::cat(&[get("q_proj.bias")?, get("k_proj.bias")?, get("v_proj.bias")?], 0)?)
+                Some(Tensor::cat(
+                    &[
+                        get("q_proj.bias")?,
+                        get("k_proj.bias")?,
+                        get("v_proj.bias")?,
+                    ],
+                    0,
+                )?)
             } else {
                 None
             };
-            let out_b = if cfg.bias_attn { Some(get("o_proj.bias")?) } else { None };
+            let out_b = if cfg.bias_attn {
+                Some(get("o_proj.bias")?)
+            } else {
+                None
+            };
             let attn = Attention {
                 qkv: Linear::new(qkv_w, qkv_b),
                 out: Linear::new(get("o_proj.weight")?, out_b),
             };
-            layers.push(Layer { norm1, norm2, attn, mlp, ls1, ls2 });
+            layers.push(Layer {
+                norm1,
+                norm2,
+                attn,
+                mlp,
+                ls1,
+                ls2,
+            });
         }
-        Ok(Self { cfg: cfg.clone(), layers, device: device.clone(), dtype, weights })
+        Ok(Self {
+            cfg: cfg.clone(),
+            layers,
+            device: device.clone(),
+            dtype,
+            weights,
+        })
     }
 
     pub fn config(&self) -> &TransformerConfig {
@@ -233,8 +277,10 @@ impl Model {
     fn rope_tables(&self, pos: u64, t: usize) -> Result<(Tensor, Tensor)> {
         let hd = self.cfg.head_dim();
         let theta = self.cfg.max_period as f64;
-        let inv: Vec<f64> =
-            (0..hd).step_by(2).map(|i| 1.0 / theta.powf(i as f64 / hd as f64)).collect();
+        let inv: Vec<f64> = (0..hd)
+            .step_by(2)
+            .map(|i| 1.0 / theta.powf(i as f64 / hd as f64))
+            .collect();
         let mut cos = Vec::with_capacity(t * inv.len());
         let mut sin = Vec::with_capacity(t * inv.len());
         for p in 0..t as u64 {
@@ -257,8 +303,9 @@ impl Model {
         let d = self.cfg.d_model;
         let half = d / 2;
         let theta = self.cfg.max_period as f64;
-        let inv: Vec<f64> =
-            (0..half).map(|i| 1.0 / theta.powf(i as f64 / (half - 1) as f64)).collect();
+        let inv: Vec<f64> = (0..half)
+            .map(|i| 1.0 / theta.powf(i as f64 / (half - 1) as f64))
+            .collect();
         let mut out = Vec::with_capacity(t * d);
         for p in 0..t as u64 {
             let p = (pos + p) as f64;
@@ -286,7 +333,13 @@ impl Model {
         let mut mask = Vec::with_capacity(t * n);
         for i in 0..t as u64 {
             let q = pos + i;
-            mask.extend(keys.iter().map(|&k| if k <= q && q - k < c { 0f32 } else { f32::NEG_INFINITY }));
+            mask.extend(keys.iter().map(|&k| {
+                if k <= q && q - k < c {
+                    0f32
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }));
         }
         Tensor::from_vec(mask, (t, n), &self.device)?.to_dtype(self.dtype)
     }
@@ -314,7 +367,11 @@ impl Model {
             _ => xs.clone(),
         };
         let n_old = pos.min(cpos) as usize;
-        let mask = if t > 1 { Some(self.chunk_mask(pos, t, n_old)?) } else { None };
+        let mask = if t > 1 {
+            Some(self.chunk_mask(pos, t, n_old)?)
+        } else {
+            None
+        };
         let scale = (hd as f64).powf(-0.5);
         // New keys/values to write into the rings once every layer succeeded (t > 1).
         let mut pending: Vec<(Tensor, Tensor)> = Vec::new();
@@ -361,7 +418,10 @@ impl Model {
                 pending.push((k.narrow(2, t - m, m)?, v.narrow(2, t - m, m)?));
                 w.matmul(&vals)?
             };
-            let attn = attn.transpose(1, 2)?.reshape((b, t, d))?.apply(&layer.attn.out)?;
+            let attn = attn
+                .transpose(1, 2)?
+                .reshape((b, t, d))?
+                .apply(&layer.attn.out)?;
             let attn = match &layer.ls1 {
                 Some(ls) => ls.forward(&attn)?,
                 None => attn,
@@ -394,10 +454,14 @@ impl Model {
 /// Random activations for tests.
 #[cfg(test)]
 pub(crate) fn test_input(b: usize, t: usize, d: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..b * t * d)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -427,7 +491,16 @@ mod tests {
     }
 
     fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
     }
 
     /// Inverse of the loader's conversion: interleaved -> half-split rows, per head.
@@ -438,7 +511,8 @@ mod tests {
         for (new, &old) in fwd.iter().enumerate() {
             inv[old as usize] = new as u32;
         }
-        t.index_select(&Tensor::new(inv, &Device::Cpu).unwrap(), 0).unwrap()
+        t.index_select(&Tensor::new(inv, &Device::Cpu).unwrap(), 0)
+            .unwrap()
     }
 
     /// candle's own transformer is right when fed one step at a time (before `max_seq_len`):
@@ -453,18 +527,34 @@ mod tests {
         ] {
             let cfg = small_cfg(pe, norm, gating, 6);
             let dev = Device::Cpu;
-            let w = weights::load(&cfg, WeightSource::Seed(7), "", QkLayout::Interleaved, &dev, DType::F32).unwrap();
+            let w = weights::load(
+                &cfg,
+                WeightSource::Seed(7),
+                "",
+                QkLayout::Interleaved,
+                &dev,
+                DType::F32,
+            )
+            .unwrap();
             let hd = cfg.head_dim();
             let hf: HashMap<String, Tensor> = w
                 .iter()
                 .map(|(k, v)| {
-                    let v = if k.contains("q_proj") || k.contains("k_proj") { to_halves(v, hd) } else { v.clone() };
+                    let v = if k.contains("q_proj") || k.contains("k_proj") {
+                        to_halves(v, hd)
+                    } else {
+                        v.clone()
+                    };
                     (k.clone(), v)
                 })
                 .collect();
             let vb = VarBuilder::from_tensors(hf, DType::F32, &dev);
             let mut reference =
-                candle_transformers::models::mimi::transformer::StreamingTransformer::new(&cfg.to_candle(), vb).unwrap();
+                candle_transformers::models::mimi::transformer::StreamingTransformer::new(
+                    &cfg.to_candle(),
+                    vb,
+                )
+                .unwrap();
             let model = Model::new(&cfg, w, &dev, DType::F32).unwrap();
             let mut state = State::default();
             let (b, t, d) = (2, 20, cfg.d_model);
@@ -472,9 +562,17 @@ mod tests {
             for i in 0..t {
                 let xi = x.narrow(1, i, 1).unwrap();
                 let ours = model.forward(&mut state, &xi).unwrap();
-                let theirs = reference.step(&xi.into()).unwrap().as_option().unwrap().clone();
+                let theirs = reference
+                    .step(&xi.into())
+                    .unwrap()
+                    .as_option()
+                    .unwrap()
+                    .clone();
                 let diff = max_abs_diff(&ours, &theirs);
-                assert!(diff < 1e-4, "{pe}/{norm}/{gating:?} step {i}: max abs diff {diff}");
+                assert!(
+                    diff < 1e-4,
+                    "{pe}/{norm}/{gating:?} step {i}: max abs diff {diff}"
+                );
             }
             assert_eq!(state.position(), t as u64);
         }
@@ -485,19 +583,39 @@ mod tests {
     fn chunk_invariant() {
         let cfg = small_cfg("rope", "layer_norm", None, 5);
         let dev = Device::Cpu;
-        let w = weights::load(&cfg, WeightSource::Seed(1), "", QkLayout::Interleaved, &dev, DType::F32).unwrap();
+        let w = weights::load(
+            &cfg,
+            WeightSource::Seed(1),
+            "",
+            QkLayout::Interleaved,
+            &dev,
+            DType::F32,
+        )
+        .unwrap();
         let model = Model::new(&cfg, w, &dev, DType::F32).unwrap();
         let (b, t, d) = (1, 40, cfg.d_model);
         let x = Tensor::from_vec(test_input(b, t, d, 9), (b, t, d), &dev).unwrap();
         let mut s = State::default();
-        let steps: Vec<Tensor> = (0..t).map(|i| model.forward(&mut s, &x.narrow(1, i, 1).unwrap()).unwrap()).collect();
+        let steps: Vec<Tensor> = (0..t)
+            .map(|i| model.forward(&mut s, &x.narrow(1, i, 1).unwrap()).unwrap())
+            .collect();
         let steps = Tensor::cat(&steps, 1).unwrap();
-        for chunks in [vec![40], vec![3, 9, 1, 12, 15], vec![5, 5, 5, 25], vec![2, 38], vec![7, 1, 1, 31]] {
+        for chunks in [
+            vec![40],
+            vec![3, 9, 1, 12, 15],
+            vec![5, 5, 5, 25],
+            vec![2, 38],
+            vec![7, 1, 1, 31],
+        ] {
             let mut s = State::default();
             let mut outs = Vec::new();
             let mut start = 0;
             for c in &chunks {
-                outs.push(model.forward(&mut s, &x.narrow(1, start, *c).unwrap()).unwrap());
+                outs.push(
+                    model
+                        .forward(&mut s, &x.narrow(1, start, *c).unwrap())
+                        .unwrap(),
+                );
                 start += c;
             }
             let y = Tensor::cat(&outs, 1).unwrap();

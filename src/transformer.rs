@@ -55,7 +55,10 @@ fn read_weights_mapping(
         let key = k.cast::<PyString>().map_err(|_| {
             PyTypeError::new_err(format!(
                 "weights mapping keys must be str, got {}",
-                k.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                k.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
             ))
         })?;
         let key = key.to_string();
@@ -176,8 +179,7 @@ impl StreamingTransformer {
             Some(w) => {
                 if let Ok(m) = w.cast::<PyMapping>() {
                     WeightSource::Arrays(read_weights_mapping(m, prefix)?)
-                } else if w.is_instance_of::<PyString>()
-                    || w.hasattr("__fspath__").unwrap_or(false)
+                } else if w.is_instance_of::<PyString>() || w.hasattr("__fspath__").unwrap_or(false)
                 {
                     let path: std::path::PathBuf = py
                         .import("os")?
@@ -269,8 +271,16 @@ impl StreamingTransformer {
                  context={}, dtype={}, device={} and this transformer has d_model={}, \
                  num_heads={}, context={}, dtype={}, device={}; build both from the same \
                  config, dtype and device",
-                b.d_model, b.num_heads, b.context, other.dtype_name, other.device_name,
-                a.d_model, a.num_heads, a.context, self.dtype_name, self.device_name
+                b.d_model,
+                b.num_heads,
+                b.context,
+                other.dtype_name,
+                other.device_name,
+                a.d_model,
+                a.num_heads,
+                a.context,
+                self.dtype_name,
+                self.device_name
             ))
             .into());
         }

@@ -106,7 +106,9 @@ impl SplitMix {
 }
 
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
+    })
 }
 
 /// Seeded weights with the initialisation of a fresh model: linear weights N(0, 1/fan_in),
@@ -154,7 +156,12 @@ fn is_float(d: DType) -> bool {
 }
 
 fn describe_problems(problems: &[String], origin: &str) -> Error {
-    let shown = problems.iter().take(8).cloned().collect::<Vec<_>>().join("; ");
+    let shown = problems
+        .iter()
+        .take(8)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
     let more = if problems.len() > 8 {
         format!(" (and {} more)", problems.len() - 8)
     } else {
@@ -183,7 +190,10 @@ pub fn load(
             origin = format!("seeded weights (seed={seed})");
             for (name, shape) in &expected {
                 let data = random_tensor(cfg, seed, name, shape);
-                raw.insert(name.clone(), Tensor::from_vec(data, shape.as_slice(), &Device::Cpu)?);
+                raw.insert(
+                    name.clone(),
+                    Tensor::from_vec(data, shape.as_slice(), &Device::Cpu)?,
+                );
             }
         }
         WeightSource::Arrays(arrays) => {
@@ -191,7 +201,9 @@ pub fn load(
             for (name, shape) in &expected {
                 let full = format!("{prefix}{name}");
                 match arrays.get(&full) {
-                    None => problems.push(format!("missing tensor {full:?} (expected shape {shape:?})")),
+                    None => problems.push(format!(
+                        "missing tensor {full:?} (expected shape {shape:?})"
+                    )),
                     Some(a) if a.shape != *shape => problems.push(format!(
                         "tensor {full:?} has shape {:?}, expected {shape:?}",
                         a.shape
@@ -213,7 +225,9 @@ pub fn load(
             for (name, shape) in &expected {
                 let full = format!("{prefix}{name}");
                 match st.get(&full) {
-                    Err(_) => problems.push(format!("missing tensor {full:?} (expected shape {shape:?})")),
+                    Err(_) => problems.push(format!(
+                        "missing tensor {full:?} (expected shape {shape:?})"
+                    )),
                     Ok(view) => {
                         let found = view.shape().to_vec();
                         let dt = DType::try_from(view.dtype()).ok();
@@ -238,7 +252,11 @@ pub fn load(
                 }
             }
             let names: Vec<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
-            problems.extend(unexpected_names(names.iter().map(String::as_str), prefix, &expected));
+            problems.extend(unexpected_names(
+                names.iter().map(String::as_str),
+                prefix,
+                &expected,
+            ));
         }
     }
     if !problems.is_empty() {
@@ -252,7 +270,11 @@ pub fn load(
                 || name.ends_with("self_attn.q_proj.bias")
                 || name.ends_with("self_attn.k_proj.weight")
                 || name.ends_with("self_attn.k_proj.bias"));
-        let t = if needs_perm { permute_rows(&t, head_dim)? } else { t };
+        let t = if needs_perm {
+            permute_rows(&t, head_dim)?
+        } else {
+            t
+        };
         let t = t.to_dtype(dtype)?.to_device(device)?;
         out.insert(name, t);
     }
@@ -267,10 +289,13 @@ fn unexpected_names<'a>(
     expected: &[(String, Vec<usize>)],
 ) -> Vec<String> {
     let layers = format!("{prefix}layers.");
-    let known: std::collections::HashSet<String> =
-        expected.iter().map(|(n, _)| format!("{prefix}{n}")).collect();
-    let mut extra: Vec<&str> =
-        names.filter(|n| n.starts_with(&layers) && !known.contains(*n)).collect();
+    let known: std::collections::HashSet<String> = expected
+        .iter()
+        .map(|(n, _)| format!("{prefix}{n}"))
+        .collect();
+    let mut extra: Vec<&str> = names
+        .filter(|n| n.starts_with(&layers) && !known.contains(*n))
+        .collect();
     extra.sort_unstable();
     extra
         .into_iter()
