@@ -30,6 +30,8 @@ pub enum Error {
     Shape(String),
     /// An input of a dtype that cannot be converted.
     DType(String),
+    /// An input with values outside what is accepted (codes out of range, non-finite audio).
+    InvalidInput(String),
     /// A missing, mis-shaped or mistyped tensor, or an unreadable checkpoint.
     Weights(String),
     /// A checkpoint that could not be read from disk (raised as `WeightsError` chained
@@ -69,7 +71,11 @@ impl fmt::Display for Error {
                  with {dst} layers; build both transformers from the same config"
             ),
             Error::IncompatibleState(msg) => write!(f, "{msg}"),
-            Error::Shape(msg) | Error::DType(msg) | Error::Weights(msg) | Error::Device(msg) => {
+            Error::Shape(msg)
+            | Error::DType(msg)
+            | Error::InvalidInput(msg)
+            | Error::Weights(msg)
+            | Error::Device(msg) => {
                 write!(f, "{msg}")
             }
             Error::WeightsIo { msg, source } => write!(f, "{msg}: {source}"),
@@ -116,6 +122,7 @@ pub struct ExceptionTypes {
     pub depth_mismatch: Py<PyType>,
     pub shape: Py<PyType>,
     pub dtype: Py<PyType>,
+    pub invalid_input: Py<PyType>,
     pub weights: Py<PyType>,
     pub device: Py<PyType>,
     pub compute: Py<PyType>,
@@ -193,6 +200,12 @@ fn build_types(py: Python<'_>) -> PyResult<ExceptionTypes> {
         &[m.clone(), type_err],
         "An input array whose dtype is not a real floating type.",
     )?;
+    let invalid_input = make_type(
+        py,
+        "InvalidInputError",
+        &[m.clone(), value.clone()],
+        "An input whose values are not accepted (codes out of range, NaN/Inf audio).",
+    )?;
     let weights = make_type(
         py,
         "WeightsError",
@@ -225,6 +238,7 @@ fn build_types(py: Python<'_>) -> PyResult<ExceptionTypes> {
         depth_mismatch,
         shape,
         dtype,
+        invalid_input,
         weights,
         device,
         compute,
@@ -250,6 +264,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         &t.depth_mismatch,
         &t.shape,
         &t.dtype,
+        &t.invalid_input,
         &t.weights,
         &t.device,
         &t.compute,
@@ -271,6 +286,7 @@ impl Error {
             Error::IncompatibleState(_) => &t.incompatible_state,
             Error::Shape(_) => &t.shape,
             Error::DType(_) => &t.dtype,
+            Error::InvalidInput(_) => &t.invalid_input,
             Error::Weights(_) | Error::WeightsIo { .. } => &t.weights,
             Error::Device(_) => &t.device,
             Error::Candle(_) => &t.compute,

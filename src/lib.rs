@@ -5,6 +5,9 @@
 //! dtypes, compiled features), `weights` (names, shapes, loading, q/k layouts), `model` (the
 //! transformer and its streaming state, pure Rust) and `transformer` (the Python class).
 
+pub mod codec;
+pub mod codec_config;
+pub mod codec_py;
 pub mod config;
 pub mod convert;
 pub mod device;
@@ -20,6 +23,10 @@ mod _core {
     use super::*;
     use pyo3::types::PyFrozenSet;
 
+    #[pymodule_export]
+    use crate::codec_config::CodecConfig;
+    #[pymodule_export]
+    use crate::codec_py::MimiCodec;
     #[pymodule_export]
     use crate::config::TransformerConfig;
     #[pymodule_export]

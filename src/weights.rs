@@ -39,6 +39,8 @@ impl QkLayout {
 pub enum WeightSource {
     File(PathBuf),
     Arrays(HashMap<String, HostArray>),
+    /// Tensors already read (e.g. a whole codec checkpoint), under full names.
+    Tensors(HashMap<String, Tensor>),
     Seed(u64),
 }
 
@@ -219,6 +221,33 @@ pub fn load(
             let unexpected = unexpected_names(arrays.keys().map(String::as_str), prefix, &expected);
             problems.extend(unexpected);
         }
+        WeightSource::Tensors(tensors) => {
+            origin = "checkpoint".to_string();
+            for (name, shape) in &expected {
+                let full = format!("{prefix}{name}");
+                match tensors.get(&full) {
+                    None => problems.push(format!(
+                        "missing tensor {full:?} (expected shape {shape:?})"
+                    )),
+                    Some(t) if !is_float(t.dtype()) => problems.push(format!(
+                        "tensor {full:?} has dtype {:?}, expected a floating dtype",
+                        t.dtype()
+                    )),
+                    Some(t) if t.dims() != shape.as_slice() => problems.push(format!(
+                        "tensor {full:?} has shape {:?}, expected {shape:?}",
+                        t.dims()
+                    )),
+                    Some(t) => {
+                        raw.insert(name.clone(), t.clone());
+                    }
+                }
+            }
+            problems.extend(unexpected_names(
+                tensors.keys().map(String::as_str),
+                prefix,
+                &expected,
+            ));
+        }
         WeightSource::File(path) => {
             origin = format!("checkpoint {}", path.display());
             let st = open_safetensors(&path)?;
@@ -308,7 +337,7 @@ fn unexpected_names<'a>(
         .collect()
 }
 
-fn open_safetensors(path: &Path) -> Result<candle::safetensors::MmapedSafetensors> {
+pub fn open_safetensors(path: &Path) -> Result<candle::safetensors::MmapedSafetensors> {
     let meta = std::fs::metadata(path).map_err(|e| Error::WeightsIo {
         msg: format!("cannot read checkpoint {}", path.display()),
         source: e,

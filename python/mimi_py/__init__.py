@@ -7,6 +7,9 @@ bounded by ``context``. Failures are typed exceptions rooted at :class:`MimiErro
 """
 
 from ._core import (
+    CodecConfig,
+    MimiCodec,
+    InvalidInputError,
     ComputeError,
     ConfigError,
     DepthMismatchError,
@@ -26,6 +29,9 @@ from ._core import (
 )
 
 __all__ = [
+    "CodecConfig",
+    "MimiCodec",
+    "InvalidInputError",
     "ComputeError",
     "ConfigError",
     "DTypeError",

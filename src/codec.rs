@@ -1,0 +1,639 @@
+//! The Mimi codec (audio <-> tokens), computed with candle.
+//!
+//! Reused from candle-transformers' `mimi`: the SEANet encoder/decoder, the learnt
+//! down/upsampling convolutions and the split residual vector quantizer (all public, all
+//! streaming-capable). Owned here: the two transformers (this crate's [`Model`], exact
+//! window, unbounded streams), the wiring, the checkpoint readers for both real layouts,
+//! and the streaming state.
+//!
+//! Offline calls use fresh, private state and never touch the streaming state; streaming
+//! calls go through [`EncodeStream`] / [`DecodeStream`].
+
+use crate::codec_config::CodecConfig;
+use crate::errors::{Error, Result};
+use crate::model::{Model, State};
+use crate::weights::{self, QkLayout, WeightSource};
+use candle::{DType, Device, Module, Shape, StreamTensor, StreamingModule, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::VarBuilder;
+use candle_transformers::models::mimi::conv::{ConvDownsample1d, ConvTrUpsample1d};
+use candle_transformers::models::mimi::quantization::SplitResidualVectorQuantizer;
+use candle_transformers::models::mimi::seanet::{SeaNetDecoder, SeaNetEncoder};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The two real checkpoint layouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointLayout {
+    /// Hugging Face kyutai/mimi `model.safetensors`: candle's names, q/k half-split.
+    Hf,
+    /// Kyutai's moshi checkpoint (`tokenizer-e351c8d8-checkpoint125.safetensors`):
+    /// `encoder.model.*`, `in_proj_weight`, `linear1`, `norm1`, ...; q/k interleaved.
+    Moshi,
+}
+
+impl CheckpointLayout {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hf => "hf",
+            Self::Moshi => "moshi",
+        }
+    }
+}
+
+/// Tells the layouts apart by their tensor names.
+pub fn detect_layout<'a>(names: impl Iterator<Item = &'a String>) -> Option<CheckpointLayout> {
+    let (mut hf, mut moshi) = (0usize, 0usize);
+    for n in names {
+        if n.starts_with("encoder.model.")
+            || n.contains("_transformer.transformer.layers.")
+            || n.starts_with("quantizer.rvq_")
+        {
+            moshi += 1;
+        } else if n.starts_with("encoder.layers.")
+            || (n.contains("_transformer.layers.") && !n.contains(".transformer.layers."))
+            || n.starts_with("quantizer.semantic_residual_vector_quantizer.")
+        {
+            hf += 1;
+        }
+    }
+    match (hf > 0, moshi > 0) {
+        (true, false) => Some(CheckpointLayout::Hf),
+        (false, true) => Some(CheckpointLayout::Moshi),
+        _ => None,
+    }
+}
+
+/// Candle's name(s) for one moshi-checkpoint tensor; `in_proj_*` maps to q/k/v (split later).
+fn moshi_name(name: &str) -> String {
+    let mut n = name.to_string();
+    for (side, _) in [("encoder", ()), ("decoder", ())] {
+        let p = format!("{side}.model.");
+        if let Some(rest) = n.strip_prefix(&p) {
+            let rest = rest
+                .replace(".conv.conv.", ".conv.")
+                .replace(".convtr.convtr.", ".conv.");
+            n = format!("{side}.layers.{rest}");
+        }
+    }
+    if n == "downsample.conv.conv.conv.weight" {
+        return "downsample.conv.weight".into();
+    }
+    if n == "upsample.convtr.convtr.convtr.weight" {
+        return "upsample.conv.weight".into();
+    }
+    for side in ["encoder_transformer", "decoder_transformer"] {
+        let p = format!("{side}.transformer.layers.");
+        if let Some(rest) = n.strip_prefix(&p) {
+            let (idx, field) = rest.split_once('.').unwrap_or((rest, ""));
+            let field = match field {
+                "self_attn.out_proj.weight" => "self_attn.o_proj.weight",
+                "self_attn.out_proj.bias" => "self_attn.o_proj.bias",
+                "linear1.weight" => "mlp.fc1.weight",
+                "linear1.bias" => "mlp.fc1.bias",
+                "linear2.weight" => "mlp.fc2.weight",
+                "linear2.bias" => "mlp.fc2.bias",
+                "norm1.weight" => "input_layernorm.weight",
+                "norm1.bias" => "input_layernorm.bias",
+                "norm2.weight" => "post_attention_layernorm.weight",
+                "norm2.bias" => "post_attention_layernorm.bias",
+                "layer_scale_1.scale" => "self_attn_layer_scale.scale",
+                "layer_scale_2.scale" => "mlp_layer_scale.scale",
+                other => other,
+            };
+            return format!("{side}.layers.{idx}.{field}");
+        }
+    }
+    for (from, to) in [
+        (
+            "quantizer.rvq_first.",
+            "quantizer.semantic_residual_vector_quantizer.",
+        ),
+        (
+            "quantizer.rvq_rest.",
+            "quantizer.acoustic_residual_vector_quantizer.",
+        ),
+    ] {
+        if let Some(rest) = n.strip_prefix(from) {
+            let rest = match rest.strip_prefix("vq.layers.") {
+                Some(r) => {
+                    let r = r
+                        .replace("._codebook.embedding_sum", ".codebook.embed_sum")
+                        .replace("._codebook.embed_sum", ".codebook.embed_sum")
+                        .replace("._codebook.cluster_usage", ".codebook.cluster_usage")
+                        .replace("._codebook._initialized", ".codebook.initialized");
+                    format!("layers.{r}")
+                }
+                None => rest.to_string(),
+            };
+            return format!("{to}{rest}");
+        }
+    }
+    n
+}
+
+/// Converts a checkpoint's tensors to candle's names with q/k in the interleaved layout.
+pub fn normalize_checkpoint(
+    raw: HashMap<String, Tensor>,
+    layout: CheckpointLayout,
+    cfg: &CodecConfig,
+) -> Result<HashMap<String, Tensor>> {
+    let d = cfg.transformer.d_model;
+    let hd = cfg.transformer.head_dim();
+    let mut out = HashMap::with_capacity(raw.len() + 64);
+    for (name, t) in raw {
+        match layout {
+            CheckpointLayout::Moshi => {
+                let mapped = moshi_name(&name);
+                if let Some(base) = mapped
+                    .strip_suffix(".self_attn.in_proj_weight")
+                    .or_else(|| mapped.strip_suffix(".self_attn.in_proj_bias"))
+                {
+                    let kind = if mapped.ends_with("weight") {
+                        "weight"
+                    } else {
+                        "bias"
+                    };
+                    if t.dim(0)? != 3 * d {
+                        return Err(Error::Weights(format!(
+                            "tensor {name:?} has shape {:?}, expected {} rows (q, k and v of d_model={d})",
+                            t.dims(),
+                            3 * d
+                        )));
+                    }
+                    for (i, p) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
+                        out.insert(
+                            format!("{base}.self_attn.{p}.{kind}"),
+                            t.narrow(0, i * d, d)?,
+                        );
+                    }
+                } else {
+                    out.insert(mapped, t);
+                }
+            }
+            CheckpointLayout::Hf => {
+                let is_qk = name.contains("_transformer.layers.")
+                    && (name.contains(".self_attn.q_proj.") || name.contains(".self_attn.k_proj."));
+                let t = if is_qk && t.dim(0)? % hd == 0 && hd % 2 == 0 {
+                    let rows = t.dim(0)?;
+                    let idx = weights::halves_to_interleaved_index(rows, hd);
+                    t.index_select(&Tensor::from_vec(idx, rows, t.device())?, 0)?
+                } else {
+                    t
+                };
+                out.insert(name, t);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Number of codebooks a (normalized) checkpoint holds.
+pub fn available_codebooks(tensors: &HashMap<String, Tensor>) -> usize {
+    let has_first = tensors
+        .keys()
+        .any(|k| k.starts_with("quantizer.semantic_residual_vector_quantizer.layers.0."));
+    let rest = (0..)
+        .take_while(|i| {
+            tensors.contains_key(&format!(
+                "quantizer.acoustic_residual_vector_quantizer.layers.{i}.codebook.embed_sum"
+            ))
+        })
+        .count();
+    usize::from(has_first) + rest
+}
+
+/// A `VarBuilder` backend that checks every tensor candle asks for (present, floating, right
+/// shape) and records every problem instead of stopping at the first one.
+struct CheckedBackend {
+    tensors: HashMap<String, Tensor>,
+    problems: Arc<Mutex<Vec<String>>>,
+}
+
+/// A `VarBuilder` backend that makes seeded random weights of whatever shape is asked for.
+struct RandomBackend {
+    seed: u64,
+}
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+}
+
+impl SimpleBackend for CheckedBackend {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _h: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle::Result<Tensor> {
+        let msg = match self.tensors.get(name) {
+            // A missing weight-normed conv asks for weight_g then weight_v: report it once,
+            // as the plain weight, with the shape of weight_v.
+            None if name.ends_with(".weight_g") => return Tensor::zeros(s, dtype, dev),
+            None => {
+                let shown = name.strip_suffix("_v").unwrap_or(name);
+                format!("missing tensor {shown:?} (expected shape {:?})", s.dims())
+            }
+            Some(t) if !is_float(t.dtype()) => {
+                format!(
+                    "tensor {name:?} has dtype {:?}, expected a floating dtype",
+                    t.dtype()
+                )
+            }
+            Some(t) if t.dims() != s.dims() => {
+                format!(
+                    "tensor {name:?} has shape {:?}, expected {:?}",
+                    t.dims(),
+                    s.dims()
+                )
+            }
+            Some(t) => return t.to_dtype(dtype)?.to_device(dev),
+        };
+        let mut p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        if !p.contains(&msg) {
+            p.push(msg);
+        }
+        Tensor::zeros(s, dtype, dev)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle::Result<Tensor> {
+        match self.tensors.get(name) {
+            Some(t) => t.to_dtype(dtype)?.to_device(dev),
+            None => candle::bail!("missing tensor {name:?}"),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
+    })
+}
+
+impl SimpleBackend for RandomBackend {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _h: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle::Result<Tensor> {
+        let dims = s.dims().to_vec();
+        let n = s.elem_count();
+        let data: Vec<f32> = if name.ends_with("cluster_usage") || name.ends_with("initialized") {
+            vec![1.0; n]
+        } else if name.ends_with(".bias") {
+            vec![0.0; n]
+        } else {
+            // N(0, 1/fan_in) for weights (fan_in = all but the first dim); N(0, 1) codebooks.
+            let fan_in: usize = if name.ends_with("embed_sum") {
+                1
+            } else {
+                dims[1..].iter().product::<usize>().max(1)
+            };
+            let std = 1.0 / (fan_in as f64).sqrt();
+            let mut state = self.seed ^ fnv1a(name);
+            let mut next = || {
+                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                (((z ^ (z >> 31)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+            };
+            (0..n)
+                .map(|_| {
+                    let (u1, u2) = (next(), next());
+                    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
+                })
+                .collect()
+        };
+        Tensor::from_vec(data, dims, &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(dev)
+    }
+
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> candle::Result<Tensor> {
+        candle::bail!("seeded weights need a shape for {name:?}")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        // Plain (not weight-normed) convolution weights.
+        !name.ends_with("_g") && !name.ends_with("_v")
+    }
+}
+
+/// Where a codec's weights come from.
+pub enum CodecWeights {
+    /// Normalized tensors (candle names, interleaved q/k) and a description for messages.
+    Tensors(HashMap<String, Tensor>, String),
+    Seed(u64),
+}
+
+/// The codec's weights and modules; immutable once built, shared between threads.
+pub struct Codec {
+    cfg: CodecConfig,
+    encoder: SeaNetEncoder,
+    decoder: SeaNetDecoder,
+    enc_tr: Model,
+    dec_tr: Model,
+    downsample: ConvDownsample1d,
+    upsample: ConvTrUpsample1d,
+    quantizer: SplitResidualVectorQuantizer,
+    device: Device,
+    dtype: DType,
+}
+
+/// Streaming encoder state: SEANet and downsampling buffers, and the transformer's state.
+pub struct EncodeStream {
+    encoder: SeaNetEncoder,
+    tr: State,
+    downsample: ConvDownsample1d,
+    batch: Option<usize>,
+}
+
+/// Streaming decoder state.
+pub struct DecodeStream {
+    upsample: ConvTrUpsample1d,
+    tr: State,
+    decoder: SeaNetDecoder,
+    batch: Option<usize>,
+}
+
+impl EncodeStream {
+    pub fn batch(&self) -> Option<usize> {
+        self.batch
+    }
+}
+
+impl DecodeStream {
+    pub fn batch(&self) -> Option<usize> {
+        self.batch
+    }
+}
+
+/// (B, D, T) -> transformer over time -> (B, D, T).
+fn run_transformer(model: &Model, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+    let x = xs.transpose(1, 2)?.contiguous()?;
+    let y = model.forward(state, &x)?;
+    Ok(y.transpose(1, 2)?.contiguous()?)
+}
+
+fn nonempty(x: StreamTensor) -> Result<Option<Tensor>> {
+    match x.as_option() {
+        Some(t) if t.dim(candle::D::Minus1)? > 0 => Ok(Some(t.clone())),
+        _ => Ok(None),
+    }
+}
+
+impl Codec {
+    pub fn new(
+        cfg: &CodecConfig,
+        source: CodecWeights,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        cfg.transformer.check_supported()?;
+        let problems = Arc::new(Mutex::new(Vec::new()));
+        let (vb, origin, tr_source): (VarBuilder, String, Box<dyn Fn() -> WeightSource>) =
+            match source {
+                CodecWeights::Tensors(tensors, origin) => {
+                    let backend: Box<dyn SimpleBackend> = Box::new(CheckedBackend {
+                        tensors: tensors.clone(),
+                        problems: problems.clone(),
+                    });
+                    let t = Arc::new(tensors);
+                    (
+                        VarBuilder::from_backend(backend, dtype, device.clone()),
+                        origin,
+                        Box::new(move || WeightSource::Tensors((*t).clone())),
+                    )
+                }
+                CodecWeights::Seed(seed) => {
+                    let backend: Box<dyn SimpleBackend> = Box::new(RandomBackend { seed });
+                    (
+                        VarBuilder::from_backend(backend, dtype, device.clone()),
+                        format!("seeded weights (seed={seed})"),
+                        Box::new(move || WeightSource::Seed(seed)),
+                    )
+                }
+            };
+        let ccfg = cfg.to_candle();
+        let dim = cfg.seanet.dimension;
+        let stride = cfg.downsample_stride();
+        let encoder = SeaNetEncoder::new(&ccfg.seanet, vb.pp("encoder"))?;
+        let decoder = SeaNetDecoder::new(&ccfg.seanet, vb.pp("decoder"))?;
+        let downsample = ConvDownsample1d::new(stride, dim, true, true, vb.pp("downsample"))?;
+        let upsample = ConvTrUpsample1d::new(stride, dim, true, true, vb.pp("upsample"))?;
+        let quantizer = SplitResidualVectorQuantizer::new(
+            cfg.quantizer_dim,
+            Some(dim),
+            Some(dim),
+            cfg.quantizer_n_q,
+            cfg.quantizer_bins,
+            vb.pp("quantizer"),
+        )?;
+        let mut tr = Vec::new();
+        for (i, prefix) in ["encoder_transformer.", "decoder_transformer."]
+            .iter()
+            .enumerate()
+        {
+            let src = match tr_source() {
+                WeightSource::Seed(s) => WeightSource::Seed(s.wrapping_add(1 + i as u64)),
+                other => other,
+            };
+            match weights::load(
+                &cfg.transformer,
+                src,
+                prefix,
+                QkLayout::Interleaved,
+                device,
+                dtype,
+            ) {
+                Ok(w) => tr.push(Some(w)),
+                Err(Error::Weights(msg)) => {
+                    let msg = msg
+                        .split_once(": ")
+                        .map(|(_, m)| m.to_string())
+                        .unwrap_or(msg);
+                    problems.lock().unwrap_or_else(|e| e.into_inner()).push(msg);
+                    tr.push(None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let problems = problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if !problems.is_empty() {
+            let shown = problems
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ");
+            let more = if problems.len() > 10 {
+                format!(" (and {} more)", problems.len() - 10)
+            } else {
+                String::new()
+            };
+            return Err(Error::Weights(format!("{origin}: {shown}{more}")));
+        }
+        let dec_w = tr.pop().flatten().expect("checked above");
+        let enc_w = tr.pop().flatten().expect("checked above");
+        let enc_tr = Model::new(&cfg.transformer, enc_w, device, dtype)?;
+        let dec_tr = Model::new(&cfg.transformer, dec_w, device, dtype)?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            encoder,
+            decoder,
+            enc_tr,
+            dec_tr,
+            downsample,
+            upsample,
+            quantizer,
+            device: device.clone(),
+            dtype,
+        })
+    }
+
+    pub fn config(&self) -> &CodecConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
+    pub fn encode_pre_quantize(&self, pcm: &Tensor) -> Result<Tensor> {
+        let x = self.encoder.forward(pcm)?;
+        let x = run_transformer(&self.enc_tr, &mut State::default(), &x)?;
+        Ok(self.downsample.forward(&x)?)
+    }
+
+    /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
+    /// padded, as in candle and transformers.
+    pub fn encode(&self, pcm: &Tensor) -> Result<Tensor> {
+        let latents = self.encode_pre_quantize(pcm)?;
+        Ok(self.quantizer.encode(&latents.to_dtype(DType::F32)?)?)
+    }
+
+    /// The quantizer's reconstruction of codes: (B, n_q, T) -> (B, dimension, T).
+    pub fn decode_latent(&self, codes: &Tensor) -> Result<Tensor> {
+        Ok(self.quantizer.decode(codes)?)
+    }
+
+    /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
+    pub fn decode(&self, codes: &Tensor) -> Result<Tensor> {
+        let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
+        let x = self.upsample.forward(&x)?;
+        let x = run_transformer(&self.dec_tr, &mut State::default(), &x)?;
+        Ok(self.decoder.forward(&x)?)
+    }
+
+    pub fn encode_stream(&self) -> EncodeStream {
+        EncodeStream {
+            encoder: self.encoder.clone(),
+            tr: State::default(),
+            downsample: self.downsample.clone(),
+            batch: None,
+        }
+    }
+
+    pub fn decode_stream(&self) -> DecodeStream {
+        DecodeStream {
+            upsample: self.upsample.clone(),
+            tr: State::default(),
+            decoder: self.decoder.clone(),
+            batch: None,
+        }
+    }
+
+    /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
+    /// completed by this chunk (possibly none).
+    pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
+        s.batch = Some(pcm.dim(0)?);
+        let Some(x) = nonempty(s.encoder.step(&pcm.clone().into())?)? else {
+            return Ok(None);
+        };
+        let x = run_transformer(&self.enc_tr, &mut s.tr, &x)?;
+        let Some(x) = nonempty(s.downsample.step(&x.into())?)? else {
+            return Ok(None);
+        };
+        Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?))
+    }
+
+    /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
+    pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
+        s.batch = Some(codes.dim(0)?);
+        let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
+        let Some(x) = nonempty(s.upsample.step(&x.into())?)? else {
+            return Ok(None);
+        };
+        let x = run_transformer(&self.dec_tr, &mut s.tr, &x)?;
+        nonempty(s.decoder.step(&x.into())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moshi_names_map_to_candle_names() {
+        for (m, c) in [
+            (
+                "encoder.model.0.conv.conv.weight",
+                "encoder.layers.0.conv.weight",
+            ),
+            (
+                "encoder.model.1.block.3.conv.conv.bias",
+                "encoder.layers.1.block.3.conv.bias",
+            ),
+            (
+                "decoder.model.2.convtr.convtr.weight",
+                "decoder.layers.2.conv.weight",
+            ),
+            ("downsample.conv.conv.conv.weight", "downsample.conv.weight"),
+            (
+                "upsample.convtr.convtr.convtr.weight",
+                "upsample.conv.weight",
+            ),
+            (
+                "encoder_transformer.transformer.layers.3.linear1.weight",
+                "encoder_transformer.layers.3.mlp.fc1.weight",
+            ),
+            (
+                "decoder_transformer.transformer.layers.0.norm2.bias",
+                "decoder_transformer.layers.0.post_attention_layernorm.bias",
+            ),
+            (
+                "decoder_transformer.transformer.layers.0.layer_scale_1.scale",
+                "decoder_transformer.layers.0.self_attn_layer_scale.scale",
+            ),
+            (
+                "quantizer.rvq_first.input_proj.weight",
+                "quantizer.semantic_residual_vector_quantizer.input_proj.weight",
+            ),
+            (
+                "quantizer.rvq_rest.vq.layers.2._codebook.embedding_sum",
+                "quantizer.acoustic_residual_vector_quantizer.layers.2.codebook.embed_sum",
+            ),
+            (
+                "quantizer.rvq_rest.vq.layers.2._codebook._initialized",
+                "quantizer.acoustic_residual_vector_quantizer.layers.2.codebook.initialized",
+            ),
+        ] {
+            assert_eq!(moshi_name(m), c, "{m}");
+        }
+    }
+}
