@@ -358,11 +358,12 @@ pub struct EncodeStream {
     batch: Option<usize>,
 }
 
-/// Streaming decoder state.
+/// Streaming decoder state. The convolutional parts hold one module per batch item: candle
+/// 0.11.1's CPU `conv_transpose1d` gives wrong results for batch items after the first (its
+/// col2im path), so transposed convolutions always run on batch size 1.
 pub struct DecodeStream {
-    upsample: ConvTrUpsample1d,
+    items: Vec<(ConvTrUpsample1d, SeaNetDecoder)>,
     tr: State,
-    decoder: SeaNetDecoder,
     batch: Option<usize>,
 }
 
@@ -383,6 +384,16 @@ fn run_transformer(model: &Model, state: &mut State, xs: &Tensor) -> Result<Tens
     let x = xs.transpose(1, 2)?.contiguous()?;
     let y = model.forward(state, &x)?;
     Ok(y.transpose(1, 2)?.contiguous()?)
+}
+
+/// Applies `f` to each batch item separately and concatenates the results.
+fn per_item(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let b = x.dim(0)?;
+    if b == 1 {
+        return f(x);
+    }
+    let ys = (0..b).map(|i| f(&x.narrow(0, i, 1)?)).collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&ys, 0)?)
 }
 
 fn nonempty(x: StreamTensor) -> Result<Option<Tensor>> {
@@ -535,9 +546,9 @@ impl Codec {
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
     pub fn decode(&self, codes: &Tensor) -> Result<Tensor> {
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
-        let x = self.upsample.forward(&x)?;
+        let x = per_item(&x, |xi| Ok(self.upsample.forward(xi)?))?;
         let x = run_transformer(&self.dec_tr, &mut State::default(), &x)?;
-        Ok(self.decoder.forward(&x)?)
+        per_item(&x, |xi| Ok(self.decoder.forward(xi)?))
     }
 
     pub fn encode_stream(&self) -> EncodeStream {
@@ -550,12 +561,7 @@ impl Codec {
     }
 
     pub fn decode_stream(&self) -> DecodeStream {
-        DecodeStream {
-            upsample: self.upsample.clone(),
-            tr: State::default(),
-            decoder: self.decoder.clone(),
-            batch: None,
-        }
+        DecodeStream { items: Vec::new(), tr: State::default(), batch: None }
     }
 
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
@@ -574,13 +580,28 @@ impl Codec {
 
     /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
     pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
-        s.batch = Some(codes.dim(0)?);
+        let b = codes.dim(0)?;
+        s.batch = Some(b);
+        while s.items.len() < b {
+            s.items.push((self.upsample.clone(), self.decoder.clone()));
+        }
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
-        let Some(x) = nonempty(s.upsample.step(&x.into())?)? else {
-            return Ok(None);
-        };
-        let x = run_transformer(&self.dec_tr, &mut s.tr, &x)?;
-        nonempty(s.decoder.step(&x.into())?)
+        let mut ups = Vec::with_capacity(b);
+        for (i, (up, _)) in s.items.iter_mut().enumerate() {
+            match nonempty(up.step(&x.narrow(0, i, 1)?.into())?)? {
+                Some(y) => ups.push(y),
+                None => return Ok(None),
+            }
+        }
+        let x = run_transformer(&self.dec_tr, &mut s.tr, &Tensor::cat(&ups, 0)?)?;
+        let mut outs = Vec::with_capacity(b);
+        for (i, (_, dec)) in s.items.iter_mut().enumerate() {
+            match nonempty(dec.step(&x.narrow(0, i, 1)?.into())?)? {
+                Some(y) => outs.push(y),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(Tensor::cat(&outs, 0)?))
     }
 }
 
@@ -635,5 +656,31 @@ mod tests {
         ] {
             assert_eq!(moshi_name(m), c, "{m}");
         }
+    }
+}
+
+
+#[cfg(test)]
+mod conv_transpose_tests {
+    use super::*;
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// candle 0.11.1's CPU conv_transpose1d is wrong for batch items after the first; the
+    /// codec works around it (`per_item`, per-item decode streams). If this test starts
+    /// failing on a candle upgrade, candle fixed it and the workaround can go.
+    #[test]
+    fn candle_conv_transpose1d_batch_bug_is_worked_around() {
+        let dev = Device::Cpu;
+        let vb = VarBuilder::from_backend(Box::new(RandomBackend { seed: 1 }), DType::F32, dev.clone());
+        let up = ConvTrUpsample1d::new(2, 8, true, true, vb.pp("upsample")).unwrap();
+        let x = Tensor::from_vec(crate::model::test_input(2, 5, 8, 3), (2, 8, 5), &dev).unwrap();
+        let single = up.forward(&x.narrow(0, 1, 1).unwrap()).unwrap();
+        let batched = up.forward(&x).unwrap().narrow(0, 1, 1).unwrap();
+        assert!(max_diff(&batched, &single) > 1e-3, "candle's batched conv_transpose1d is fixed");
+        let worked = per_item(&x, |xi| Ok(up.forward(xi)?)).unwrap().narrow(0, 1, 1).unwrap();
+        assert!(max_diff(&worked, &single) == 0.0);
     }
 }
