@@ -392,7 +392,9 @@ fn per_item(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor>
     if b == 1 {
         return f(x);
     }
-    let ys = (0..b).map(|i| f(&x.narrow(0, i, 1)?)).collect::<Result<Vec<_>>>()?;
+    let ys = (0..b)
+        .map(|i| f(&x.narrow(0, i, 1)?))
+        .collect::<Result<Vec<_>>>()?;
     Ok(Tensor::cat(&ys, 0)?)
 }
 
@@ -561,7 +563,11 @@ impl Codec {
     }
 
     pub fn decode_stream(&self) -> DecodeStream {
-        DecodeStream { items: Vec::new(), tr: State::default(), batch: None }
+        DecodeStream {
+            items: Vec::new(),
+            tr: State::default(),
+            batch: None,
+        }
     }
 
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
@@ -659,13 +665,21 @@ mod tests {
     }
 }
 
-
 #[cfg(test)]
 mod conv_transpose_tests {
     use super::*;
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
     }
 
     /// candle 0.11.1's CPU conv_transpose1d is wrong for batch items after the first; the
@@ -674,13 +688,20 @@ mod conv_transpose_tests {
     #[test]
     fn candle_conv_transpose1d_batch_bug_is_worked_around() {
         let dev = Device::Cpu;
-        let vb = VarBuilder::from_backend(Box::new(RandomBackend { seed: 1 }), DType::F32, dev.clone());
+        let vb =
+            VarBuilder::from_backend(Box::new(RandomBackend { seed: 1 }), DType::F32, dev.clone());
         let up = ConvTrUpsample1d::new(2, 8, true, true, vb.pp("upsample")).unwrap();
         let x = Tensor::from_vec(crate::model::test_input(2, 5, 8, 3), (2, 8, 5), &dev).unwrap();
         let single = up.forward(&x.narrow(0, 1, 1).unwrap()).unwrap();
         let batched = up.forward(&x).unwrap().narrow(0, 1, 1).unwrap();
-        assert!(max_diff(&batched, &single) > 1e-3, "candle's batched conv_transpose1d is fixed");
-        let worked = per_item(&x, |xi| Ok(up.forward(xi)?)).unwrap().narrow(0, 1, 1).unwrap();
+        assert!(
+            max_diff(&batched, &single) > 1e-3,
+            "candle's batched conv_transpose1d is fixed"
+        );
+        let worked = per_item(&x, |xi| Ok(up.forward(xi)?))
+            .unwrap()
+            .narrow(0, 1, 1)
+            .unwrap();
         assert!(max_diff(&worked, &single) == 0.0);
     }
 }

@@ -33,6 +33,9 @@ class ShapeError(MimiError, ValueError):
 class DTypeError(MimiError, TypeError):
     """An input array whose dtype is not a real floating type."""
 
+class InvalidInputError(MimiError, ValueError):
+    """An input whose values are not accepted (codes out of range, NaN/Inf audio)."""
+
 class WeightsError(MimiError, ValueError):
     """A missing, mis-shaped or mistyped tensor, or an unreadable checkpoint."""
 
@@ -175,5 +178,98 @@ class StreamingTransformer:
     @property
     def state_nbytes(self) -> int:
         """Bytes held by the streaming state."""
+
+class CodecConfig:
+    """Configuration of the Mimi codec (candle's ``mimi::Config``)."""
+
+    def __init__(
+        self,
+        *,
+        channels: int = 1,
+        sample_rate: float = 24000.0,
+        frame_rate: float = 12.5,
+        renormalize: bool = True,
+        resample_method: Literal["conv"] = "conv",
+        seanet: Mapping[str, Any] | None = None,
+        transformer: TransformerConfig | Mapping[str, Any] | None = None,
+        quantizer_n_q: int = 8,
+        quantizer_bins: int = 2048,
+        quantizer_dim: int = 256,
+    ) -> None: ...
+    @staticmethod
+    def mimi(num_codebooks: int = 8) -> CodecConfig:
+        """The real Mimi codec (kyutai/mimi) with num_codebooks of its 32 codebooks."""
+    @staticmethod
+    def from_hf(config: Mapping[str, Any], num_codebooks: int | None = None) -> CodecConfig:
+        """From a Hugging Face MimiConfig dict (config.json)."""
+    def to_dict(self) -> dict[str, Any]: ...
+    def replace(self, **changes: Any) -> CodecConfig: ...
+    @property
+    def channels(self) -> int: ...
+    @property
+    def sample_rate(self) -> float: ...
+    @property
+    def frame_rate(self) -> float: ...
+    @property
+    def renormalize(self) -> bool: ...
+    @property
+    def resample_method(self) -> str: ...
+    @property
+    def seanet(self) -> dict[str, Any]: ...
+    @property
+    def transformer(self) -> TransformerConfig: ...
+    @property
+    def quantizer_n_q(self) -> int: ...
+    @property
+    def quantizer_bins(self) -> int: ...
+    @property
+    def quantizer_dim(self) -> int: ...
+    @property
+    def frame_size(self) -> int:
+        """Samples per code frame (1920 for the real model)."""
+    def __eq__(self, other: object) -> bool: ...
+
+class MimiCodec:
+    """The Mimi audio codec: audio <-> codes, offline and streaming."""
+
+    def __init__(
+        self,
+        weights: str | os.PathLike[str] | Mapping[str, npt.ArrayLike] | None = None,
+        *,
+        config: CodecConfig | Mapping[str, Any] | None = None,
+        num_codebooks: int | None = None,
+        seed: int = 0,
+        device: str = "cpu",
+        dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+    ) -> None: ...
+    def encode(self, pcm: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+        """(batch, channels, samples) or (samples,) -> (batch, num_codebooks, frames) uint32."""
+    def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """(batch, num_codebooks, frames) integers -> (batch, channels, frames * frame_size) float32."""
+    def encode_latents(self, pcm: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
+    def decode_latents(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
+    def encode_step(self, pcm: npt.ArrayLike) -> npt.NDArray[np.uint32] | None: ...
+    def decode_step(self, codes: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None: ...
+    def reset_state(self) -> None: ...
+    @property
+    def sample_rate(self) -> int: ...
+    @property
+    def frame_rate(self) -> float: ...
+    @property
+    def frame_size(self) -> int: ...
+    @property
+    def num_codebooks(self) -> int: ...
+    @property
+    def cardinality(self) -> int: ...
+    @property
+    def channels(self) -> int: ...
+    @property
+    def config(self) -> CodecConfig: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def checkpoint_layout(self) -> Literal["hf", "moshi"] | None: ...
 
 def _panic_for_tests() -> None: ...

@@ -9,6 +9,8 @@
 //! the time of one 250-step chunk. `benches/` runs it next to the Python binding to measure
 //! the binding's overhead.
 
+#![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
+
 use candle::{DType, Device, StreamingModule, Tensor};
 use mimi_py::config::TransformerConfig;
 use mimi_py::model::{Model, State};

@@ -1,0 +1,156 @@
+"""Command line: ``python -m mimi_py encode IN.wav OUT.npy`` / ``decode IN.npy OUT.wav``.
+
+Audio is read and written with ``soundfile``; other sample rates are resampled to the
+codec's rate with ``soxr`` (install both with ``pip install 'mimi_py[audio]'``). Long files
+are processed in chunks through the streaming encoder/decoder, so memory stays bounded, with
+a progress bar on stderr. Errors are one line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import MimiCodec, MimiError
+
+CHUNK_SECONDS = 10.0
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 1."""
+
+
+def _audio_modules():
+    try:
+        import soundfile
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise CliError("reading and writing audio needs soundfile: pip install 'mimi_py[audio]'") from e
+    return soundfile
+
+
+def _resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
+    try:
+        import soxr
+    except ImportError as e:  # pragma: no cover
+        raise CliError(f"the file is at {sr_in} Hz and needs resampling to {sr_out} Hz: pip install 'mimi_py[audio]'") from e
+    return soxr.resample(x, sr_in, sr_out).astype(np.float32)
+
+
+class Progress:
+    """A minimal progress bar on stderr (silent when stderr is not a terminal, unless forced)."""
+
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.total, self.label, self.enabled = max(total, 1), label, enabled
+        self.t0 = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        frac = min(done / self.total, 1.0)
+        bar = "#" * int(frac * 30)
+        rate = done / max(time.perf_counter() - self.t0, 1e-9)
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac * 100:5.1f}% ({rate:,.0f}/s)")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _codec(args) -> MimiCodec:
+    kw = {"device": args.device}
+    if getattr(args, "num_codebooks", None):
+        kw["num_codebooks"] = args.num_codebooks
+    if args.weights is None:
+        print("note: no --weights given: using seeded random weights (the output is noise); "
+              "pass --weights PATH to kyutai/mimi's model.safetensors for real use", file=sys.stderr)
+        return MimiCodec(None, seed=0, **kw)
+    return MimiCodec(args.weights, **kw)
+
+
+def encode(args) -> None:
+    sf = _audio_modules()
+    path = Path(args.input)
+    if not path.is_file():
+        raise CliError(f"{path}: no such file")
+    try:
+        pcm, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises its own error types
+        raise CliError(f"{path}: cannot read audio: {e}") from e
+    if pcm.shape[1] > 1:
+        print(f"note: downmixing {pcm.shape[1]} channels to mono", file=sys.stderr)
+    mono = pcm.mean(axis=1).astype(np.float32)
+    codec = _codec(args)
+    if sr != codec.sample_rate:
+        mono = _resample(mono, sr, codec.sample_rate)
+    # Pad to whole frames (as moshi does), then stream in chunks: memory stays bounded and
+    # every frame equals the offline codes of the padded audio.
+    fs = codec.frame_size
+    n = -(-len(mono) // fs) * fs
+    mono = np.pad(mono, (0, n - len(mono)))
+    chunk = int(CHUNK_SECONDS * codec.sample_rate) // fs * fs
+    bar = Progress(n, "encode", args.progress)
+    out = []
+    for s in range(0, n, chunk):
+        codes = codec.encode_step(mono[None, None, s : s + chunk])
+        if codes is not None:
+            out.append(codes)
+        bar.update(min(s + chunk, n))
+    bar.close()
+    codes = np.concatenate(out, axis=-1) if out else np.zeros((1, codec.num_codebooks, 0), np.uint32)
+    np.save(args.output, codes)
+    print(f"{args.output}: codes {codes.shape} uint32 ({codes.shape[-1] / codec.frame_rate:.2f} s)", file=sys.stderr)
+
+
+def decode(args) -> None:
+    sf = _audio_modules()
+    try:
+        codes = np.load(args.input, allow_pickle=False)
+    except Exception as e:
+        raise CliError(f"{args.input}: cannot read codes: {e}") from e
+    if codes.ndim == 2:
+        codes = codes[None]
+    if codes.ndim != 3 or codes.shape[0] != 1:
+        raise CliError(f"{args.input}: expected codes of shape (num_codebooks, frames) or (1, num_codebooks, frames), got {codes.shape}")
+    args.num_codebooks = codes.shape[1]
+    codec = _codec(args)
+    step = int(CHUNK_SECONDS * codec.frame_rate)
+    bar = Progress(codes.shape[-1], "decode", args.progress)
+    out = []
+    for s in range(0, codes.shape[-1], step):
+        pcm = codec.decode_step(codes[..., s : s + step])
+        if pcm is not None:
+            out.append(pcm[0, 0])
+        bar.update(min(s + step, codes.shape[-1]))
+    bar.close()
+    pcm = np.concatenate(out) if out else np.zeros(0, np.float32)
+    sf.write(args.output, pcm, codec.sample_rate, subtype=args.subtype)
+    print(f"{args.output}: {len(pcm) / codec.sample_rate:.2f} s at {codec.sample_rate} Hz", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mimi_py", description="Mimi codec: audio <-> tokens")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("encode", help="audio file -> codes (.npy, uint32, (1, num_codebooks, frames))")
+    e.add_argument("input")
+    e.add_argument("output")
+    e.add_argument("--num-codebooks", type=int, default=None)
+    d = sub.add_parser("decode", help="codes (.npy) -> audio file")
+    d.add_argument("input")
+    d.add_argument("output")
+    d.add_argument("--subtype", default="FLOAT", help="soundfile subtype of the output (default FLOAT; PCM_16 clips)")
+    for q in (e, d):
+        q.add_argument("--weights", default=None, help="kyutai/mimi model.safetensors, its directory, or a moshi checkpoint")
+        q.add_argument("--device", default="cpu")
+        q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+    args = p.parse_args(argv)
+    try:
+        {"encode": encode, "decode": decode}[args.command](args)
+    except (CliError, MimiError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,68 @@
+"""The command line: python -m mimi_py encode/decode."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, assert_close
+
+sf = pytest.importorskip("soundfile")  # part of the test extra; present in CI
+
+CODEC = FIXTURES / "codec"
+IO = dict(np.load(CODEC / "mimi_small_io.npz"))
+
+
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mimi_small")
+    shutil.copy(CODEC / "mimi_small.safetensors", d / "model.safetensors")
+    shutil.copy(CODEC / "mimi_small_hf_config.json", d / "config.json")
+    return d
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "mimi_py", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_encode_decode_round_trip(tmp_path, small_dir):
+    wav = tmp_path / "in.wav"
+    sf.write(wav, IO["waveform"][0, 0], 24000, subtype="FLOAT")
+    r = run("encode", wav, tmp_path / "codes.npy", "--weights", small_dir, "--progress")
+    assert r.returncode == 0, r.stderr
+    assert "encode [" in r.stderr  # progress bar
+    codes = np.load(tmp_path / "codes.npy")
+    assert codes.dtype == np.uint32
+    np.testing.assert_array_equal(codes, IO["codes"])  # whole-frame padding keeps the codes
+    r = run("decode", tmp_path / "codes.npy", tmp_path / "out.wav", "--weights", small_dir)
+    assert r.returncode == 0, r.stderr
+    audio, sr = sf.read(tmp_path / "out.wav", dtype="float32")
+    assert sr == 24000
+    assert_close(audio[None, None], IO["audio"], 1e-4, 1e-3, "decoded wav")
+
+
+def test_resamples_and_downmixes(tmp_path, small_dir):
+    wav = tmp_path / "stereo48k.wav"
+    x = np.stack([np.sin(np.arange(48000) / 20.0), np.cos(np.arange(48000) / 30.0)], axis=1) * 0.3
+    sf.write(wav, x, 48000)
+    r = run("encode", wav, tmp_path / "c.npy", "--weights", small_dir, "--num-codebooks", "2")
+    assert r.returncode == 0, r.stderr
+    assert "downmixing 2 channels" in r.stderr
+    assert np.load(tmp_path / "c.npy").shape == (1, 2, 13)  # 1 s at 24 kHz = 12.5 frames -> 13
+
+
+def test_errors_are_one_line_and_nonzero(tmp_path, small_dir):
+    r = run("encode", tmp_path / "missing.wav", tmp_path / "c.npy", "--weights", small_dir)
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.full((4, 3), 999, np.int64))
+    r = run("decode", bad, tmp_path / "o.wav", "--weights", small_dir)
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "[0, 64)" in r.stderr
+    notwav = tmp_path / "x.wav"
+    notwav.write_text("not audio")
+    r = run("encode", notwav, tmp_path / "c.npy", "--weights", small_dir)
+    assert r.returncode == 1 and "cannot read audio" in r.stderr
