@@ -364,3 +364,15 @@ def test_seeded_real_architecture():
     assert codes.shape == (1, 8, 2) and codes.max() < 2048
     np.testing.assert_array_equal(mimi_py.MimiCodec(seed=0).encode(x), codes)
     assert c.decode(codes).shape == (1, 1, 3840)
+
+
+def test_streaming_decode_with_a_batch(codec):
+    rng = np.random.default_rng(5)
+    codes = np.concatenate([IO["codes"], rng.integers(0, 64, IO["codes"].shape)], axis=0).astype(np.uint32)
+    offline = codec.decode(codes)
+    codec.reset_state()
+    out = [codec.decode_step(codes[..., s : s + 4]) for s in range(0, 19, 4)]
+    stream = np.concatenate(out, axis=-1)
+    assert stream.shape == offline.shape == (2, 1, 19 * 1920)
+    np.testing.assert_allclose(stream, offline, atol=1e-4, rtol=1e-3)
+    np.testing.assert_allclose(offline[1:], codec.decode(codes[1:]), atol=1e-5)
