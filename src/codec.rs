@@ -208,6 +208,7 @@ pub fn available_codebooks(tensors: &HashMap<String, Tensor>) -> usize {
 struct CheckedBackend {
     tensors: HashMap<String, Tensor>,
     problems: Arc<Mutex<Vec<String>>>,
+    requested: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 /// A `VarBuilder` backend that makes seeded random weights of whatever shape is asked for.
@@ -228,6 +229,10 @@ impl SimpleBackend for CheckedBackend {
         dtype: DType,
         dev: &Device,
     ) -> candle::Result<Tensor> {
+        self.requested
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string());
         let msg = match self.tensors.get(name) {
             // A missing weight-normed conv asks for weight_g then weight_v: report it once,
             // as the plain weight, with the shape of weight_v.
@@ -379,10 +384,21 @@ impl DecodeStream {
     }
 }
 
+type Cancel<'a> = Option<&'a std::sync::atomic::AtomicBool>;
+
 /// (B, D, T) -> transformer over time -> (B, D, T).
 fn run_transformer(model: &Model, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+    run_transformer_c(model, state, xs, None)
+}
+
+fn run_transformer_c(
+    model: &Model,
+    state: &mut State,
+    xs: &Tensor,
+    cancel: Cancel,
+) -> Result<Tensor> {
     let x = xs.transpose(1, 2)?.contiguous()?;
-    let y = model.forward(state, &x)?;
+    let y = model.forward_cancellable(state, &x, cancel)?;
     Ok(y.transpose(1, 2)?.contiguous()?)
 }
 
@@ -414,12 +430,16 @@ impl Codec {
     ) -> Result<Self> {
         cfg.transformer.check_supported()?;
         let problems = Arc::new(Mutex::new(Vec::new()));
+        let requested = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let mut provided: Vec<String> = Vec::new();
         let (vb, origin, tr_source): (VarBuilder, String, Box<dyn Fn() -> WeightSource>) =
             match source {
                 CodecWeights::Tensors(tensors, origin) => {
+                    provided = tensors.keys().cloned().collect();
                     let backend: Box<dyn SimpleBackend> = Box::new(CheckedBackend {
                         tensors: tensors.clone(),
                         problems: problems.clone(),
+                        requested: requested.clone(),
                     });
                     let t = Arc::new(tensors);
                     (
@@ -481,7 +501,34 @@ impl Codec {
                 Err(e) => return Err(e),
             }
         }
-        let problems = problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut problems = problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        {
+            // Tensors nobody read: a checkpoint that does not match the config. Unused
+            // codebooks (num_codebooks below what the file holds) and the transformers'
+            // names (checked by their own loader) are fine.
+            let requested = requested.lock().unwrap_or_else(|e| e.into_inner());
+            let unused_codebook = |n: &str| {
+                n.strip_prefix("quantizer.acoustic_residual_vector_quantizer.layers.")
+                    .and_then(|r| r.split('.').next())
+                    .and_then(|i| i.parse::<usize>().ok())
+                    .is_some_and(|i| i + 1 >= cfg.quantizer_n_q)
+            };
+            let mut extra: Vec<&String> = provided
+                .iter()
+                .filter(|n| {
+                    !requested.contains(n.as_str())
+                        && !n.starts_with("encoder_transformer.")
+                        && !n.starts_with("decoder_transformer.")
+                        && !unused_codebook(n)
+                })
+                .collect();
+            extra.sort();
+            for n in extra {
+                problems.push(format!(
+                    "unexpected tensor {n:?} (the config does not read it)"
+                ));
+            }
+        }
         if !problems.is_empty() {
             let shown = problems
                 .iter()
@@ -527,16 +574,18 @@ impl Codec {
     }
 
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
-    pub fn encode_pre_quantize(&self, pcm: &Tensor) -> Result<Tensor> {
+    pub fn encode_pre_quantize(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let x = self.encoder.forward(pcm)?;
-        let x = run_transformer(&self.enc_tr, &mut State::default(), &x)?;
+        crate::errors::check_cancel(cancel)?;
+        let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
+        crate::errors::check_cancel(cancel)?;
         Ok(self.downsample.forward(&x)?)
     }
 
     /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
     /// padded, as in candle and transformers.
-    pub fn encode(&self, pcm: &Tensor) -> Result<Tensor> {
-        let latents = self.encode_pre_quantize(pcm)?;
+    pub fn encode(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let latents = self.encode_pre_quantize(pcm, cancel)?;
         Ok(self.quantizer.encode(&latents.to_dtype(DType::F32)?)?)
     }
 
@@ -546,11 +595,14 @@ impl Codec {
     }
 
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
-    pub fn decode(&self, codes: &Tensor) -> Result<Tensor> {
+    pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
         let x = per_item(&x, |xi| Ok(self.upsample.forward(xi)?))?;
-        let x = run_transformer(&self.dec_tr, &mut State::default(), &x)?;
-        per_item(&x, |xi| Ok(self.decoder.forward(xi)?))
+        let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
+        per_item(&x, |xi| {
+            crate::errors::check_cancel(cancel)?;
+            Ok(self.decoder.forward(xi)?)
+        })
     }
 
     pub fn encode_stream(&self) -> EncodeStream {

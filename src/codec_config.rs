@@ -92,19 +92,7 @@ pub struct CodecConfig {
 }
 
 fn usize_of(field: &str, v: &Bound<'_, PyAny>) -> Result<usize> {
-    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
-        return Err(Error::config(
-            field,
-            format!(
-                "expected an int, got {}",
-                v.repr().map(|r| r.to_string()).unwrap_or_default()
-            ),
-        ));
-    }
-    v.extract::<i64>()
-        .ok()
-        .and_then(|i| usize::try_from(i).ok())
-        .ok_or_else(|| Error::config(field, format!("expected a non-negative int, got {v}")))
+    crate::config::get_usize(field, v)
 }
 
 fn bool_of(field: &str, v: &Bound<'_, PyAny>) -> Result<bool> {
@@ -187,7 +175,12 @@ impl SeanetConfig {
         match key {
             "dimension" => self.dimension = usize_of(f, v)?,
             "channels" => self.channels = usize_of(f, v)?,
-            "causal" => self.causal = bool_of(f, v)?,
+            "causal" => {
+                self.causal = bool_of(f, v)?;
+                if !self.causal {
+                    return Err(Error::config(f, "a non-causal SEANet cannot stream (its streaming and offline results would differ); set causal=True"));
+                }
+            }
             "n_filters" => self.n_filters = usize_of(f, v)?,
             "n_residual_layers" => self.n_residual_layers = usize_of(f, v)?,
             "activation" => {
@@ -235,7 +228,8 @@ impl SeanetConfig {
                 }
             }
             "norm" => self.norm = str_of(f, v, &["weight_norm", "none"])?,
-            "pad_mode" => self.pad_mode = str_of(f, v, &["constant", "reflect", "replicate"])?,
+            // candle's streaming convolutions implement constant and replicate padding only.
+            "pad_mode" => self.pad_mode = str_of(f, v, &["constant", "replicate"])?,
             "ratios" => {
                 let items: Vec<Bound<'_, PyAny>> = if let Ok(l) = v.cast::<PyList>() {
                     l.iter().collect()
@@ -550,7 +544,12 @@ impl CodecConfig {
             )?;
         }
         if let Some(v) = get("use_causal_conv") {
-            c.seanet.causal = bool_of("config.json:use_causal_conv", &v)?;
+            if !bool_of("config.json:use_causal_conv", &v)? {
+                return Err(Error::config(
+                    "config.json:use_causal_conv",
+                    "a non-causal SEANet is not supported",
+                ));
+            }
         }
         if let Some(v) = get("upsampling_ratios") {
             let l: Vec<usize> = v.extract().map_err(|_| {
@@ -598,8 +597,12 @@ impl CodecConfig {
 
     /// The real Mimi codec (kyutai/mimi) using `num_codebooks` of its 32 codebooks.
     #[staticmethod]
-    #[pyo3(signature = (num_codebooks=8))]
-    fn mimi(num_codebooks: usize) -> PyResult<Self> {
+    #[pyo3(signature = (num_codebooks=None))]
+    fn mimi(num_codebooks: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let num_codebooks = match num_codebooks {
+            None => 8,
+            Some(v) => usize_of("num_codebooks", v)?,
+        };
         if num_codebooks == 0 || num_codebooks > 32 {
             return Err(Error::config(
                 "num_codebooks",
@@ -613,8 +616,17 @@ impl CodecConfig {
     /// A config from a Hugging Face `MimiConfig` dict (the `config.json` of kyutai/mimi).
     #[staticmethod]
     #[pyo3(name = "from_hf", signature = (config, num_codebooks=None))]
-    fn py_from_hf(config: &Bound<'_, PyDict>, num_codebooks: Option<usize>) -> PyResult<Self> {
-        Ok(Self::from_hf(config, num_codebooks)?)
+    fn py_from_hf(
+        config: &Bound<'_, PyDict>,
+        num_codebooks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let n = num_codebooks
+            .map(|v| usize_of("num_codebooks", v))
+            .transpose()?;
+        if n == Some(0) {
+            return Err(Error::config("num_codebooks", "must be at least 1").into());
+        }
+        Ok(Self::from_hf(config, n)?)
     }
 
     /// The SEANet settings as a dict.

@@ -4,7 +4,7 @@ use crate::codec::{self, CheckpointLayout, Codec, CodecWeights, DecodeStream, En
 use crate::codec_config::CodecConfig;
 use crate::convert::{self, HostArray};
 use crate::device;
-use crate::errors::{guarded, Error, Result};
+use crate::errors::{guarded, interruptible, Error, Result};
 use candle::{DType, Device, Tensor};
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{
@@ -74,19 +74,34 @@ fn check_codes_dtype(a: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
 /// Reads integer codes into u32, checking the range.
 fn read_codes(a: &Bound<'_, PyUntypedArray>, bins: usize) -> PyResult<Vec<u32>> {
     check_codes_dtype(a)?;
-    let conv = a.call_method1("astype", ("int64",))?;
-    let arr = conv.cast_into::<PyArrayDyn<i64>>().map_err(PyErr::from)?;
-    let ro = arr.try_readonly()?;
-    let view = ro.as_array();
-    let mut out = Vec::with_capacity(view.len());
-    for &v in view.iter() {
-        if v < 0 || v as u64 >= bins as u64 {
-            return Err(Error::InvalidInput(format!(
-                "code {v} is out of range: codes must be in [0, {bins}) (the codebook size)"
-            ))
-            .into());
+    convert::check_size(a.shape(), "codes")?;
+    let out_of_range = |v: &dyn std::fmt::Display| -> PyErr {
+        Error::InvalidInput(format!(
+            "code {v} is out of range: codes must be in [0, {bins}) (the codebook size)"
+        ))
+        .into()
+    };
+    let mut out = Vec::with_capacity(a.len());
+    if a.dtype().kind() == b'u' {
+        let conv = a.call_method1("astype", ("uint64", "C"))?;
+        let arr = conv.cast_into::<PyArrayDyn<u64>>().map_err(PyErr::from)?;
+        let ro = arr.try_readonly()?;
+        for &v in ro.as_array().iter() {
+            if v >= bins as u64 {
+                return Err(out_of_range(&v));
+            }
+            out.push(v as u32);
         }
-        out.push(v as u32);
+    } else {
+        let conv = a.call_method1("astype", ("int64", "C"))?;
+        let arr = conv.cast_into::<PyArrayDyn<i64>>().map_err(PyErr::from)?;
+        let ro = arr.try_readonly()?;
+        for &v in ro.as_array().iter() {
+            if v < 0 || v as u64 >= bins as u64 {
+                return Err(out_of_range(&v));
+            }
+            out.push(v as u32);
+        }
     }
     Ok(out)
 }
@@ -139,13 +154,17 @@ impl MimiCodec {
                 .into())
             }
         };
-        let mut host = convert::read_f32(&arr, "pcm")?;
-        if host.data.iter().any(|v| !v.is_finite()) {
-            return Err(Error::InvalidInput(
-                "pcm contains NaN or Inf values; the codec would return meaningless codes".into(),
-            )
-            .into());
-        }
+        convert::check_size(&shape3, "pcm")?;
+        // SEANet's activations peak at about 1.7 KB per input sample (measured on the real
+        // model); refuse calls that cannot fit rather than being killed.
+        let per_sample = 2048 * self.codec.config().seanet.n_filters as u64 / 64;
+        let needed = (shape3[0] as u64) * (shape3[2] as u64) * per_sample.max(64);
+        device::check_memory(
+            needed,
+            "this call",
+            "encode long audio in chunks with encode_step (or the CLI, which streams)",
+        )?;
+        let mut host = convert::read_f32_finite(&arr, "pcm")?;
         host.shape = shape3;
         Ok(host)
     }
@@ -173,18 +192,22 @@ impl MimiCodec {
 #[pymethods]
 impl MimiCodec {
     #[new]
-    #[pyo3(signature = (weights=None, *, config=None, num_codebooks=None, seed=0, device="cpu", dtype="float32"))]
+    #[pyo3(signature = (weights=None, *, config=None, num_codebooks=None, seed=None, device="cpu", dtype="float32"))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
         weights: Option<&Bound<'_, PyAny>>,
         config: Option<&Bound<'_, PyAny>>,
-        num_codebooks: Option<usize>,
-        seed: u64,
+        num_codebooks: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
         device: &str,
         dtype: &str,
     ) -> PyResult<Self> {
         let (dtype, dtype_name) = device::parse_dtype(dtype)?;
+        let seed = seed.map(crate::config::get_seed).transpose()?.unwrap_or(0);
+        let num_codebooks = num_codebooks
+            .map(|v| crate::config::get_usize("num_codebooks", v))
+            .transpose()?;
         let mut cfg: Option<CodecConfig> = match config {
             None => None,
             Some(c) => Some(if let Ok(c) = c.cast::<CodecConfig>() {
@@ -232,7 +255,16 @@ impl MimiCodec {
                                     msg: format!("cannot read {}", json.display()),
                                     source: e,
                                 })?;
-                            let d = py.import("json")?.call_method1("loads", (text,))?;
+                            let d =
+                                py.import("json")?
+                                    .call_method1("loads", (text,))
+                                    .map_err(|e| {
+                                        Error::Weights(format!(
+                                            "{} is not valid JSON: {}",
+                                            json.display(),
+                                            e.value(py)
+                                        ))
+                                    })?;
                             let d = d.cast::<PyDict>().map_err(|_| {
                                 Error::Weights(format!("{} is not a JSON object", json.display()))
                             })?;
@@ -266,6 +298,18 @@ impl MimiCodec {
             }
             cfg.quantizer_n_q = n;
         }
+        let tr_params: u64 = crate::weights::expected_tensors(&cfg.transformer)
+            .iter()
+            .map(|(_, s)| s.iter().map(|&d| d as u64).product::<u64>())
+            .sum();
+        let codebooks = (cfg.quantizer_n_q as u64)
+            .saturating_mul(cfg.quantizer_bins as u64)
+            .saturating_mul(cfg.quantizer_dim as u64 + 2);
+        device::check_memory(
+            (2 * tr_params + codebooks).saturating_mul(12),
+            "this codec's weights",
+            "check the config's sizes (quantizer_bins, quantizer_dim, transformer)",
+        )?;
         let device_spec = device.to_string();
         let (codec, device_name, layout) = py.detach(move || {
             guarded(|| {
@@ -328,12 +372,10 @@ impl MimiCodec {
             return u32_to_numpy(py, vec![], &[b, k, 0]);
         }
         let codec = self.codec.clone();
-        let (data, shape) = py.detach(move || {
-            guarded(|| {
-                let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
-                    .to_dtype(codec.dtype())?;
-                tensor_u32(&codec.encode(&x)?)
-            })
+        let (data, shape) = interruptible(py, move |cancel| {
+            let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
+                .to_dtype(codec.dtype())?;
+            tensor_u32(&codec.encode(&x, Some(cancel))?)
         })?;
         u32_to_numpy(py, data, &shape)
     }
@@ -345,13 +387,15 @@ impl MimiCodec {
         pcm: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let host = self.read_pcm(pcm)?;
+        if host.shape[2] == 0 {
+            let dim = self.codec.config().seanet.dimension;
+            return Ok(convert::to_numpy(py, vec![], &[host.shape[0], dim, 0])?);
+        }
         let codec = self.codec.clone();
-        let (data, shape) = py.detach(move || {
-            guarded(|| {
-                let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
-                    .to_dtype(codec.dtype())?;
-                tensor_f32(&codec.encode_pre_quantize(&x)?)
-            })
+        let (data, shape) = interruptible(py, move |cancel| {
+            let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
+                .to_dtype(codec.dtype())?;
+            tensor_f32(&codec.encode_pre_quantize(&x, Some(cancel))?)
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
@@ -381,6 +425,8 @@ impl MimiCodec {
         codes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (data, shape) = self.read_codes_arg(codes)?;
+        let samples = shape[2].saturating_mul(self.codec.config().frame_size());
+        convert::check_size(&[shape[0], self.n_channels(), samples], "decoded audio")?;
         if shape[2] == 0 {
             return Ok(convert::to_numpy(
                 py,
@@ -389,11 +435,9 @@ impl MimiCodec {
             )?);
         }
         let codec = self.codec.clone();
-        let (data, shape) = py.detach(move || {
-            guarded(|| {
-                let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-                tensor_f32(&codec.decode(&c)?)
-            })
+        let (data, shape) = interruptible(py, move |cancel| {
+            let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
+            tensor_f32(&codec.decode(&c, Some(cancel))?)
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
@@ -402,11 +446,13 @@ impl MimiCodec {
     /// chunk completes, or ``None`` if it completes none. Chunks may have any length; the
     /// remainder is buffered. Frames are emitted as soon as they are complete, so a stream
     /// gives ``floor(samples / frame_size)`` frames, each equal to the offline codes.
+    #[pyo3(signature = (pcm))]
     fn encode_step<'py>(
         &self,
         py: Python<'py>,
-        pcm: &Bound<'py, PyAny>,
+        pcm: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(pcm) = pcm else { return Ok(None) };
         let host = self.read_pcm(pcm)?;
         let codec = self.codec.clone();
         let enc = &self.enc;

@@ -104,17 +104,34 @@ impl Default for TransformerConfig {
     }
 }
 
-fn get_usize(field: &str, v: &Bound<'_, PyAny>) -> Result<usize> {
-    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+/// A non-negative integer: Python ints and numpy integers (anything with `__index__`), but
+/// not bools or floats.
+pub fn get_usize(field: &str, v: &Bound<'_, PyAny>) -> Result<usize> {
+    let is_int = !v.is_instance_of::<PyBool>()
+        && !v.is_instance_of::<PyFloat>()
+        && (v.is_instance_of::<PyInt>() || v.hasattr("__index__").unwrap_or(false))
+        && !v.get_type().name().is_ok_and(|n| n.to_string() == "bool_");
+    if !is_int {
         return Err(Error::config(
             field,
             format!("expected an int, got {}", describe(v)),
         ));
     }
-    v.extract::<i64>()
-        .ok()
-        .and_then(|i| usize::try_from(i).ok())
-        .ok_or_else(|| Error::config(field, format!("expected a non-negative int, got {v}")))
+    let i: i128 = v
+        .call_method0("__index__")
+        .and_then(|i| i.extract())
+        .map_err(|_| Error::config(field, format!("expected an int, got {}", describe(v))))?;
+    usize::try_from(i).map_err(|_| {
+        Error::config(
+            field,
+            format!("expected a non-negative int that fits in 64 bits, got {i}"),
+        )
+    })
+}
+
+/// A seed: an integer in [0, 2**64).
+pub fn get_seed(v: &Bound<'_, PyAny>) -> Result<u64> {
+    get_usize("seed", v).map(|s| s as u64)
 }
 
 fn get_bool(field: &str, v: &Bound<'_, PyAny>) -> Result<bool> {

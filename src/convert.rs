@@ -81,32 +81,80 @@ pub fn check_float(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// Reads a real floating array into a C-ordered `Vec<f32>`.
+/// Largest array read in one call: 2^31 values (8 GiB as float32). Larger ones (for example
+/// zero-stride `numpy.broadcast_to` views, which cost nothing to create) are refused up front
+/// instead of exhausting memory.
+pub const MAX_ELEMENTS: usize = 1 << 31;
+
+/// Refuses arrays with more than [`MAX_ELEMENTS`] values.
+pub fn check_size(shape: &[usize], what: &str) -> PyResult<()> {
+    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    match n {
+        Some(n) if n <= MAX_ELEMENTS => Ok(()),
+        _ => Err(Error::Shape(format!(
+            "{what} of shape {shape:?} is too large: at most {MAX_ELEMENTS} values are accepted \
+             in one call; split it into chunks (the streaming calls accept any chunking)"
+        ))
+        .into()),
+    }
+}
+
+/// Copies an array view into a C-ordered vector (logical order, whatever the strides),
+/// reporting an allocation failure as an error instead of aborting.
+fn collect_c_order<T: Copy, U>(
+    view: numpy::ndarray::ArrayViewD<'_, T>,
+    f: impl Fn(T) -> U,
+    what: &str,
+) -> PyResult<Vec<U>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(view.len()).map_err(|_| {
+        Error::Resource(format!(
+            "not enough memory to read {what} ({} values)",
+            view.len()
+        ))
+    })?;
+    // `as_slice` is only Some for standard (C-contiguous) layout; Fortran-ordered and strided
+    // arrays are iterated in logical order.
+    match view.as_slice() {
+        Some(s) => out.extend(s.iter().map(|&v| f(v))),
+        None => out.extend(view.iter().map(|&v| f(v))),
+    }
+    Ok(out)
+}
+
+/// Reads a real floating array into a C-ordered `Vec<f32>`. With `finite`, NaN and Inf are
+/// refused (`InvalidInputError`).
 pub fn read_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
     check_float(a, what)?;
     let shape = shape_of(a);
-    if let Ok(arr) = a.cast::<PyArrayDyn<f32>>() {
+    check_size(&shape, what)?;
+    let data = if let Ok(arr) = a.cast::<PyArrayDyn<f32>>() {
         let ro = arr.try_readonly()?;
-        let data = match ro.as_slice() {
-            Ok(s) => s.to_vec(),
-            Err(_) => ro.as_array().iter().copied().collect(),
-        };
-        return Ok(HostArray { data, shape });
-    }
-    if let Ok(arr) = a.cast::<PyArrayDyn<f64>>() {
+        collect_c_order(ro.as_array(), |v| v, what)?
+    } else if let Ok(arr) = a.cast::<PyArrayDyn<f64>>() {
         let ro = arr.try_readonly()?;
-        let data = ro.as_array().iter().map(|&v| v as f32).collect();
-        return Ok(HostArray { data, shape });
-    }
-    // float16, longdouble, ...: let numpy convert once.
-    let conv = a.call_method1("astype", ("float32",))?;
-    let conv = conv.cast_into::<PyArrayDyn<f32>>().map_err(PyErr::from)?;
-    let ro = conv.try_readonly()?;
-    let data = match ro.as_slice() {
-        Ok(s) => s.to_vec(),
-        Err(_) => ro.as_array().iter().copied().collect(),
+        collect_c_order(ro.as_array(), |v| v as f32, what)?
+    } else {
+        // float16, longdouble, non-native byte order: let numpy convert once, in C order.
+        let conv = a.call_method1("astype", ("float32", "C"))?;
+        let conv = conv.cast_into::<PyArrayDyn<f32>>().map_err(PyErr::from)?;
+        let ro = conv.try_readonly()?;
+        collect_c_order(ro.as_array(), |v| v, what)?
     };
     Ok(HostArray { data, shape })
+}
+
+/// `read_f32`, refusing NaN and Inf.
+pub fn read_f32_finite(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
+    let host = read_f32(a, what)?;
+    if let Some(i) = host.data.iter().position(|v| !v.is_finite()) {
+        return Err(Error::InvalidInput(format!(
+            "{what} contains NaN or Inf (first at flat index {i}); mimi_py refuses non-finite \
+             inputs because they would silently poison the stream"
+        ))
+        .into());
+    }
+    Ok(host)
 }
 
 /// Moves a C-ordered `Vec<f32>` into a new numpy array.

@@ -85,3 +85,48 @@ pub fn parse_dtype(spec: &str) -> Result<(DType, &'static str)> {
         )),
     }
 }
+
+/// Bytes this process can still allocate, as far as the OS tells: `MemAvailable`, and the
+/// address-space limit (`ulimit -v`) minus what is mapped. `None` where unknown (not Linux).
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = |text: &str, key: &str| -> Option<u64> {
+        text.lines()
+            .find(|l| l.starts_with(key))?
+            .split_whitespace()
+            .nth(1)?
+            .parse::<u64>()
+            .ok()
+            .map(|v| v * 1024)
+    };
+    let mut avail = kb(&meminfo, "MemAvailable:")?;
+    if let (Ok(limits), Ok(status)) = (
+        std::fs::read_to_string("/proc/self/limits"),
+        std::fs::read_to_string("/proc/self/status"),
+    ) {
+        let as_limit = limits
+            .lines()
+            .find(|l| l.starts_with("Max address space"))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .and_then(|v| v.parse::<u64>().ok());
+        if let (Some(limit), Some(used)) = (as_limit, kb(&status, "VmSize:")) {
+            avail = avail.min(limit.saturating_sub(used));
+        }
+    }
+    Some(avail)
+}
+
+/// Refuses work estimated to need more than the available memory.
+pub fn check_memory(needed: u64, what: &str, hint: &str) -> Result<()> {
+    if let Some(avail) = available_memory() {
+        if needed > avail {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            return Err(Error::Resource(format!(
+                "{what} would need about {:.1} GiB of memory but only {:.1} GiB is available; {hint}",
+                gib(needed),
+                gib(avail)
+            )));
+        }
+    }
+    Ok(())
+}

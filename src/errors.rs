@@ -9,7 +9,7 @@
 //! (`ValueError`, `TypeError`, `RuntimeError`), which `create_exception!` cannot express,
 //! so they are built once with `type(name, bases, dict)` and cached.
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -32,6 +32,8 @@ pub enum Error {
     DType(String),
     /// An input with values outside what is accepted (codes out of range, non-finite audio).
     InvalidInput(String),
+    /// Not enough memory for what was asked (checked up front where possible).
+    Resource(String),
     /// A missing, mis-shaped or mistyped tensor, or an unreadable checkpoint.
     Weights(String),
     /// A checkpoint that could not be read from disk (raised as `WeightsError` chained
@@ -74,6 +76,7 @@ impl fmt::Display for Error {
             Error::Shape(msg)
             | Error::DType(msg)
             | Error::InvalidInput(msg)
+            | Error::Resource(msg)
             | Error::Weights(msg)
             | Error::Device(msg) => {
                 write!(f, "{msg}")
@@ -113,6 +116,51 @@ pub fn guarded<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     }
 }
 
+/// Runs `f` on a worker thread while this thread, detached from the interpreter, waits and
+/// checks for signals every 50 ms. On Ctrl-C (or any signal handler raising) the call
+/// returns that exception at once; `cancel` is set so that `f` stops at its next check, and
+/// its result is dropped. For long offline computations whose state is private to the call,
+/// so an interrupted call leaves the object usable.
+pub fn interruptible<R: Send + 'static>(
+    py: Python<'_>,
+    f: impl FnOnce(&std::sync::atomic::AtomicBool) -> Result<R> + Send + 'static,
+) -> PyResult<R> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Arc};
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let flag = cancel.clone();
+    std::thread::Builder::new()
+        .name("mimi_py-worker".into())
+        .spawn(move || {
+            let r = guarded(|| f(&flag));
+            let _ = tx.send(r);
+        })
+        .map_err(|e| Error::Panic(format!("cannot start a worker thread: {e}")))?;
+    py.detach(move || loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            Ok(r) => return r.map_err(PyErr::from),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Error::Panic("worker thread ended without a result".into()).into())
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = Python::attach(|py| py.check_signals()) {
+                    cancel.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+    })
+}
+
+/// Returns an error if `cancel` was set (the caller was interrupted).
+pub fn check_cancel(cancel: Option<&std::sync::atomic::AtomicBool>) -> candle::Result<()> {
+    if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
+        candle::bail!("cancelled")
+    }
+    Ok(())
+}
+
 /// The exception classes, created once per interpreter.
 pub struct ExceptionTypes {
     pub mimi: Py<PyType>,
@@ -123,6 +171,7 @@ pub struct ExceptionTypes {
     pub shape: Py<PyType>,
     pub dtype: Py<PyType>,
     pub invalid_input: Py<PyType>,
+    pub resource: Py<PyType>,
     pub weights: Py<PyType>,
     pub device: Py<PyType>,
     pub compute: Py<PyType>,
@@ -206,6 +255,12 @@ fn build_types(py: Python<'_>) -> PyResult<ExceptionTypes> {
         &[m.clone(), value.clone()],
         "An input whose values are not accepted (codes out of range, NaN/Inf audio).",
     )?;
+    let resource = make_type(
+        py,
+        "ResourceError",
+        &[m.clone(), py.get_type::<PyMemoryError>().into_any()],
+        "A call that needs more memory than is available; the message says how much.",
+    )?;
     let weights = make_type(
         py,
         "WeightsError",
@@ -239,6 +294,7 @@ fn build_types(py: Python<'_>) -> PyResult<ExceptionTypes> {
         shape,
         dtype,
         invalid_input,
+        resource,
         weights,
         device,
         compute,
@@ -265,6 +321,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         &t.shape,
         &t.dtype,
         &t.invalid_input,
+        &t.resource,
         &t.weights,
         &t.device,
         &t.compute,
@@ -287,6 +344,7 @@ impl Error {
             Error::Shape(_) => &t.shape,
             Error::DType(_) => &t.dtype,
             Error::InvalidInput(_) => &t.invalid_input,
+            Error::Resource(_) => &t.resource,
             Error::Weights(_) | Error::WeightsIo { .. } => &t.weights,
             Error::Device(_) => &t.device,
             Error::Candle(_) => &t.compute,

@@ -12,6 +12,7 @@ pub mod config;
 pub mod convert;
 pub mod device;
 pub mod errors;
+pub mod kernels;
 pub mod model;
 pub mod transformer;
 pub mod weights;

@@ -15,8 +15,9 @@
 //! The model itself (weights) is immutable and shared between clones.
 
 use crate::config::TransformerConfig;
-use candle::{DType, Device, Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use crate::kernels::Linear;
+use candle::{DType, Device, IndexOp, Module, Result, Tensor};
+use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::transformer::{LayerScale, Mlp, Norm};
 use std::collections::{BTreeMap, HashMap};
 
@@ -32,11 +33,65 @@ struct Attention {
     out: Linear,
 }
 
+/// The feed-forward block, loaded by candle's `Mlp::new` and run with our `Linear`.
+enum FeedForward {
+    Plain {
+        fc1: Linear,
+        fc2: Linear,
+    },
+    Gated {
+        lin_in: Linear,
+        lin_out: Linear,
+        act: candle_nn::Activation,
+    },
+}
+
+impl FeedForward {
+    fn from_candle(mlp: &Mlp) -> Result<Self> {
+        Ok(match mlp {
+            Mlp::NoGating {
+                linear1, linear2, ..
+            } => Self::Plain {
+                fc1: Linear::from_candle(linear1)?,
+                fc2: Linear::from_candle(linear2)?,
+            },
+            Mlp::Gating {
+                linear_in,
+                linear_out,
+                activation,
+                ..
+            } => Self::Gated {
+                lin_in: Linear::from_candle(linear_in)?,
+                lin_out: Linear::from_candle(linear_out)?,
+                act: *activation,
+            },
+        })
+    }
+}
+
+impl Module for FeedForward {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Plain { fc1, fc2 } => xs.apply(fc1)?.gelu_erf()?.apply(fc2),
+            Self::Gated {
+                lin_in,
+                lin_out,
+                act,
+            } => {
+                let h = xs.apply(lin_in)?;
+                let (b, t, _) = h.dims3()?;
+                let h = h.reshape((b, t, 2, ()))?;
+                (h.i((.., .., 0))?.apply(act)? * h.i((.., .., 1))?)?.apply(lin_out)
+            }
+        }
+    }
+}
+
 struct Layer {
     norm1: Norm,
     norm2: Norm,
     attn: Attention,
-    mlp: Mlp,
+    mlp: FeedForward,
     ls1: Option<LayerScale>,
     ls2: Option<LayerScale>,
 }
@@ -150,7 +205,7 @@ impl Model {
                 ),
                 None => (None, None),
             };
-            let mlp = Mlp::new(&ccfg, vb.clone())?;
+            let mlp = FeedForward::from_candle(&Mlp::new(&ccfg, vb.clone())?)?;
             let get = |name: &str| -> Result<Tensor> {
                 weights
                     .get(&format!("layers.{i}.self_attn.{name}"))
@@ -183,8 +238,8 @@ impl Model {
                 None
             };
             let attn = Attention {
-                qkv: Linear::new(qkv_w, qkv_b),
-                out: Linear::new(get("o_proj.weight")?, out_b),
+                qkv: Linear::new(qkv_w, qkv_b)?,
+                out: Linear::new(get("o_proj.weight")?, out_b)?,
             };
             layers.push(Layer {
                 norm1,
@@ -242,6 +297,16 @@ impl Model {
     /// Runs `xs` (batch, time, d_model) through the transformer, continuing `state`.
     /// The caller has checked the shape and that the batch matches the state's.
     pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+        self.forward_cancellable(state, xs, None)
+    }
+
+    /// `forward`, stopping between blocks of `block_len` steps once `cancel` is set.
+    pub fn forward_cancellable(
+        &self,
+        state: &mut State,
+        xs: &Tensor,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Tensor> {
         let (b, t, _) = xs.dims3()?;
         if t == 0 {
             return Ok(xs.clone());
@@ -266,6 +331,7 @@ impl Model {
         let mut outs = Vec::with_capacity(t.div_ceil(block));
         let mut start = 0;
         while start < t {
+            crate::errors::check_cancel(cancel)?;
             let len = block.min(t - start);
             outs.push(self.forward_block(state, &xs.narrow(1, start, len)?)?);
             start += len;

@@ -101,7 +101,19 @@ impl StreamingTransformer {
         let arr = convert::as_ndarray(x, "x")?;
         convert::check_float(&arr, "x")?;
         self.check_input(&convert::shape_of(&arr))?;
-        let host = convert::read_f32(&arr, "x")?;
+        let shape = convert::shape_of(&arr);
+        let (b, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64);
+        // input copy, tensor, output and its copy (4 x 4 bytes) plus the activations of one block
+        let block = (self.config.context.max(64) as u64).min(t);
+        let heads = self.config.num_heads as u64;
+        let needed = 16 * b * t * d
+            + 4 * b * block * (16 * d + 3 * heads * (block + self.config.context as u64));
+        device::check_memory(
+            needed,
+            "this call",
+            "split the input into shorter chunks (results do not depend on chunking)",
+        )?;
+        let host = convert::read_f32_finite(&arr, "x")?;
         let model = self.model.clone();
         let state = &self.state;
         let (data, shape) = py.detach(move || {
@@ -143,13 +155,13 @@ impl StreamingTransformer {
 #[pymethods]
 impl StreamingTransformer {
     #[new]
-    #[pyo3(signature = (config=None, weights=None, *, seed=0, device="cpu", dtype="float32", prefix="", qk_layout="interleaved"))]
+    #[pyo3(signature = (config=None, weights=None, *, seed=None, device="cpu", dtype="float32", prefix="", qk_layout="interleaved"))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
         config: Option<&Bound<'_, PyAny>>,
         weights: Option<&Bound<'_, PyAny>>,
-        seed: u64,
+        seed: Option<&Bound<'_, PyAny>>,
         device: &str,
         dtype: &str,
         prefix: &str,
@@ -172,6 +184,7 @@ impl StreamingTransformer {
             },
         };
         config.check_supported()?;
+        let seed = seed.map(crate::config::get_seed).transpose()?.unwrap_or(0);
         let layout = QkLayout::parse(qk_layout)?;
         let (dtype, dtype_name) = device::parse_dtype(dtype)?;
         let source = match weights {
@@ -196,6 +209,15 @@ impl StreamingTransformer {
                 }
             }
         };
+        let params: u64 = weights::expected_tensors(&config)
+            .iter()
+            .map(|(_, s)| s.iter().map(|&d| d as u64).product::<u64>())
+            .sum();
+        device::check_memory(
+            params * 8,
+            &format!("a transformer with {params} parameters"),
+            "check the config's sizes",
+        )?;
         let device_spec = device.to_string();
         let prefix = prefix.to_string();
         let cfg = config.clone();

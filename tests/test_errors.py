@@ -19,6 +19,8 @@ def test_hierarchy():
         M.ShapeError: (M.MimiError, ValueError),
         M.DTypeError: (M.MimiError, TypeError),
         M.WeightsError: (M.MimiError, ValueError),
+        M.InvalidInputError: (M.MimiError, ValueError),
+        M.ResourceError: (M.MimiError, MemoryError),
         M.DeviceError: (M.MimiError, RuntimeError),
         M.ComputeError: (M.MimiError, RuntimeError),
         M.InternalError: (M.MimiError, RuntimeError),

@@ -36,6 +36,9 @@ class DTypeError(MimiError, TypeError):
 class InvalidInputError(MimiError, ValueError):
     """An input whose values are not accepted (codes out of range, NaN/Inf audio)."""
 
+class ResourceError(MimiError, MemoryError):
+    """A call that needs more memory than is available (checked up front)."""
+
 class WeightsError(MimiError, ValueError):
     """A missing, mis-shaped or mistyped tensor, or an unreadable checkpoint."""
 

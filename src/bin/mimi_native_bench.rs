@@ -42,6 +42,8 @@ fn main() -> candle::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(300);
     let batch: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+    // "both" (default), "candle" or "mimi_py": which engines to time.
+    let which = args.get(3).cloned().unwrap_or_else(|| "both".to_string());
     let cfg = TransformerConfig::mimi_preset();
     let dev = Device::Cpu;
     let w = weights::load(
@@ -64,26 +66,30 @@ fn main() -> candle::Result<()> {
     let warm = 20;
     let xs = input(batch, steps + warm, d, 1);
 
-    // candle's own transformer (its state stays valid while steps + warm < max_seq_len)
-    let mut times = Vec::with_capacity(steps);
-    for i in 0..steps + warm {
-        let x = xs.narrow(1, i, 1)?;
-        let t0 = Instant::now();
-        let _y = reference.step(&x.into())?;
-        if i >= warm {
-            times.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    let (med, p99) = stats(times);
-    reference.reset_state();
     let chunk = input(batch, 250, d, 2);
-    let t0 = Instant::now();
-    reference.forward(&chunk)?;
-    let chunk_us = t0.elapsed().as_secs_f64() * 1e6;
-    println!(
+    if which != "mimi_py" {
+        // candle's own transformer (its state stays valid while steps + warm < max_seq_len)
+        let mut times = Vec::with_capacity(steps);
+        for i in 0..steps + warm {
+            let x = xs.narrow(1, i, 1)?;
+            let t0 = Instant::now();
+            let _y = reference.step(&x.into())?;
+            if i >= warm {
+                times.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let (med, p99) = stats(times);
+        reference.reset_state();
+        let t0 = Instant::now();
+        reference.forward(&chunk)?;
+        let chunk_us = t0.elapsed().as_secs_f64() * 1e6;
+        println!(
         "{{\"engine\": \"candle\", \"batch\": {batch}, \"steps\": {steps}, \"step_median_us\": {med:.1}, \"step_p99_us\": {p99:.1}, \"chunk250_us\": {chunk_us:.1}}}"
     );
-
+    }
+    if which == "candle" {
+        return Ok(());
+    }
     let mut state = State::default();
     let mut times = Vec::with_capacity(steps);
     for i in 0..steps + warm {

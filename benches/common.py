@@ -1,0 +1,257 @@
+"""Shared helpers of the benchmark suite: statistics, machine facts, test signals and random
+weights of the real Mimi architecture in Kyutai's moshi checkpoint layout.
+
+Pure Python + numpy: the worker processes import this before any engine, so nothing here may
+start a thread pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import struct
+from pathlib import Path
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+FIXTURES = Path(os.environ.get("MIMI_FIXTURES", REPO.parent / "shared" / "fixtures"))
+CODEC_FIXTURES = FIXTURES / "codec"
+MOSHI_MANIFEST = CODEC_FIXTURES / "kyutai_moshi_mimi_manifest.json"
+SMALL_MOSHI_FILE = CODEC_FIXTURES / "mimi_small_moshi.safetensors"
+SMALL_HF_CONFIG = CODEC_FIXTURES / "mimi_small_hf_config.json"
+# Generated weight files; MIMI_BENCH_CACHE moves them (the smoke test uses a temp folder).
+CACHE_DIR = Path(os.environ.get("MIMI_BENCH_CACHE", BENCH_DIR / ".cache"))
+
+SAMPLE_RATE = 24_000
+FRAME_SIZE = 1920  # 80 ms at 24 kHz, one Mimi frame
+
+# Bump when the weight recipe below changes, so cached files are regenerated.
+WEIGHTS_RECIPE = "v1: N(0,1/fan_in) weights, zero biases, unit norms, layer scale 0.01, N(0,1) codebooks"
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+
+
+def percentile(values, q: float) -> float:
+    """Nearest-rank percentile, the same rule as the native bench: sorted[floor(n*q)]."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    return float(v[min(int(len(v) * q), len(v) - 1)])
+
+
+def median(values) -> float:
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    return float(v[len(v) // 2])
+
+
+def summary_us(values_s) -> dict:
+    """median / p99 / mean / min / max in microseconds of a list of durations in seconds."""
+    us = [x * 1e6 for x in values_s]
+    return {
+        "n": len(us),
+        "median_us": round(median(us), 1),
+        "p99_us": round(percentile(us, 0.99), 1),
+        "mean_us": round(sum(us) / len(us), 1) if us else float("nan"),
+        "min_us": round(min(us), 1) if us else float("nan"),
+        "max_us": round(max(us), 1) if us else float("nan"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+def rss_now_bytes() -> int | None:
+    """Current resident set size (VmRSS) in bytes, or None off Linux."""
+    return _proc_status_kib("VmRSS:")
+
+
+def rss_peak_bytes() -> int | None:
+    """Peak resident set size of this process: VmHWM, else ru_maxrss."""
+    hwm = _proc_status_kib("VmHWM:")
+    if hwm is not None:
+        return hwm
+    try:
+        import resource
+
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(r if platform.system() == "Darwin" else r * 1024)
+    except Exception:  # pragma: no cover
+        return None
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def minor_faults() -> int | None:
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+    except Exception:  # pragma: no cover
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# machine facts
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+def cpu_count_available() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return cpu_count()
+
+
+def memory_total_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# signals
+
+
+def smooth_noise(num_samples: int, seed: int = 0) -> np.ndarray:
+    """A smooth random signal: white noise low-passed at ~1 kHz (2nd order, in the frequency
+    domain) plus a 100 Hz sine, scaled to an RMS of 0.1. float32, shape (num_samples,)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(num_samples)
+    f = np.fft.rfftfreq(num_samples, 1.0 / SAMPLE_RATE)
+    y = np.fft.irfft(np.fft.rfft(w) / (1.0 + (f / 1000.0) ** 2), n=num_samples)
+    t = np.arange(num_samples) / SAMPLE_RATE
+    y = y / (y.std() + 1e-12) + 0.5 * np.sin(2 * np.pi * 100.0 * t)
+    y = 0.1 * y / (y.std() + 1e-12)
+    return y.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors
+
+
+_ST_CODES = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("float64"): "F64",
+             np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("uint8"): "U8"}
+
+
+def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
+    """A minimal safetensors writer: 8-byte little-endian header length, JSON header padded to
+    8 bytes, then the raw little-endian C-order data of every tensor in name order."""
+    header, offset, arrays = {}, 0, []
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        header[name] = {"dtype": _ST_CODES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        arrays.append(a)
+        offset += a.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = Path(str(path) + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for a in arrays:
+            f.write(memoryview(a).cast("B"))
+    os.replace(tmp, path)
+
+
+def read_safetensors_shapes(path) -> dict[str, list[int]]:
+    """{name: shape} from a safetensors header (no data read)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def manifest_shapes(manifest_path) -> dict[str, list[int]]:
+    """{name: shape} of a fixtures manifest (`tensors: {name: {shape, dtype}}`)."""
+    m = json.loads(Path(manifest_path).read_text())
+    out = {}
+    for name, spec in m["tensors"].items():
+        shape = spec["shape"] if isinstance(spec, dict) else spec
+        out[name] = [int(d) for d in shape]
+    if "num_tensors" in m and len(out) != m["num_tensors"]:
+        raise ValueError(f"{manifest_path}: {len(out)} tensors listed, num_tensors={m['num_tensors']}")
+    return out
+
+
+def random_tensor(name: str, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    """One random tensor of the moshi layout, with values that keep every stage O(1)."""
+    n = int(np.prod(shape)) if shape else 1
+    if name.endswith("cluster_usage") or name.endswith("_initialized"):
+        return np.ones(shape, np.float32)
+    if name.endswith(".bias"):
+        return np.zeros(shape, np.float32)
+    if ".norm1." in name or ".norm2." in name:  # layer norm weights (biases handled above)
+        return np.ones(shape, np.float32)
+    if "layer_scale" in name:
+        return np.full(shape, 0.01, np.float32)
+    if name.endswith("embedding_sum"):
+        return rng.standard_normal(n, dtype=np.float32).reshape(shape)
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    x = rng.standard_normal(n, dtype=np.float32).reshape(shape)
+    x *= np.float32(1.0 / np.sqrt(max(fan_in, 1)))
+    return x
+
+
+def random_weights_file(shapes: dict[str, list[int]], tag: str, seed: int = 0) -> Path:
+    """Write (once; cached under benches/.cache) a safetensors file with random values for every
+    tensor of `shapes`, and return its path."""
+    digest = hashlib.sha256(
+        json.dumps([WEIGHTS_RECIPE, seed, sorted(shapes.items())]).encode()
+    ).hexdigest()[:16]
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    path = CACHE_DIR / f"{tag}-{digest}.safetensors"
+    if path.exists():
+        return path
+    rng = np.random.default_rng(seed)
+    tensors = {name: random_tensor(name, shapes[name], rng) for name in sorted(shapes)}
+    write_safetensors(path, tensors)
+    return path
+
+
+def real_moshi_weights() -> Path:
+    """Random weights of the real Mimi (32 codebooks) in the moshi checkpoint layout."""
+    return random_weights_file(manifest_shapes(MOSHI_MANIFEST), "mimi-moshi-random")
+
+
+def small_moshi_weights() -> Path:
+    """Random weights of the fixtures' small codec, in the moshi layout (tiny mode)."""
+    return random_weights_file(read_safetensors_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")

@@ -1,0 +1,420 @@
+"""One measurement in its own process (run by run.py; not meant to be called by hand).
+
+    python benches/worker.py '<json spec>'
+
+The thread count is fixed by the environment run.py sets before this process starts
+(RAYON_NUM_THREADS, OMP_NUM_THREADS, ...), because candle's and rustymimi's thread pools read
+it once. The result is printed as one line `@@RESULT {json}` on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402
+
+RESULT_MARK = "@@RESULT "
+
+
+class Timer:
+    """Wall and process CPU time of a block (CPU / wall = cores actually busy)."""
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        self.cpu = time.process_time() - self.c0
+
+
+# ---------------------------------------------------------------------------------------------
+# engines: a common face for every codec implementation
+
+
+class Engine:
+    name = "?"
+
+    def version(self) -> str | None:
+        return None
+
+    def encode(self, pcm: np.ndarray) -> np.ndarray: ...
+    def decode(self, codes: np.ndarray) -> np.ndarray: ...
+    def encode_step(self, chunk: np.ndarray): ...
+    def decode_step(self, codes: np.ndarray): ...
+    def reset(self) -> None: ...
+
+
+class MimiPyEngine(Engine):
+    name = "mimi_py"
+
+    def __init__(self, spec):
+        import mimi_py
+
+        self.m = mimi_py
+        config = None
+        if spec.get("hf_config"):
+            config = mimi_py.CodecConfig.from_hf(json.loads(Path(spec["hf_config"]).read_text()))
+        weights = spec.get("weights") if not spec.get("seeded") else None
+        self.codec = mimi_py.MimiCodec(weights, config=config, num_codebooks=spec["num_codebooks"])
+
+    def version(self):
+        return f"{self.m.__version__} (candle {self.m.candle_version})"
+
+    def encode(self, pcm):
+        return self.codec.encode(pcm)
+
+    def decode(self, codes):
+        return self.codec.decode(codes)
+
+    def encode_step(self, chunk):
+        return self.codec.encode_step(chunk)
+
+    def decode_step(self, codes):
+        return self.codec.decode_step(codes)
+
+    def reset(self):
+        self.codec.reset_state()
+
+
+class RustyMimiEngine(Engine):
+    name = "rustymimi"
+
+    def __init__(self, spec):
+        if spec.get("hf_config"):
+            raise RuntimeError("rustymimi only builds the real Mimi architecture")
+        import rustymimi
+
+        self.r = rustymimi
+        self.tok = rustymimi.Tokenizer(spec["weights"], num_codebooks=spec["num_codebooks"])
+
+    def version(self):
+        try:
+            from importlib.metadata import version
+
+            return version("rustymimi")
+        except Exception:
+            return None
+
+    def encode(self, pcm):
+        return self.tok.encode(np.ascontiguousarray(pcm, dtype=np.float32))
+
+    def decode(self, codes):
+        return self.tok.decode(np.ascontiguousarray(codes, dtype=np.uint32))
+
+    def encode_step(self, chunk):
+        return self.tok.encode_step(np.ascontiguousarray(chunk, dtype=np.float32))
+
+    def decode_step(self, codes):
+        return self.tok.decode_step(np.ascontiguousarray(codes, dtype=np.uint32))
+
+    def reset(self):
+        self.tok.reset()
+
+
+class MoshiEngine(Engine):
+    """moshi's PyTorch MimiModel, loaded from the same moshi-format file."""
+
+    name = "moshi"
+
+    def __init__(self, spec):
+        if spec.get("hf_config"):
+            raise RuntimeError("this bench builds moshi's Mimi only with the real architecture")
+        import torch
+        from moshi.models import loaders
+
+        self.torch = torch
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        torch.set_grad_enabled(False)
+        self.model = loaders.get_mimi(spec["weights"], device="cpu")
+        self.model.set_num_codebooks(spec["num_codebooks"])
+        self.model.eval()
+        self._streaming = False
+
+    def version(self):
+        from importlib.metadata import version
+
+        return f"moshi {version('moshi')}, torch {self.torch.__version__}"
+
+    def encode(self, pcm):
+        return self.model.encode(self.torch.from_numpy(np.ascontiguousarray(pcm))).numpy()
+
+    def decode(self, codes):
+        return self.model.decode(self.torch.from_numpy(codes.astype(np.int64))).numpy()
+
+    def _stream(self):
+        if not self._streaming:
+            self.model.streaming_forever(1)
+            self._streaming = True
+
+    def encode_step(self, chunk):
+        self._stream()
+        c = self.model.encode(self.torch.from_numpy(np.ascontiguousarray(chunk)))
+        return c.numpy() if c.shape[-1] else None
+
+    def decode_step(self, codes):
+        self._stream()
+        return self.model.decode(self.torch.from_numpy(codes.astype(np.int64))).numpy()
+
+    def reset(self):
+        self.model.reset_streaming()
+
+
+class TransformersEngine(Engine):
+    """transformers' MimiModel with its own random init of the real architecture (offline only)."""
+
+    name = "transformers"
+
+    def __init__(self, spec):
+        if spec.get("hf_config"):
+            raise RuntimeError("this bench builds transformers' Mimi only with the real architecture")
+        import torch
+        from transformers import MimiConfig, MimiModel
+
+        self.torch = torch
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        torch.set_grad_enabled(False)
+        torch.manual_seed(0)
+        self.nq = spec["num_codebooks"]
+        self.model = MimiModel(MimiConfig()).eval()
+
+    def version(self):
+        import transformers
+
+        return f"transformers {transformers.__version__}, torch {self.torch.__version__}"
+
+    def encode(self, pcm):
+        out = self.model.encode(self.torch.from_numpy(np.ascontiguousarray(pcm)), num_quantizers=self.nq)
+        return out.audio_codes.numpy()
+
+    def decode(self, codes):
+        return self.model.decode(self.torch.from_numpy(codes.astype(np.int64))).audio_values.numpy()
+
+    def encode_step(self, chunk):
+        raise NotImplementedError("streaming is not measured for transformers' MimiModel")
+
+    decode_step = encode_step
+
+
+ENGINES = {
+    "mimi_py": MimiPyEngine,
+    "rustymimi": RustyMimiEngine,
+    "moshi": MoshiEngine,
+    "transformers": TransformersEngine,
+}
+
+
+def make_engine(spec):
+    base = spec["engine"].split("+")[0]
+    with Timer() as t:
+        eng = ENGINES[base](spec)
+    return eng, t.wall
+
+
+def mem_info():
+    return {"rss_now_bytes": common.rss_now_bytes(), "rss_peak_bytes": common.rss_peak_bytes(),
+            "minor_faults": common.minor_faults()}
+
+
+# ---------------------------------------------------------------------------------------------
+# tasks
+
+
+def task_transformer(spec):
+    import mimi_py
+
+    if spec["tiny"]:
+        cfg = mimi_py.TransformerConfig(d_model=64, num_heads=4, num_layers=2, context=16)
+    else:
+        cfg = mimi_py.TransformerConfig.mimi()
+    t = mimi_py.StreamingTransformer(cfg, seed=0)
+    steps, warm, chunk_len = spec["steps"], spec["warmup"], spec["chunk"]
+    rng = np.random.default_rng(1)
+    xs = rng.uniform(-1, 1, size=(1, steps + warm, cfg.d_model)).astype(np.float32)
+    times = []
+    with Timer() as tt:
+        for i in range(steps + warm):
+            x = xs[:, i : i + 1]
+            t0 = time.perf_counter()
+            t.step(x)
+            dt = time.perf_counter() - t0
+            if i >= warm:
+                times.append(dt)
+    chunk = rng.uniform(-1, 1, size=(1, chunk_len, cfg.d_model)).astype(np.float32)
+    chunk_times = []
+    for _ in range(spec["chunk_repeats"]):
+        t.reset_state()
+        t0 = time.perf_counter()
+        t.forward(chunk)
+        chunk_times.append(time.perf_counter() - t0)
+    s = common.summary_us(times)
+    return {
+        "engine": "mimi_py",
+        "config": cfg.to_dict(),
+        "batch": 1,
+        "steps": steps,
+        "warmup": warm,
+        "step_median_us": s["median_us"],
+        "step_p99_us": s["p99_us"],
+        "step_stats": s,
+        "chunk_len": chunk_len,
+        "chunk_us": round(common.median(chunk_times) * 1e6, 1),
+        "chunk_first_us": round(chunk_times[0] * 1e6, 1),
+        "chunk_all_us": [round(c * 1e6, 1) for c in chunk_times],
+        "steps_cpu_per_wall": round(tt.cpu / tt.wall, 2),
+        **mem_info(),
+    }
+
+
+def task_codec_offline(spec):
+    eng, load_s = make_engine(spec)
+    sr = common.SAMPLE_RATE
+    n = int(round(spec["seconds"] * sr))
+    pcm = common.smooth_noise(n, seed=0)[None, None]
+    warm = common.smooth_noise(int(round(spec["warmup_seconds"] * sr)), seed=1)[None, None]
+    eng.decode(eng.encode(warm))  # warm-up: thread pools, allocator, lazy init
+    enc, dec, enc_cpu, dec_cpu = [], [], [], []
+    codes = audio = None
+    for _ in range(spec["repeats"]):
+        with Timer() as te:
+            codes = eng.encode(pcm)
+        with Timer() as td:
+            audio = eng.decode(codes)
+        enc.append(te.wall)
+        dec.append(td.wall)
+        enc_cpu.append(te.cpu)
+        dec_cpu.append(td.cpu)
+    audio_s = n / sr
+    enc_m, dec_m = common.median(enc), common.median(dec)
+    if spec.get("save_dir"):
+        d = Path(spec["save_dir"])
+        np.save(d / f"{spec['engine']}-t{spec['threads']}-codes.npy", np.asarray(codes))
+        np.save(d / f"{spec['engine']}-t{spec['threads']}-audio.npy", np.asarray(audio))
+    return {
+        "engine": spec["engine"],
+        "version": eng.version(),
+        "audio_seconds": audio_s,
+        "load_s": round(load_s, 3),
+        "repeats": spec["repeats"],
+        "encode_s": round(enc_m, 4),
+        "decode_s": round(dec_m, 4),
+        "encode_all_s": [round(x, 4) for x in enc],
+        "decode_all_s": [round(x, 4) for x in dec],
+        "encode_rtf": round(audio_s / enc_m, 3),
+        "decode_rtf": round(audio_s / dec_m, 3),
+        "encode_cpu_per_wall": round(sum(enc_cpu) / sum(enc), 2),
+        "decode_cpu_per_wall": round(sum(dec_cpu) / sum(dec), 2),
+        "codes_shape": list(np.shape(codes)),
+        "audio_shape": list(np.shape(audio)),
+        **mem_info(),
+    }
+
+
+def task_codec_streaming(spec):
+    eng, load_s = make_engine(spec)
+    fs = common.FRAME_SIZE
+    warm, frames = spec["warmup"], spec["frames"]
+    pcm = common.smooth_noise((warm + frames) * fs, seed=2)[None, None]
+    eng.reset()
+    enc, dec, tot = [], [], []
+    missing = 0
+    with Timer() as tt:
+        for i in range(warm + frames):
+            chunk = pcm[:, :, i * fs : (i + 1) * fs]
+            t0 = time.perf_counter()
+            codes = eng.encode_step(chunk)
+            t1 = time.perf_counter()
+            if codes is not None and np.shape(codes)[-1] > 0:
+                eng.decode_step(codes)
+            else:
+                missing += 1
+            t2 = time.perf_counter()
+            if i >= warm:
+                enc.append(t1 - t0)
+                dec.append(t2 - t1)
+                tot.append(t2 - t0)
+    return {
+        "engine": spec["engine"],
+        "version": eng.version(),
+        "frame_size": fs,
+        "frames": frames,
+        "warmup": warm,
+        "load_s": round(load_s, 3),
+        "frames_without_codes": missing,
+        "encode_step": common.summary_us(enc),
+        "decode_step": common.summary_us(dec),
+        "frame_total": common.summary_us(tot),
+        "cpu_per_wall": round(tt.cpu / tt.wall, 2),
+        **mem_info(),
+    }
+
+
+def task_codec_rss(spec):
+    base = mem_info()
+    eng, load_s = make_engine(spec)
+    after_load = mem_info()
+    n = int(round(spec["seconds"] * common.SAMPLE_RATE))
+    pcm = common.smooth_noise(n, seed=0)[None, None]
+    codes = eng.encode(pcm)
+    eng.decode(codes)
+    peak = mem_info()
+    ru = None
+    try:
+        import resource
+
+        ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except Exception:
+        pass
+    return {
+        "engine": spec["engine"],
+        "version": eng.version(),
+        "audio_seconds": n / common.SAMPLE_RATE,
+        "weights": "seeded (no file)" if spec.get("seeded") else spec.get("weights"),
+        "load_s": round(load_s, 3),
+        "rss_after_import_bytes": base["rss_now_bytes"],
+        "rss_after_load_bytes": after_load["rss_now_bytes"],
+        "peak_rss_bytes": peak["rss_peak_bytes"],
+        "ru_maxrss_bytes": ru,
+        "minor_faults": peak["minor_faults"],
+    }
+
+
+TASKS = {
+    "transformer": task_transformer,
+    "codec_offline": task_codec_offline,
+    "codec_streaming": task_codec_streaming,
+    "codec_rss": task_codec_rss,
+}
+
+
+def main(argv):
+    spec = json.loads(argv[1])
+    try:
+        out = TASKS[spec["task"]](spec)
+        out["ok"] = True
+    except ImportError as e:
+        out = {"ok": False, "not_installed": True, "error": f"{type(e).__name__}: {e}"}
+    except Exception as e:
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    out["threads_env"] = {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS")}
+    out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    core = sys.modules.get("mimi_py._core")
+    if core is not None and getattr(core, "__file__", None):
+        # which build of the extension this process ran (it may be rebuilt during a long run)
+        out["mimi_py_core_mtime"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(core.__file__)))
+    sys.stdout.write(RESULT_MARK + json.dumps(out) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,252 @@
+//! Faster CPU kernels where candle's are the bottleneck.
+//!
+//! [`Linear`]: a linear layer that, for a few input rows on the CPU in f32 (a streaming step:
+//! batch x time <= [`GEMV_MAX_ROWS`]), uses a matrix-vector kernel instead of candle's
+//! general matmul. Such a step is bound by reading the weights once from memory; the kernel
+//! streams each weight row exactly once for all input rows, with AVX2/FMA when the CPU has
+//! them, split across the rayon thread pool by blocks of output features. Otherwise
+//! (more rows, other dtypes, GPUs) it is candle's `Linear`, unchanged.
+
+use candle::{CpuStorage, CustomOp2, DType, Layout, Module, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Input rows up to which the matrix-vector kernel is used.
+pub const GEMV_MAX_ROWS: usize = 4;
+
+/// Output features per parallel task.
+const BLOCK: usize = 64;
+
+/// `y = x W^T` for `x: (m, k)` and `W: (n, k)`, both f32 and contiguous.
+struct Gemv;
+
+#[inline(always)]
+fn dot_rows<const M: usize>(xs: &[&[f32]; M], w: &[f32], out: &mut [f32; M]) {
+    // Plain multiply-add (no `mul_add`, which is a libm call without FMA). 4 x 8 independent
+    // accumulators per input row so the compiler can keep them in vector registers and pipeline the FMAs.
+    let k = w.len();
+    let mut acc = [[[0f32; 8]; 4]; M];
+    let main = k / 32 * 32;
+    let mut i = 0;
+    while i < main {
+        for j in 0..4 {
+            let wv = &w[i + 8 * j..i + 8 * j + 8];
+            for r in 0..M {
+                let xv = &xs[r][i + 8 * j..i + 8 * j + 8];
+                for l in 0..8 {
+                    acc[r][j][l] += xv[l] * wv[l];
+                }
+            }
+        }
+        i += 32;
+    }
+    for r in 0..M {
+        let mut s = [0f32; 8];
+        for j in 0..4 {
+            for l in 0..8 {
+                s[l] += acc[r][j][l];
+            }
+        }
+        let mut total = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+        for t in main..k {
+            total += xs[r][t] * w[t];
+        }
+        out[r] = total;
+    }
+}
+
+/// One block of output features: `out[o * m + r] = x_r . w_o` (transposed layout).
+/// Inlined into the AVX2 variant so that it is compiled with those features.
+#[inline(always)]
+fn gemv_block_generic<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    let xs: [&[f32]; M] = std::array::from_fn(|r| &x[r * k..(r + 1) * k]);
+    for (o, wrow) in w.chunks_exact(k).enumerate() {
+        let mut res = [0f32; M];
+        dot_rows::<M>(&xs, wrow, &mut res);
+        out[o * M..(o + 1) * M].copy_from_slice(&res);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemv_block_avx2<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let xs: [*const f32; M] = std::array::from_fn(|r| x[r * k..].as_ptr());
+    let main = k / 16 * 16;
+    for (o, wrow) in w.chunks_exact(k).enumerate() {
+        let wp = wrow.as_ptr();
+        let mut acc0 = [_mm256_setzero_ps(); M];
+        let mut acc1 = [_mm256_setzero_ps(); M];
+        let mut i = 0;
+        while i < main {
+            // SAFETY: i + 16 <= k, and every row of x and w has k elements.
+            let w0 = _mm256_loadu_ps(wp.add(i));
+            let w1 = _mm256_loadu_ps(wp.add(i + 8));
+            for r in 0..M {
+                acc0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r].add(i)), w0, acc0[r]);
+                acc1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r].add(i + 8)), w1, acc1[r]);
+            }
+            i += 16;
+        }
+        for r in 0..M {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0[r], acc1[r]));
+            let mut total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+                + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+            for t in main..k {
+                total += *xs[r].add(t) * wrow[t];
+            }
+            out[o * M + r] = total;
+        }
+    }
+}
+
+fn gemv_block<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            return unsafe { gemv_block_avx2::<M>(x, w, k, out) };
+        }
+    }
+    gemv_block_generic::<M>(x, w, k, out)
+}
+
+/// `y (m, n) = x (m, k) . w (n, k)^T`.
+pub fn gemv(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut yt = vec![0f32; n * m];
+    let f: fn(&[f32], &[f32], usize, &mut [f32]) = match m {
+        1 => gemv_block::<1>,
+        2 => gemv_block::<2>,
+        3 => gemv_block::<3>,
+        _ => gemv_block::<4>,
+    };
+    yt.par_chunks_mut(BLOCK * m)
+        .zip(w.par_chunks(BLOCK * k))
+        .for_each(|(out, wblock)| f(x, wblock, k, out));
+    if m == 1 {
+        return yt;
+    }
+    let mut y = vec![0f32; m * n];
+    for o in 0..n {
+        for r in 0..m {
+            y[r * n + o] = yt[o * m + r];
+        }
+    }
+    y
+}
+
+impl CustomOp2 for Gemv {
+    fn name(&self) -> &'static str {
+        "mimi-gemv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (m, k) = l1.shape().dims2()?;
+        let (n, k2) = l2.shape().dims2()?;
+        if k != k2 || m == 0 || m > GEMV_MAX_ROWS {
+            candle::bail!("mimi-gemv: bad shapes {:?} {:?}", l1.shape(), l2.shape())
+        }
+        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
+            candle::bail!("mimi-gemv: f32 only")
+        };
+        let (Some((xa, xb)), Some((wa, wb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
+            candle::bail!("mimi-gemv: contiguous inputs only")
+        };
+        let y = gemv(&x[xa..xb], &w[wa..wb], m, k, n);
+        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+    }
+}
+
+/// A linear layer (`y = x W^T + b`) with the fast path described in the module docs.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    inner: candle_nn::Linear,
+    fast: bool,
+}
+
+impl Linear {
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        let fast = weight.device().is_cpu() && weight.dtype() == DType::F32;
+        let weight = if fast { weight.contiguous()? } else { weight };
+        Ok(Self {
+            inner: candle_nn::Linear::new(weight, bias),
+            fast,
+        })
+    }
+
+    pub fn from_candle(l: &candle_nn::Linear) -> Result<Self> {
+        Self::new(l.weight().clone(), l.bias().cloned())
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims();
+        let k = *dims.last().unwrap_or(&0);
+        let rows = x.elem_count() / k.max(1);
+        if !self.fast || rows == 0 || rows > GEMV_MAX_ROWS || x.dtype() != DType::F32 {
+            return self.inner.forward(x);
+        }
+        let w = self.inner.weight();
+        let n = w.dim(0)?;
+        let y = x
+            .contiguous()?
+            .reshape((rows, k))?
+            .apply_op2_no_bwd(w, &Gemv)?;
+        let y = match self.inner.bias() {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out_dims = dims.to_vec();
+        *out_dims.last_mut().expect("rank >= 1") = n;
+        y.reshape(out_dims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle::Device;
+
+    #[test]
+    fn gemv_matches_candle_matmul() {
+        let dev = Device::Cpu;
+        for (m, k, n) in [
+            (1, 512, 1536),
+            (2, 64, 200),
+            (3, 37, 5),
+            (4, 2048, 512),
+            (1, 7, 1),
+        ] {
+            let x = Tensor::from_vec(crate::model::test_input(1, m, k, 1), (m, k), &dev).unwrap();
+            let w = Tensor::from_vec(crate::model::test_input(1, n, k, 2), (n, k), &dev).unwrap();
+            let b = Tensor::from_vec(crate::model::test_input(1, 1, n, 3), n, &dev).unwrap();
+            let reference = candle_nn::Linear::new(w.clone(), Some(b.clone()));
+            let ours = Linear::new(w, Some(b)).unwrap();
+            for shape in [vec![m, k], vec![1, m, k]] {
+                let xs = x.reshape(shape.as_slice()).unwrap();
+                let d = (ours.forward(&xs).unwrap() - reference.forward(&xs).unwrap())
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(
+                    d < 1e-4 * (k as f32).sqrt(),
+                    "m={m} k={k} n={n}: max diff {d}"
+                );
+            }
+        }
+    }
+}
