@@ -134,6 +134,17 @@ def cpu_count_available() -> int:
         return cpu_count()
 
 
+def cpu_times() -> dict | None:
+    """Aggregate jiffies from /proc/stat (user..steal), to report steal and busy time of a run."""
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()
+        names = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
+        return {n: int(v) for n, v in zip(names, parts[1:9])}
+    except (OSError, ValueError):
+        return None
+
+
 def memory_total_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as f:

@@ -73,7 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--suites", default=",".join(ALL_SUITES),
                    help="comma-separated subset of: " + ",".join(ALL_SUITES) + " (codec = offline codec)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats of each offline encode/decode and 250-step chunk (default 3; tiny 1)")
+                   help="timed repeats of each offline encode/decode, and alternating Python/native "
+                        "transformer runs (default 3; tiny 1)")
     p.add_argument("--threads", default=None,
                    help="thread counts, comma-separated (default 1,2; tiny 1). Streaming, RSS and "
                         "the targets use 2 if listed, else the largest")
@@ -239,24 +240,70 @@ def ratio(a, b, nd=3):
         return None
 
 
+def _agg_median(values):
+    """The median over repeats (the mean of the middle two for an even count)."""
+    import statistics
+
+    vals = [v for v in values if v is not None]
+    return round(statistics.median(vals), 1) if vals else None
+
+
 def suite_transformer(args) -> dict:
+    """Python and native runs alternate `--repeats` times at each thread count, so a noisy
+    neighbour hits both alike; the reported figures are medians over the repeats, and the
+    binding overhead is also given as the median of the paired per-repeat ratios."""
     native = ensure_native(args)
     runs = []
     for th in args.threads:
-        log(f"transformer: mimi_py, {th} thread(s)")
-        spec = {"task": "transformer", "tiny": args.tiny, "steps": args.steps, "warmup": 5 if args.tiny else 20,
-                "chunk": 32 if args.tiny else 250, "chunk_repeats": args.repeats}
-        py = run_child(spec, th, args.timeout)
+        py_reps, nat_reps = [], []
+        for rep in range(args.repeats):
+            log(f"transformer: mimi_py, {th} thread(s), repeat {rep + 1}/{args.repeats}")
+            spec = {"task": "transformer", "tiny": args.tiny, "steps": args.steps,
+                    "warmup": 5 if args.tiny else 20, "chunk": 32 if args.tiny else 250, "chunk_repeats": 1}
+            py_reps.append(run_child(spec, th, args.timeout))
+            if "path" in native:
+                log(f"transformer: native binary, {th} thread(s), repeat {rep + 1}/{args.repeats}")
+                nat_reps.append(run_native(NATIVE_BIN, 20 if args.tiny else args.steps, th, args.timeout))
+        ok_py = [r for r in py_reps if r.get("ok")]
+        if ok_py:
+            py = {"ok": True, "repeats": len(py_reps),
+                  "step_median_us": _agg_median(r["step_median_us"] for r in ok_py),
+                  "step_p99_us": _agg_median(r["step_p99_us"] for r in ok_py),
+                  "chunk_us": _agg_median(r["chunk_us"] for r in ok_py),
+                  "config": ok_py[0]["config"], "steps": ok_py[0]["steps"], "chunk_len": ok_py[0]["chunk_len"],
+                  "reps": py_reps}
+            if len(ok_py) < len(py_reps):
+                py["ok"] = False
+                py["error"] = next(r.get("error") for r in py_reps if not r.get("ok"))
+        else:
+            py = dict(py_reps[0], reps=py_reps)
         run = {"threads": th, "mimi_py": py}
         if "path" in native:
-            log(f"transformer: native binary, {th} thread(s)")
-            nat = run_native(NATIVE_BIN, 20 if args.tiny else args.steps, th, args.timeout)
+            ok_nat = [r for r in nat_reps if r.get("ok")]
+            if ok_nat:
+                engines = {}
+                for name in ok_nat[0]["engines"]:
+                    rows = [r["engines"][name] for r in ok_nat if name in r["engines"]]
+                    engines[name] = {"engine": name,
+                                     "step_median_us": _agg_median(d.get("step_median_us") for d in rows),
+                                     "step_p99_us": _agg_median(d.get("step_p99_us") for d in rows),
+                                     "chunk250_us": _agg_median(d.get("chunk250_us") for d in rows)}
+                nat = {"ok": True, "repeats": len(nat_reps), "engines": engines, "reps": nat_reps}
+            else:
+                nat = dict(nat_reps[0], reps=nat_reps)
             run["native"] = nat
             eng = nat.get("engines", {})
             mine, cand = eng.get("mimi_py-native", {}), eng.get("candle", {})
-            comparable = not args.tiny and py.get("ok")
+            comparable = not args.tiny and py.get("ok") and nat.get("ok")
+            paired = []
+            if comparable:
+                for a, b in zip(py_reps, nat_reps):
+                    if a.get("ok") and b.get("ok") and "mimi_py-native" in b["engines"]:
+                        paired.append(ratio(a["step_median_us"], b["engines"]["mimi_py-native"]["step_median_us"]))
             run["ratios"] = {
                 "binding_overhead_step_median": ratio(py.get("step_median_us"), mine.get("step_median_us")) if comparable else None,
+                "binding_overhead_step_median_paired": round(common.median(paired), 3) if paired else None,
+                "binding_overhead_step_median_each": paired,
                 "binding_overhead_step_p99": ratio(py.get("step_p99_us"), mine.get("step_p99_us")) if comparable else None,
                 "binding_overhead_chunk250": ratio(py.get("chunk_us"), mine.get("chunk250_us")) if comparable else None,
                 "vs_candle_step_median": ratio(py.get("step_median_us"), cand.get("step_median_us")) if comparable else None,
@@ -266,7 +313,7 @@ def suite_transformer(args) -> dict:
         else:
             run["native"] = {"ok": False, "skipped": native["skipped"]}
         runs.append(run)
-    return {"native_binary": native, "runs": runs}
+    return {"native_binary": native, "repeats": args.repeats, "runs": runs}
 
 
 def codec_spec(args, weights: dict) -> dict:
@@ -549,6 +596,10 @@ def render_markdown(res) -> str:
     L.append(f"- versions: mimi_py {v['mimi_py']} (candle {v['candle']}, features: {', '.join(v['mimi_py_features']) or 'cpu only'}), "
              f"numpy {v['numpy']}, Python {m['python']}" + (f", {peers}" if peers else "")
              + "; not installed: " + (", ".join(k for k in ("rustymimi", "torch", "moshi", "transformers") if not v.get(k)) or "none"))
+    sh = m.get("cpu_time_shares")
+    if sh:
+        L.append(f"- machine CPU time during the run (all processes): busy {100 * (1 - sh['idle'] - sh['iowait']):.0f}%, "
+                 f"idle {100 * sh['idle']:.0f}%, steal {100 * sh['steal']:.1f}%")
     g = m.get("git") or {}
     L.append(f"- tree: commit {g.get('commit')}, {g.get('modified_files')} modified tracked file(s); "
              f"mimi_py extension built {m.get('mimi_py_core_built')}")
@@ -597,6 +648,9 @@ def render_markdown(res) -> str:
         else:
             L.append(f"Native: {nb['skipped']}")
         L.append("")
+        L.append(f"Python and native runs alternate, {tr.get('repeats', 1)} time(s) per thread count; each figure is the "
+                 "median over those repeats of the per-run median / p99 (steps) or single 250-step call.")
+        L.append("")
         L.append("| threads | engine | step median | step p99 | 250-step `forward` |")
         L.append("| --- | --- | --- | --- | --- |")
         for run in tr["runs"]:
@@ -617,11 +671,13 @@ def render_markdown(res) -> str:
             else:
                 L.append(f"| {run['threads']} | native | {fmt_err(nat)} | | |")
         L.append("")
-        L.append("| threads | binding overhead (step median) | (step p99) | (250-step chunk) | mimi_py ÷ candle (step) | (chunk) |")
-        L.append("| --- | --- | --- | --- | --- | --- |")
+        L.append("| threads | binding overhead (step median) | (paired per repeat: median [each]) | (step p99) | (250-step chunk) | mimi_py ÷ candle (step) | (chunk) |")
+        L.append("| --- | --- | --- | --- | --- | --- | --- |")
         for run in tr["runs"]:
             r = run.get("ratios") or {}
+            each = ", ".join(f"{x:.2f}" for x in r.get("binding_overhead_step_median_each") or [] if x is not None)
             L.append(f"| {run['threads']} | {fmt_x(r.get('binding_overhead_step_median'), 3)} | "
+                     f"{fmt_x(r.get('binding_overhead_step_median_paired'), 3)}{f' [{each}]' if each else ''} | "
                      f"{fmt_x(r.get('binding_overhead_step_p99'), 3)} | {fmt_x(r.get('binding_overhead_chunk250'), 3)} | "
                      f"{fmt_x(r.get('vs_candle_step_median'), 3)} | {fmt_x(r.get('vs_candle_chunk250'), 3)} |")
     L.append("")
@@ -738,6 +794,7 @@ def main(argv=None) -> int:
     log(f"suites {args.suites}, threads {args.threads}, engines {args.engines}, "
         f"{'tiny' if args.tiny else 'full'} sizes, out {args.out}")
     machine = machine_info(args)
+    cpu0 = common.cpu_times()
 
     weights = None
     if any(x in args.suites for x in ("codec", "streaming", "rss")):
@@ -780,6 +837,11 @@ def main(argv=None) -> int:
     res["targets"] = evaluate_targets(args, suites)
     res["duration_s"] = round(time.perf_counter() - t_start, 1)
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    cpu1 = common.cpu_times()
+    if cpu0 and cpu1:
+        d = {k: cpu1[k] - cpu0[k] for k in cpu0}
+        total = sum(d.values()) or 1
+        machine["cpu_time_shares"] = {k: round(v / total, 3) for k, v in d.items()}
     failures = mimi_py_failures(suites)
     res["mimi_py_failures"] = failures
 

@@ -169,6 +169,21 @@ impl MimiCodec {
         Ok(host)
     }
 
+    /// Refuses decodes whose audio, or the decoder's activations, cannot fit in memory.
+    fn check_decode_size(&self, shape: &[usize]) -> PyResult<()> {
+        let samples = shape[2].saturating_mul(self.codec.config().frame_size());
+        convert::check_size(&[shape[0], self.n_channels(), samples], "decoded audio")?;
+        let per_sample = (2048 * self.codec.config().seanet.n_filters as u64 / 64).max(64);
+        device::check_memory(
+            (shape[0] as u64)
+                .saturating_mul(samples as u64)
+                .saturating_mul(per_sample),
+            "this call",
+            "decode long code sequences in shorter chunks (decode_step streams them)",
+        )?;
+        Ok(())
+    }
+
     /// codes: (batch, num_codebooks, frames) integers -> (data, shape).
     fn read_codes_arg(&self, x: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, Vec<usize>)> {
         let arr = convert::as_ndarray(x, "codes")?;
@@ -425,8 +440,7 @@ impl MimiCodec {
         codes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (data, shape) = self.read_codes_arg(codes)?;
-        let samples = shape[2].saturating_mul(self.codec.config().frame_size());
-        convert::check_size(&[shape[0], self.n_channels(), samples], "decoded audio")?;
+        self.check_decode_size(&shape)?;
         if shape[2] == 0 {
             return Ok(convert::to_numpy(
                 py,
@@ -495,6 +509,7 @@ impl MimiCodec {
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(codes) = codes else { return Ok(None) };
         let (data, shape) = self.read_codes_arg(codes)?;
+        self.check_decode_size(&shape)?;
         let codec = self.codec.clone();
         let dec = &self.dec;
         let out = py.detach(move || {

@@ -100,6 +100,63 @@ unsafe fn gemv_block_avx2<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &
     }
 }
 
+/// The single-row case (a streaming step at batch 1): four weight rows at a time, two
+/// accumulators each, so eight independent FMA chains hide the FMA latency and each load of
+/// x serves four rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemv_block_avx2_m1(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let xp = x.as_ptr();
+    let main = k / 16 * 16;
+    let rows = w.len() / k;
+    let hsum = |v: __m256| -> f32 {
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+            + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+    };
+    let mut o = 0;
+    while o + 4 <= rows {
+        let wp: [*const f32; 4] = std::array::from_fn(|r| w[(o + r) * k..].as_ptr());
+        let mut a0 = [_mm256_setzero_ps(); 4];
+        let mut a1 = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < main {
+            // SAFETY: i + 16 <= k; x has k elements and every weight row has k elements.
+            let x0 = _mm256_loadu_ps(xp.add(i));
+            let x1 = _mm256_loadu_ps(xp.add(i + 8));
+            for r in 0..4 {
+                a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wp[r].add(i)), x0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wp[r].add(i + 8)), x1, a1[r]);
+            }
+            i += 16;
+        }
+        for r in 0..4 {
+            let mut total = hsum(_mm256_add_ps(a0[r], a1[r]));
+            for t in main..k {
+                total += x[t] * *wp[r].add(t);
+            }
+            out[o + r] = total;
+        }
+        o += 4;
+    }
+    if o < rows {
+        gemv_block_avx2::<1>(x, &w[o * k..], k, &mut out[o..]);
+    }
+}
+
+fn gemv_block_m1(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            return unsafe { gemv_block_avx2_m1(x, w, k, out) };
+        }
+    }
+    gemv_block_generic::<1>(x, w, k, out)
+}
+
 fn gemv_block<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -115,14 +172,22 @@ fn gemv_block<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
 pub fn gemv(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut yt = vec![0f32; n * m];
     let f: fn(&[f32], &[f32], usize, &mut [f32]) = match m {
-        1 => gemv_block::<1>,
+        1 => gemv_block_m1,
         2 => gemv_block::<2>,
         3 => gemv_block::<3>,
         _ => gemv_block::<4>,
     };
-    yt.par_chunks_mut(BLOCK * m)
-        .zip(w.par_chunks(BLOCK * k))
-        .for_each(|(out, wblock)| f(x, wblock, k, out));
+    // Handing work to the pool costs a wake-up and a context switch per call; with one thread
+    // (or a small matrix) run on the calling thread instead.
+    if rayon::current_num_threads() <= 1 || n * k < 1 << 16 {
+        yt.chunks_mut(BLOCK * m)
+            .zip(w.chunks(BLOCK * k))
+            .for_each(|(out, wblock)| f(x, wblock, k, out));
+    } else {
+        yt.par_chunks_mut(BLOCK * m)
+            .zip(w.par_chunks(BLOCK * k))
+            .for_each(|(out, wblock)| f(x, wblock, k, out));
+    }
     if m == 1 {
         return yt;
     }

@@ -35,7 +35,7 @@ def test_bench_suites_run_tiny(tmp_path):
 
     (tr,) = suites["transformer"]["runs"]
     assert tr["mimi_py"]["ok"], tr["mimi_py"]
-    assert tr["mimi_py"]["step_stats"]["n"] == res["args"]["steps"]
+    assert tr["mimi_py"]["reps"][0]["step_stats"]["n"] == res["args"]["steps"]
     assert tr["mimi_py"]["step_median_us"] > 0 and tr["mimi_py"]["chunk_us"] > 0
     native = tr["native"]
     assert native.get("ok") or native.get("skipped"), native  # binary optional in tiny mode
