@@ -158,7 +158,9 @@ impl MimiCodec {
         // SEANet's activations peak at about 1.7 KB per input sample (measured on the real
         // model); refuse calls that cannot fit rather than being killed.
         let per_sample = 2048 * self.codec.config().seanet.n_filters as u64 / 64;
-        let needed = (shape3[0] as u64) * (shape3[2] as u64) * per_sample.max(64);
+        let needed = (shape3[0] as u64)
+            .saturating_mul(shape3[2] as u64)
+            .saturating_mul(per_sample.max(64));
         device::check_memory(
             needed,
             "this call",

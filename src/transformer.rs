@@ -106,8 +106,11 @@ impl StreamingTransformer {
         // input copy, tensor, output and its copy (4 x 4 bytes) plus the activations of one block
         let block = (self.config.context.max(64) as u64).min(t);
         let heads = self.config.num_heads as u64;
-        let needed = 16 * b * t * d
-            + 4 * b * block * (16 * d + 3 * heads * (block + self.config.context as u64));
+        let needed = (16 * b).saturating_mul(t).saturating_mul(d).saturating_add(
+            (4 * b)
+                .saturating_mul(block)
+                .saturating_mul(16 * d + 3 * heads * (block + self.config.context as u64)),
+        );
         device::check_memory(
             needed,
             "this call",
