@@ -221,6 +221,15 @@ impl MimiCodec {
         dtype: &str,
     ) -> PyResult<Self> {
         let (dtype, dtype_name) = device::parse_dtype(dtype)?;
+        if dtype != DType::F32 {
+            // candle's SEANet convolutions mix float32 padding with the weights' dtype and fail
+            // at the first call; refuse up front until the codec has its own conv path.
+            return Err(Error::config(
+                "dtype",
+                format!("the codec computes in float32 only for now, got {dtype_name:?}; use dtype=\"float32\""),
+            )
+            .into());
+        }
         let seed = seed.map(crate::config::get_seed).transpose()?.unwrap_or(0);
         let num_codebooks = num_codebooks
             .map(|v| crate::config::get_usize("num_codebooks", v))

@@ -376,3 +376,9 @@ def test_streaming_decode_with_a_batch(codec):
     assert stream.shape == offline.shape == (2, 1, 19 * 1920)
     np.testing.assert_allclose(stream, offline, atol=1e-4, rtol=1e-3)
     np.testing.assert_allclose(offline[1:], codec.decode(codes[1:]), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_codec_is_refused_up_front(dtype):
+    with pytest.raises(mimi_py.ConfigError, match="float32 only"):
+        mimi_py.MimiCodec(CODEC / "mimi_small.safetensors", config=small_config(), dtype=dtype)

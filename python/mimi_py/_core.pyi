@@ -243,7 +243,7 @@ class MimiCodec:
         num_codebooks: int | None = None,
         seed: int = 0,
         device: str = "cpu",
-        dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+        dtype: Literal["float32"] = "float32",  # half precision is refused (ConfigError) for now
     ) -> None: ...
     def encode(self, pcm: npt.ArrayLike) -> npt.NDArray[np.uint32]:
         """(batch, channels, samples) or (samples,) -> (batch, num_codebooks, frames) uint32."""
