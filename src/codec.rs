@@ -721,18 +721,7 @@ mod tests {
 mod conv_transpose_tests {
     use super::*;
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    }
+    use crate::model::max_abs_diff as max_diff;
 
     /// candle 0.11.1's CPU conv_transpose1d is wrong for batch items after the first; the
     /// codec works around it (`per_item`, per-item decode streams). If this test starts

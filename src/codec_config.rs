@@ -261,7 +261,7 @@ impl SeanetConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        for (f, v) in [
+        crate::config::require_nonzero(&[
             ("seanet.dimension", self.dimension),
             ("seanet.channels", self.channels),
             ("seanet.n_filters", self.n_filters),
@@ -270,11 +270,7 @@ impl SeanetConfig {
             ("seanet.last_kernel_size", self.last_kernel_size),
             ("seanet.dilation_base", self.dilation_base),
             ("seanet.compress", self.compress),
-        ] {
-            if v == 0 {
-                return Err(Error::config(f, "must be at least 1, got 0"));
-            }
-        }
+        ])?;
         if self.ratios.is_empty() || self.ratios.contains(&0) {
             return Err(Error::config(
                 "seanet.ratios",
@@ -418,16 +414,12 @@ impl CodecConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.seanet.validate()?;
-        for (f, v) in [
+        crate::config::require_nonzero(&[
             ("channels", self.channels),
             ("quantizer_n_q", self.quantizer_n_q),
             ("quantizer_bins", self.quantizer_bins),
             ("quantizer_dim", self.quantizer_dim),
-        ] {
-            if v == 0 {
-                return Err(Error::config(f, "must be at least 1, got 0"));
-            }
-        }
+        ])?;
         if self.channels != self.seanet.channels {
             return Err(Error::config(
                 "channels",

@@ -129,6 +129,14 @@ pub fn get_usize(field: &str, v: &Bound<'_, PyAny>) -> Result<usize> {
     })
 }
 
+/// Refuses any of `fields` (name, value) that is zero, naming the first one.
+pub fn require_nonzero(fields: &[(&str, usize)]) -> Result<()> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((field, _)) => Err(Error::config(field, "must be at least 1, got 0")),
+        None => Ok(()),
+    }
+}
+
 /// A seed: an integer in [0, 2**64).
 pub fn get_seed(v: &Bound<'_, PyAny>) -> Result<u64> {
     get_usize("seed", v).map(|s| s as u64)
@@ -287,7 +295,7 @@ impl TransformerConfig {
 
     /// Checks the values that do not depend on what the config is used for.
     pub fn validate(&self) -> Result<()> {
-        for (field, v) in [
+        require_nonzero(&[
             ("d_model", self.d_model),
             ("num_heads", self.num_heads),
             ("num_layers", self.num_layers),
@@ -297,11 +305,7 @@ impl TransformerConfig {
             ("kv_repeat", self.kv_repeat),
             ("dim_feedforward", self.dim_feedforward),
             ("conv_kernel_size", self.conv_kernel_size),
-        ] {
-            if v == 0 {
-                return Err(Error::config(field, "must be at least 1, got 0"));
-            }
-        }
+        ])?;
         if self.d_model % self.num_heads != 0 {
             return Err(Error::config(
                 "d_model",

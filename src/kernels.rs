@@ -297,16 +297,10 @@ mod tests {
             let ours = Linear::new(w, Some(b)).unwrap();
             for shape in [vec![m, k], vec![1, m, k]] {
                 let xs = x.reshape(shape.as_slice()).unwrap();
-                let d = (ours.forward(&xs).unwrap() - reference.forward(&xs).unwrap())
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .max(0)
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let d = crate::model::max_abs_diff(
+                    &ours.forward(&xs).unwrap(),
+                    &reference.forward(&xs).unwrap(),
+                );
                 assert!(
                     d < 1e-4 * (k as f32).sqrt(),
                     "m={m} k={k} n={n}: max diff {d}"

@@ -533,6 +533,14 @@ pub(crate) fn test_input(b: usize, t: usize, d: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Largest absolute elementwise difference, for tests.
+#[cfg(test)]
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>())
+        .expect("comparable tensors")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,19 +562,6 @@ mod tests {
         c.layer_scale = if gating.is_some() { None } else { Some(0.3) };
         c.validate().unwrap();
         c
-    }
-
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
     }
 
     /// Inverse of the loader's conversion: interleaved -> half-split rows, per head.

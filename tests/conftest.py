@@ -74,6 +74,20 @@ def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
             f.write(b)
 
 
+def read_safetensors(path) -> dict[str, np.ndarray]:
+    """The float32 tensors of a safetensors file (the fixtures' files are all float32)."""
+    raw = Path(path).read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + n])
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        out[k] = np.frombuffer(raw[8 + n + a : 8 + n + b], dtype="<f4").reshape(v["shape"]).copy()
+    return out
+
+
 @pytest.fixture(scope="session")
 def small_case():
     return load_case("small_rope")

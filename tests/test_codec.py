@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mimi_py
-from conftest import FIXTURES, assert_close, write_safetensors
+from conftest import FIXTURES, assert_close, read_safetensors, write_safetensors
 
 CODEC = FIXTURES / "codec"
 META = json.loads((CODEC / "mimi_small.json").read_text())
@@ -113,8 +113,6 @@ def test_hf_directory_with_config_json(tmp_path):
 
 
 def test_weights_from_a_mapping(codec):
-    from conftest import mf  # noqa: F401  (fixtures path is set up)
-
     tensors = read_safetensors(CODEC / "mimi_small_moshi.safetensors")
     c = mimi_py.MimiCodec(tensors, config=small_config())
     assert c.checkpoint_layout == "moshi"
@@ -282,21 +280,6 @@ def test_bad_inputs(codec):
     with pytest.raises(mimi_py.DTypeError, match="integer"):
         codec.decode(np.zeros((1, 4, 2), np.float32))
     assert codec.decode(np.zeros((1, 4, 0), np.uint32)).shape == (1, 1, 0)
-
-
-def read_safetensors(path):
-    import struct
-
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8 : 8 + n])
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        out[k] = np.frombuffer(raw[8 + n + a : 8 + n + b], dtype="<f4").reshape(v["shape"]).copy()
-    return out
 
 
 def test_missing_and_misshaped_tensors_are_named(tmp_path):

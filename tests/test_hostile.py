@@ -52,7 +52,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import mimi_py
-from conftest import FIXTURES, REPO, write_safetensors
+from conftest import FIXTURES, REPO, read_safetensors, write_safetensors
 
 # ---------------------------------------------------------------- hypothesis budget
 
@@ -1212,19 +1212,6 @@ def test_huge_sizes_are_a_clear_error_not_a_crash(case):
 # ---------------------------------------------------------------- checkpoints
 
 TF_W = M.StreamingTransformer(TF_CFG, seed=3).state_dict()
-
-
-def read_safetensors(path):
-    raw = Path(path).read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8 : 8 + n])
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        out[k] = np.frombuffer(raw[8 + n + a : 8 + n + b], dtype="<f4").reshape(v["shape"]).copy()
-    return out
 
 
 def corrupt(kind: str, tensors: dict, path: Path, first: str) -> tuple[Path, list[str]]:
