@@ -492,10 +492,7 @@ impl CodecConfig {
         d.set_item("renormalize", self.renormalize)?;
         d.set_item("resample_method", &self.resample_method)?;
         d.set_item("seanet", self.seanet.dict(py)?)?;
-        d.set_item(
-            "transformer",
-            Py::new(py, self.transformer.clone())?.call_method0(py, "to_dict")?,
-        )?;
+        d.set_item("transformer", self.transformer.dict(py)?)?;
         d.set_item("quantizer_n_q", self.quantizer_n_q)?;
         d.set_item("quantizer_bins", self.quantizer_bins)?;
         d.set_item("quantizer_dim", self.quantizer_dim)?;

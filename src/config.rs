@@ -453,7 +453,7 @@ impl TransformerConfig {
         }
     }
 
-    fn dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    pub(crate) fn dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("d_model", self.d_model)?;
         d.set_item("num_heads", self.num_heads)?;

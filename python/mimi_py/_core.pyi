@@ -142,7 +142,7 @@ class StreamingTransformer:
         config: TransformerConfig | Mapping[str, Any] | None = None,
         weights: str | os.PathLike[str] | Mapping[str, npt.ArrayLike] | None = None,
         *,
-        seed: int = 0,
+        seed: int | None = 0,  # None means 0
         device: str = "cpu",
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         prefix: str = "",
@@ -200,7 +200,7 @@ class CodecConfig:
         quantizer_dim: int = 256,
     ) -> None: ...
     @staticmethod
-    def mimi(num_codebooks: int = 8) -> CodecConfig:
+    def mimi(num_codebooks: int | None = 8) -> CodecConfig:
         """The real Mimi codec (kyutai/mimi) with num_codebooks of its 32 codebooks."""
     @staticmethod
     def from_hf(config: Mapping[str, Any], num_codebooks: int | None = None) -> CodecConfig:
@@ -241,7 +241,7 @@ class MimiCodec:
         *,
         config: CodecConfig | Mapping[str, Any] | None = None,
         num_codebooks: int | None = None,
-        seed: int = 0,
+        seed: int | None = 0,  # None means 0
         device: str = "cpu",
         dtype: Literal["float32"] = "float32",  # half precision is refused (ConfigError) for now
     ) -> None: ...
@@ -251,7 +251,7 @@ class MimiCodec:
         """(batch, num_codebooks, frames) integers -> (batch, channels, frames * frame_size) float32."""
     def encode_latents(self, pcm: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
     def decode_latents(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
-    def encode_step(self, pcm: npt.ArrayLike) -> npt.NDArray[np.uint32] | None: ...
+    def encode_step(self, pcm: npt.ArrayLike | None) -> npt.NDArray[np.uint32] | None: ...
     def decode_step(self, codes: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None: ...
     def reset_state(self) -> None: ...
     @property
