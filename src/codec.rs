@@ -1,10 +1,11 @@
 //! The Mimi codec (audio <-> tokens), computed with candle.
 //!
-//! Reused from candle-transformers' `mimi`: the SEANet encoder/decoder, the learnt
-//! down/upsampling convolutions and the split residual vector quantizer (all public, all
-//! streaming-capable). Owned here: the two transformers (this crate's [`Model`], exact
-//! window, unbounded streams), the wiring, the checkpoint readers for both real layouts,
-//! and the streaming state.
+//! Reused from candle-transformers' `mimi`: the split residual vector quantizer, and on
+//! GPUs the SEANet encoder/decoder and the learnt down/upsampling convolutions. On the CPU
+//! those convolutional parts run on this crate's native engine ([`crate::seanet`], the same
+//! functions, several times faster). Owned here: the two transformers (this crate's
+//! [`Model`], exact window, unbounded streams), the wiring, the checkpoint readers for both
+//! real layouts, and the streaming state.
 //!
 //! Offline calls use fresh, private state and never touch the streaming state; streaming
 //! calls go through [`EncodeStream`] / [`DecodeStream`].
@@ -12,6 +13,7 @@
 use crate::codec_config::CodecConfig;
 use crate::errors::{Error, Result};
 use crate::model::{Model, State};
+use crate::seanet::{self, Frames};
 use crate::weights::{self, QkLayout, WeightSource};
 use candle::{DType, Device, Module, Shape, StreamTensor, StreamingModule, Tensor};
 use candle_nn::var_builder::SimpleBackend;
@@ -341,33 +343,66 @@ pub enum CodecWeights {
     Seed(u64),
 }
 
+/// Which implementation computes the convolutional parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// This crate's CPU engine ([`crate::seanet`]); CPU and f32 only.
+    Native,
+    /// candle's modules (any device).
+    Candle,
+}
+
+enum Convs {
+    Native {
+        encoder: seanet::Encoder,
+        decoder: seanet::Decoder,
+        downsample: seanet::Conv1d,
+        upsample: seanet::ConvTr1d,
+    },
+    Candle {
+        encoder: SeaNetEncoder,
+        decoder: SeaNetDecoder,
+        downsample: ConvDownsample1d,
+        upsample: ConvTrUpsample1d,
+    },
+}
+
 /// The codec's weights and modules; immutable once built, shared between threads.
 pub struct Codec {
     cfg: CodecConfig,
-    encoder: SeaNetEncoder,
-    decoder: SeaNetDecoder,
+    convs: Convs,
     enc_tr: Model,
     dec_tr: Model,
-    downsample: ConvDownsample1d,
-    upsample: ConvTrUpsample1d,
     quantizer: SplitResidualVectorQuantizer,
     device: Device,
     dtype: DType,
 }
 
+enum EncodeConvs {
+    /// Per batch item: the SEANet encoder's and the downsampling's states.
+    Native(Vec<(seanet::EncoderState, seanet::ConvState)>),
+    Candle(SeaNetEncoder, ConvDownsample1d),
+}
+
 /// Streaming encoder state: SEANet and downsampling buffers, and the transformer's state.
 pub struct EncodeStream {
-    encoder: SeaNetEncoder,
+    convs: EncodeConvs,
     tr: State,
-    downsample: ConvDownsample1d,
     batch: Option<usize>,
 }
 
-/// Streaming decoder state. The convolutional parts hold one module per batch item: candle
-/// 0.11.1's CPU `conv_transpose1d` gives wrong results for batch items after the first (its
-/// col2im path), so transposed convolutions always run on batch size 1.
+enum DecodeConvs {
+    /// Per batch item: the upsampling's and the SEANet decoder's states.
+    Native(Vec<(seanet::ConvState, seanet::DecoderState)>),
+    /// One module per batch item: candle 0.11.1's CPU `conv_transpose1d` gives wrong
+    /// results for batch items after the first (its col2im path), so transposed
+    /// convolutions always run on batch size 1.
+    Candle(Vec<(ConvTrUpsample1d, SeaNetDecoder)>),
+}
+
+/// Streaming decoder state.
 pub struct DecodeStream {
-    items: Vec<(ConvTrUpsample1d, SeaNetDecoder)>,
+    convs: DecodeConvs,
     tr: State,
     batch: Option<usize>,
 }
@@ -414,6 +449,25 @@ fn per_item(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor>
     Ok(Tensor::cat(&ys, 0)?)
 }
 
+/// The batch items of a (B, C, T) f32 tensor as frames.
+fn to_frames(x: &Tensor) -> Result<Vec<Frames>> {
+    let (b, c, t) = x.dims3()?;
+    let data = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok((0..b)
+        .map(|i| Frames::new(c, t, data[i * c * t..(i + 1) * c * t].to_vec()))
+        .collect())
+}
+
+/// Stacks frames of equal shape into a (B, C, T) tensor; `None` when they are empty.
+fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor>> {
+    let (b, c, t) = (xs.len(), xs[0].channels, xs[0].len);
+    if t == 0 {
+        return Ok(None);
+    }
+    let data: Vec<f32> = xs.into_iter().flat_map(|f| f.data).collect();
+    Ok(Some(Tensor::from_vec(data, (b, c, t), dev)?))
+}
+
 fn nonempty(x: StreamTensor) -> Result<Option<Tensor>> {
     match x.as_option() {
         Some(t) if t.dim(candle::D::Minus1)? > 0 => Ok(Some(t.clone())),
@@ -422,11 +476,27 @@ fn nonempty(x: StreamTensor) -> Result<Option<Tensor>> {
 }
 
 impl Codec {
+    /// The native engine on the CPU in f32, candle's modules otherwise.
     pub fn new(
         cfg: &CodecConfig,
         source: CodecWeights,
         device: &Device,
         dtype: DType,
+    ) -> Result<Self> {
+        let engine = if device.is_cpu() && dtype == DType::F32 {
+            Engine::Native
+        } else {
+            Engine::Candle
+        };
+        Self::with_engine(cfg, source, device, dtype, engine)
+    }
+
+    pub fn with_engine(
+        cfg: &CodecConfig,
+        source: CodecWeights,
+        device: &Device,
+        dtype: DType,
+        engine: Engine,
     ) -> Result<Self> {
         cfg.transformer.check_supported()?;
         let problems = Arc::new(Mutex::new(Vec::new()));
@@ -460,10 +530,29 @@ impl Codec {
         let ccfg = cfg.to_candle();
         let dim = cfg.seanet.dimension;
         let stride = cfg.downsample_stride();
-        let encoder = SeaNetEncoder::new(&ccfg.seanet, vb.pp("encoder"))?;
-        let decoder = SeaNetDecoder::new(&ccfg.seanet, vb.pp("decoder"))?;
-        let downsample = ConvDownsample1d::new(stride, dim, true, true, vb.pp("downsample"))?;
-        let upsample = ConvTrUpsample1d::new(stride, dim, true, true, vb.pp("upsample"))?;
+        let convs = match engine {
+            Engine::Native => Convs::Native {
+                encoder: seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
+                decoder: seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
+                downsample: seanet::Conv1d::load(
+                    vb.pp("downsample"),
+                    dim,
+                    dim,
+                    2 * stride,
+                    stride,
+                    1,
+                    false,
+                    true,
+                )?,
+                upsample: seanet::ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?,
+            },
+            Engine::Candle => Convs::Candle {
+                encoder: SeaNetEncoder::new(&ccfg.seanet, vb.pp("encoder"))?,
+                decoder: SeaNetDecoder::new(&ccfg.seanet, vb.pp("decoder"))?,
+                downsample: ConvDownsample1d::new(stride, dim, true, true, vb.pp("downsample"))?,
+                upsample: ConvTrUpsample1d::new(stride, dim, true, true, vb.pp("upsample"))?,
+            },
+        };
         let quantizer = SplitResidualVectorQuantizer::new(
             cfg.quantizer_dim,
             Some(dim),
@@ -549,12 +638,9 @@ impl Codec {
         let dec_tr = Model::new(&cfg.transformer, dec_w, device, dtype)?;
         Ok(Self {
             cfg: cfg.clone(),
-            encoder,
-            decoder,
+            convs,
             enc_tr,
             dec_tr,
-            downsample,
-            upsample,
             quantizer,
             device: device.clone(),
             dtype,
@@ -575,11 +661,37 @@ impl Codec {
 
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
     pub fn encode_pre_quantize(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        let x = self.encoder.forward(pcm)?;
-        crate::errors::check_cancel(cancel)?;
-        let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
-        crate::errors::check_cancel(cancel)?;
-        Ok(self.downsample.forward(&x)?)
+        match &self.convs {
+            Convs::Native {
+                encoder,
+                downsample,
+                ..
+            } => {
+                let mut xs = Vec::new();
+                for item in to_frames(pcm)? {
+                    xs.push(encoder.apply(None, &item, cancel)?);
+                }
+                let x = from_frames(xs, &self.device)?.expect("SEANet output is never empty");
+                let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
+                crate::errors::check_cancel(cancel)?;
+                let ys = to_frames(&x)?
+                    .iter()
+                    .map(|f| downsample.forward(f, None, None))
+                    .collect();
+                Ok(from_frames(ys, &self.device)?.expect("never empty"))
+            }
+            Convs::Candle {
+                encoder,
+                downsample,
+                ..
+            } => {
+                let x = encoder.forward(pcm)?;
+                crate::errors::check_cancel(cancel)?;
+                let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
+                crate::errors::check_cancel(cancel)?;
+                Ok(downsample.forward(&x)?)
+            }
+        }
     }
 
     /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
@@ -597,26 +709,58 @@ impl Codec {
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
     pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
-        let x = per_item(&x, |xi| Ok(self.upsample.forward(xi)?))?;
-        let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
-        per_item(&x, |xi| {
-            crate::errors::check_cancel(cancel)?;
-            Ok(self.decoder.forward(xi)?)
-        })
+        match &self.convs {
+            Convs::Native {
+                decoder, upsample, ..
+            } => {
+                let ups = to_frames(&x)?
+                    .iter()
+                    .map(|f| upsample.forward(f, None))
+                    .collect();
+                let x = from_frames(ups, &self.device)?.expect("never empty");
+                let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
+                let mut ys = Vec::new();
+                for item in to_frames(&x)? {
+                    ys.push(decoder.apply(None, &item, cancel)?);
+                }
+                Ok(from_frames(ys, &self.device)?.expect("never empty"))
+            }
+            Convs::Candle {
+                decoder, upsample, ..
+            } => {
+                let x = per_item(&x, |xi| Ok(upsample.forward(xi)?))?;
+                let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
+                per_item(&x, |xi| {
+                    crate::errors::check_cancel(cancel)?;
+                    Ok(decoder.forward(xi)?)
+                })
+            }
+        }
     }
 
     pub fn encode_stream(&self) -> EncodeStream {
+        let convs = match &self.convs {
+            Convs::Native { .. } => EncodeConvs::Native(Vec::new()),
+            Convs::Candle {
+                encoder,
+                downsample,
+                ..
+            } => EncodeConvs::Candle(encoder.clone(), downsample.clone()),
+        };
         EncodeStream {
-            encoder: self.encoder.clone(),
+            convs,
             tr: State::default(),
-            downsample: self.downsample.clone(),
             batch: None,
         }
     }
 
     pub fn decode_stream(&self) -> DecodeStream {
+        let convs = match &self.convs {
+            Convs::Native { .. } => DecodeConvs::Native(Vec::new()),
+            Convs::Candle { .. } => DecodeConvs::Candle(Vec::new()),
+        };
         DecodeStream {
-            items: Vec::new(),
+            convs,
             tr: State::default(),
             batch: None,
         }
@@ -625,13 +769,47 @@ impl Codec {
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
     /// completed by this chunk (possibly none).
     pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        s.batch = Some(pcm.dim(0)?);
-        let Some(x) = nonempty(s.encoder.step(&pcm.clone().into())?)? else {
-            return Ok(None);
-        };
-        let x = run_transformer(&self.enc_tr, &mut s.tr, &x)?;
-        let Some(x) = nonempty(s.downsample.step(&x.into())?)? else {
-            return Ok(None);
+        let b = pcm.dim(0)?;
+        s.batch = Some(b);
+        let x = match (&self.convs, &mut s.convs) {
+            (
+                Convs::Native {
+                    encoder,
+                    downsample,
+                    ..
+                },
+                EncodeConvs::Native(items),
+            ) => {
+                items.resize_with(b, Default::default);
+                let mut xs = Vec::with_capacity(b);
+                for (item, (st, _)) in to_frames(pcm)?.iter().zip(items.iter_mut()) {
+                    xs.push(encoder.apply(Some(st), item, None)?);
+                }
+                let Some(x) = from_frames(xs, &self.device)? else {
+                    return Ok(None);
+                };
+                let x = run_transformer(&self.enc_tr, &mut s.tr, &x)?;
+                let ys = to_frames(&x)?
+                    .iter()
+                    .zip(items.iter_mut())
+                    .map(|(f, (_, st))| downsample.step(st, f, None, None))
+                    .collect();
+                match from_frames(ys, &self.device)? {
+                    Some(x) => x,
+                    None => return Ok(None),
+                }
+            }
+            (Convs::Candle { .. }, EncodeConvs::Candle(encoder, downsample)) => {
+                let Some(x) = nonempty(encoder.step(&pcm.clone().into())?)? else {
+                    return Ok(None);
+                };
+                let x = run_transformer(&self.enc_tr, &mut s.tr, &x)?;
+                let Some(x) = nonempty(downsample.step(&x.into())?)? else {
+                    return Ok(None);
+                };
+                x
+            }
+            _ => unreachable!("a stream is made by its codec"),
         };
         Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?))
     }
@@ -640,26 +818,58 @@ impl Codec {
     pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
         let b = codes.dim(0)?;
         s.batch = Some(b);
-        while s.items.len() < b {
-            s.items.push((self.upsample.clone(), self.decoder.clone()));
-        }
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
-        let mut ups = Vec::with_capacity(b);
-        for (i, (up, _)) in s.items.iter_mut().enumerate() {
-            match nonempty(up.step(&x.narrow(0, i, 1)?.into())?)? {
-                Some(y) => ups.push(y),
-                None => return Ok(None),
+        match (&self.convs, &mut s.convs) {
+            (
+                Convs::Native {
+                    decoder, upsample, ..
+                },
+                DecodeConvs::Native(items),
+            ) => {
+                items.resize_with(b, Default::default);
+                let ups = to_frames(&x)?
+                    .iter()
+                    .zip(items.iter_mut())
+                    .map(|(f, (st, _))| upsample.step(st, f, None))
+                    .collect();
+                let Some(x) = from_frames(ups, &self.device)? else {
+                    return Ok(None);
+                };
+                let x = run_transformer(&self.dec_tr, &mut s.tr, &x)?;
+                let mut ys = Vec::with_capacity(b);
+                for (item, (_, st)) in to_frames(&x)?.iter().zip(items.iter_mut()) {
+                    ys.push(decoder.apply(Some(st), item, None)?);
+                }
+                from_frames(ys, &self.device)
             }
-        }
-        let x = run_transformer(&self.dec_tr, &mut s.tr, &Tensor::cat(&ups, 0)?)?;
-        let mut outs = Vec::with_capacity(b);
-        for (i, (_, dec)) in s.items.iter_mut().enumerate() {
-            match nonempty(dec.step(&x.narrow(0, i, 1)?.into())?)? {
-                Some(y) => outs.push(y),
-                None => return Ok(None),
+            (
+                Convs::Candle {
+                    decoder, upsample, ..
+                },
+                DecodeConvs::Candle(items),
+            ) => {
+                while items.len() < b {
+                    items.push((upsample.clone(), decoder.clone()));
+                }
+                let mut ups = Vec::with_capacity(b);
+                for (i, (up, _)) in items.iter_mut().enumerate() {
+                    match nonempty(up.step(&x.narrow(0, i, 1)?.into())?)? {
+                        Some(y) => ups.push(y),
+                        None => return Ok(None),
+                    }
+                }
+                let x = run_transformer(&self.dec_tr, &mut s.tr, &Tensor::cat(&ups, 0)?)?;
+                let mut outs = Vec::with_capacity(b);
+                for (i, (_, dec)) in items.iter_mut().enumerate() {
+                    match nonempty(dec.step(&x.narrow(0, i, 1)?.into())?)? {
+                        Some(y) => outs.push(y),
+                        None => return Ok(None),
+                    }
+                }
+                Ok(Some(Tensor::cat(&outs, 0)?))
             }
+            _ => unreachable!("a stream is made by its codec"),
         }
-        Ok(Some(Tensor::cat(&outs, 0)?))
     }
 }
 
@@ -744,5 +954,97 @@ mod conv_transpose_tests {
             .narrow(0, 1, 1)
             .unwrap();
         assert!(max_diff(&worked, &single) == 0.0);
+    }
+}
+
+#[cfg(test)]
+mod engine_tests {
+    use super::*;
+    use crate::model::test_input;
+
+    fn small(replicate: bool) -> CodecConfig {
+        let mut c = CodecConfig::mimi_preset(4);
+        c.seanet.n_filters = 8;
+        c.seanet.dimension = 64;
+        if replicate {
+            c.seanet.pad_mode = "replicate".into();
+            c.seanet.true_skip = false;
+        }
+        c.transformer.d_model = 64;
+        c.transformer.num_heads = 4;
+        c.transformer.num_layers = 2;
+        c.transformer.dim_feedforward = 128;
+        c.quantizer_bins = 64;
+        c.quantizer_dim = 32;
+        c
+    }
+
+    fn both(cfg: &CodecConfig) -> (Codec, Codec) {
+        let dev = Device::Cpu;
+        let mk = |e| Codec::with_engine(cfg, CodecWeights::Seed(7), &dev, DType::F32, e).unwrap();
+        (mk(Engine::Native), mk(Engine::Candle))
+    }
+
+    fn diff(a: &Tensor, b: &Tensor) -> f32 {
+        assert_eq!(a.dims(), b.dims());
+        crate::model::max_abs_diff(a, b)
+    }
+
+    /// The native engine computes candle's functions: latents, codes and audio, offline and
+    /// streaming, batch 2, both pad modes, lengths that are not whole frames.
+    #[test]
+    fn native_engine_matches_candle_modules() {
+        for replicate in [false, true] {
+            let cfg = small(replicate);
+            let (native, candle_) = both(&cfg);
+            let dev = Device::Cpu;
+            let len = 3 * 1920 + 700;
+            let pcm = Tensor::from_vec(test_input(2, len, 1, 3), (2, 1, len), &dev).unwrap();
+            let ln = native.encode_pre_quantize(&pcm, None).unwrap();
+            let lc = candle_.encode_pre_quantize(&pcm, None).unwrap();
+            assert!(diff(&ln, &lc) < 1e-4, "latents {}", diff(&ln, &lc));
+            let codes = candle_.encode(&pcm, None).unwrap();
+            let cn = native.encode(&pcm, None).unwrap();
+            assert_eq!(
+                cn.to_vec3::<u32>().unwrap(),
+                codes.to_vec3::<u32>().unwrap()
+            );
+            let an = native.decode(&codes, None).unwrap();
+            let ac = candle_.decode(&codes, None).unwrap();
+            assert!(diff(&an, &ac) < 1e-4, "audio {}", diff(&an, &ac));
+
+            // Streaming in uneven chunks: the codes of whole frames, then the same audio.
+            let (mut sn, mut sc) = (native.encode_stream(), candle_.encode_stream());
+            let (mut outn, mut outc) = (Vec::new(), Vec::new());
+            let mut t0 = 0;
+            for n in [1, 700, 1919, 2, 3000].iter().cycle() {
+                if t0 >= len {
+                    break;
+                }
+                let n = (*n).min(len - t0);
+                let x = pcm.narrow(2, t0, n).unwrap();
+                outn.extend(native.encode_step(&mut sn, &x).unwrap());
+                outc.extend(candle_.encode_step(&mut sc, &x).unwrap());
+                t0 += n;
+            }
+            let jn = Tensor::cat(&outn, 2).unwrap();
+            let jc = Tensor::cat(&outc, 2).unwrap();
+            assert_eq!(jn.to_vec3::<u32>().unwrap(), jc.to_vec3::<u32>().unwrap());
+            assert_eq!(
+                jn.to_vec3::<u32>().unwrap(),
+                codes.narrow(2, 0, 3).unwrap().to_vec3::<u32>().unwrap()
+            );
+            let (mut dn, mut dc) = (native.decode_stream(), candle_.decode_stream());
+            let (mut yn, mut yc) = (Vec::new(), Vec::new());
+            for t in 0..codes.dim(2).unwrap() {
+                let c = codes.narrow(2, t, 1).unwrap();
+                yn.extend(native.decode_step(&mut dn, &c).unwrap());
+                yc.extend(candle_.decode_step(&mut dc, &c).unwrap());
+            }
+            let yn = Tensor::cat(&yn, 2).unwrap();
+            let yc = Tensor::cat(&yc, 2).unwrap();
+            assert!(diff(&yn, &yc) < 1e-4, "stream audio {}", diff(&yn, &yc));
+            assert!(diff(&yn, &an) < 1e-4, "stream vs offline {}", diff(&yn, &an));
+        }
     }
 }

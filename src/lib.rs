@@ -14,6 +14,7 @@ pub mod device;
 pub mod errors;
 pub mod kernels;
 pub mod model;
+pub mod seanet;
 pub mod transformer;
 pub mod weights;
 

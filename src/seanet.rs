@@ -1,0 +1,1082 @@
+//! Mimi's convolutional parts computed natively on the CPU in f32: the SEANet encoder and
+//! decoder and the frame-rate down/upsampling convolutions.
+//!
+//! candle's modules (`candle_transformers::models::mimi::{seanet, conv}`) are correct but slow
+//! on the CPU: every convolution materialises a full im2col copy of its input, transposed
+//! convolutions go through a col2im scatter (whose batched form is wrong in candle 0.11.1),
+//! the depthwise upsampling is expanded into a dense `dim x dim` kernel, and everything except
+//! the matrix products runs on one thread. This module computes the same functions:
+//!
+//! * a convolution is a matrix product `W (cout, cin*k) x cols (cin*k, frames)`, tiled over
+//!   (output channels x frames) and spread over the rayon pool; each tile builds its own small
+//!   im2col block (a few MB at most) and calls the `gemm` crate (the kernel candle uses) on
+//!   one thread; bias and the residual are added while the tile is still in cache;
+//! * a transposed convolution with stride `s` is split into its `s` phases, each an ordinary
+//!   convolution over the last `ceil(k/s)` input frames, written straight into the strided
+//!   output (no col2im, no overlap-add);
+//! * the ELU is computed once per element with a vectorisable exponential;
+//! * few frames (a streaming step) use the matrix-vector kernel of [`crate::kernels`].
+//!
+//! Streaming and offline share the code: a layer's state is the tail of its (activated) input
+//! that the next frames still need. The offline path pads like candle's `forward` (causal left
+//! padding plus the extra right padding that completes the last stride); the streaming path
+//! keeps the tail instead, so its outputs are those of the offline path for every complete
+//! frame. Rust tests below compare both against candle's modules.
+
+use candle::{DType, Device, Result, Tensor};
+use candle_nn::VarBuilder;
+use rayon::prelude::*;
+
+use crate::codec_config::SeanetConfig;
+
+type Cancel<'a> = Option<&'a std::sync::atomic::AtomicBool>;
+
+/// A raw pointer shared by tiles that write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: every tile writes a disjoint set of elements, and the buffer outlives the tiles.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+/// `(channels, frames)` activations of one batch item, row-major.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Frames {
+    pub channels: usize,
+    pub len: usize,
+    pub data: Vec<f32>,
+}
+
+impl Frames {
+    pub fn new(channels: usize, len: usize, data: Vec<f32>) -> Self {
+        debug_assert_eq!(data.len(), channels * len);
+        Self {
+            channels,
+            len,
+            data,
+        }
+    }
+
+    fn empty(channels: usize) -> Self {
+        Self::new(channels, 0, Vec::new())
+    }
+
+    fn row(&self, c: usize) -> &[f32] {
+        &self.data[c * self.len..(c + 1) * self.len]
+    }
+
+    /// `[self | other]` along time, with `act` applied to `other`.
+    fn concat_act(&self, other: &Frames, act: Option<f32>) -> Frames {
+        let len = self.len + other.len;
+        let mut data = vec![0f32; self.channels * len];
+        for (c, row) in data.chunks_mut(len.max(1)).enumerate().take(self.channels) {
+            row[..self.len].copy_from_slice(self.row(c));
+            copy_act(other.row(c), &mut row[self.len..], act);
+        }
+        Frames::new(self.channels, len, data)
+    }
+
+    /// The last `n` frames.
+    fn tail(&self, n: usize) -> Frames {
+        let n = n.min(self.len);
+        let mut data = Vec::with_capacity(self.channels * n);
+        for c in 0..self.channels {
+            data.extend_from_slice(&self.row(c)[self.len - n..]);
+        }
+        Frames::new(self.channels, n, data)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// ELU
+
+/// `e^x - 1` for `x <= 0` (clamped at -87), branch-free so that it vectorises: Cody-Waite
+/// range reduction and a degree-6 polynomial (Cephes' `expf`), within 2 ulp of `exp`.
+#[inline(always)]
+fn expm1_nonpos(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 0.0);
+    // Round x / ln 2 to the nearest integer with the 1.5 * 2^23 trick (no libm call).
+    let n = (x * std::f32::consts::LOG2_E + 12582912.0) - 12582912.0;
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_65;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    e * scale - 1.0
+}
+
+#[inline(always)]
+fn copy_act_generic(src: &[f32], dst: &mut [f32], alpha: f32) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        let e = alpha * expm1_nonpos(x);
+        *d = if x > 0.0 { x } else { e };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn copy_act_avx2(src: &[f32], dst: &mut [f32], alpha: f32) {
+    copy_act_generic(src, dst, alpha)
+}
+
+/// `dst = elu(src)` (or a plain copy without activation).
+fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
+    let Some(alpha) = act else {
+        dst.copy_from_slice(src);
+        return;
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            return unsafe { copy_act_avx2(src, dst, alpha) };
+        }
+    }
+    copy_act_generic(src, dst, alpha)
+}
+
+// ---------------------------------------------------------------------------------------
+// Tiled products
+
+/// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
+/// `max_cols`, and row blocks when there are too few column blocks to keep every thread busy.
+fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Vec<(usize, usize, usize, usize)> {
+    let threads = rayon::current_num_threads();
+    let col_tiles = cols.div_ceil(max_cols.max(1));
+    let mut row_tiles = 1;
+    if threads > 1 && flops > 1 << 21 && col_tiles < 2 * threads {
+        row_tiles = (2 * threads).div_ceil(col_tiles).min(rows.div_ceil(16)).max(1);
+    }
+    let rstep = rows.div_ceil(row_tiles).next_multiple_of(8).min(rows.max(1));
+    let cstep = cols.div_ceil(col_tiles.max(1));
+    let mut out = Vec::new();
+    let mut c0 = 0;
+    while c0 < cols {
+        let cn = cstep.min(cols - c0);
+        let mut r0 = 0;
+        while r0 < rows {
+            let rn = rstep.min(rows - r0);
+            out.push((r0, rn, c0, cn));
+            r0 += rn;
+        }
+        c0 += cn;
+    }
+    out
+}
+
+/// Runs `f` on every tile, in parallel when that pays.
+fn for_tiles<F>(tiles: &[(usize, usize, usize, usize)], flops: usize, f: F)
+where
+    F: Fn(&mut Vec<f32>, (usize, usize, usize, usize)) + Sync,
+{
+    if tiles.len() > 1 && rayon::current_num_threads() > 1 && flops > 1 << 21 {
+        tiles
+            .par_iter()
+            .for_each_init(Vec::new, |scratch, &t| f(scratch, t));
+    } else {
+        let mut scratch = Vec::new();
+        for &t in tiles {
+            f(&mut scratch, t);
+        }
+    }
+}
+
+/// `dst (m, n) = lhs (m, k) . rhs (k, n)` on one thread; `dst` has row stride `dst_rs` and
+/// column stride `dst_cs`, `lhs` row stride `lhs_rs`, `rhs` is contiguous.
+///
+/// SAFETY: the pointers must cover the strided extents described.
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    dst_cs: usize,
+    lhs: *const f32,
+    lhs_rs: usize,
+    rhs: *const f32,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        dst_cs as isize,
+        dst_rs as isize,
+        false,
+        lhs,
+        1,
+        lhs_rs as isize,
+        rhs,
+        1,
+        n as isize,
+        0f32,
+        1f32,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    )
+}
+
+/// Adds `bias[row]` and `residual` to the tile `rows x cols` of `out (_, stride)`.
+///
+/// SAFETY: the tile lies inside `out`, and no other thread writes it.
+unsafe fn epilogue(
+    out: SharedMut,
+    stride: usize,
+    (r0, rn, c0, cn): (usize, usize, usize, usize),
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+) {
+    if bias.is_none() && residual.is_none() {
+        return;
+    }
+    for r in r0..r0 + rn {
+        let row = std::slice::from_raw_parts_mut(out.0.add(r * stride + c0), cn);
+        if let Some(b) = bias {
+            let b = b[r];
+            row.iter_mut().for_each(|v| *v += b);
+        }
+        if let Some(res) = residual {
+            let res = &res[r * stride + c0..r * stride + c0 + cn];
+            row.iter_mut().zip(res).for_each(|(v, &x)| *v += x);
+        }
+    }
+}
+
+/// Columns per tile so that a tile's im2col block stays near 2 MB.
+fn max_cols(k: usize) -> usize {
+    ((1usize << 19) / k.max(1)).clamp(32, 2048)
+}
+
+// ---------------------------------------------------------------------------------------
+// Weights
+
+/// A convolution weight as candle's Mimi modules read it: `weight`, or the weight-norm pair
+/// `weight_g`/`weight_v` (norm over all but the first dimension).
+fn conv_weight(vb: &VarBuilder, shape: (usize, usize, usize)) -> Result<Tensor> {
+    if vb.contains_tensor("weight") {
+        return vb.get(shape, "weight");
+    }
+    let g = vb.get((shape.0, 1, 1), "weight_g")?;
+    let v = vb.get(shape, "weight_v")?;
+    let norm = v.sqr()?.sum_keepdim((1, 2))?.sqrt()?;
+    v.broadcast_mul(&g)?.broadcast_div(&norm)
+}
+
+fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?
+        .to_device(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+}
+
+// ---------------------------------------------------------------------------------------
+// Convolution
+
+/// The streaming state of one convolution: the activated input frames the next output
+/// frames still need.
+#[derive(Clone, Debug, Default)]
+pub struct ConvState {
+    prev: Option<Frames>,
+}
+
+impl ConvState {
+    pub fn nbytes(&self) -> usize {
+        self.prev.as_ref().map_or(0, |p| p.data.len() * 4)
+    }
+}
+
+/// A causal 1-d convolution (`StreamableConv1d`).
+#[derive(Clone, Debug)]
+pub struct Conv1d {
+    w: Vec<f32>,
+    b: Option<Vec<f32>>,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+    replicate: bool,
+}
+
+impl Conv1d {
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        vb: VarBuilder,
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+        dilation: usize,
+        bias: bool,
+        replicate: bool,
+    ) -> Result<Self> {
+        if k < stride {
+            candle::bail!("kernel-size {k} is smaller than stride {stride}")
+        }
+        let vb = vb.pp("conv");
+        let w = to_vec(&conv_weight(&vb, (cout, cin, k))?)?;
+        let b = if bias {
+            Some(to_vec(&vb.get(cout, "bias")?)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            w,
+            b,
+            cin,
+            cout,
+            k,
+            stride,
+            dilation,
+            replicate,
+        })
+    }
+
+    fn keff(&self) -> usize {
+        (self.k - 1) * self.dilation + 1
+    }
+
+    fn pad_total(&self) -> usize {
+        self.keff() - self.stride
+    }
+
+    fn frames(&self, len: usize) -> usize {
+        if len < self.keff() {
+            0
+        } else {
+            (len - self.keff()) / self.stride + 1
+        }
+    }
+
+    /// Left padding columns for the first input: zeros, or the first (activated) frame.
+    fn left_pad(&self, x: &Frames, act: Option<f32>) -> Frames {
+        let n = self.pad_total();
+        let mut data = vec![0f32; self.cin * n];
+        if self.replicate && x.len > 0 {
+            for c in 0..self.cin {
+                let mut v = [0f32];
+                copy_act(&x.row(c)[..1], &mut v, act);
+                data[c * n..(c + 1) * n].fill(v[0]);
+            }
+        }
+        Frames::new(self.cin, n, data)
+    }
+
+    /// Offline: candle's `StreamableConv1d::forward` (causal padding, extra right padding).
+    pub fn forward(&self, x: &Frames, act: Option<f32>, residual: Option<&Frames>) -> Frames {
+        let pt = self.pad_total();
+        let keff = self.keff();
+        let len = x.len;
+        let n_frames = (len + pt).saturating_sub(keff) as f64 / self.stride as f64 + 1.0;
+        let ideal = ((n_frames.ceil() as usize - 1) * self.stride + keff).saturating_sub(pt);
+        let extra = ideal.saturating_sub(len);
+        // candle pads both sides in the layer's mode: zeros, or the first / last frame.
+        let mut right = vec![0f32; self.cin * extra];
+        if self.replicate && len > 0 {
+            for c in 0..self.cin {
+                let mut v = [0f32];
+                copy_act(&x.row(c)[len - 1..], &mut v, act);
+                right[c * extra..(c + 1) * extra].fill(v[0]);
+            }
+        }
+        let full = self
+            .left_pad(x, act)
+            .concat_act(x, act)
+            .concat_act(&Frames::new(self.cin, extra, right), None);
+        self.run(&full, residual)
+    }
+
+    /// Streaming: the output frames this chunk completes.
+    pub fn step(
+        &self,
+        st: &mut ConvState,
+        x: &Frames,
+        act: Option<f32>,
+        residual: Option<&Frames>,
+    ) -> Frames {
+        if x.len == 0 {
+            return Frames::empty(self.cout);
+        }
+        let prev = st.prev.take().unwrap_or_else(|| self.left_pad(x, act));
+        let full = prev.concat_act(x, act);
+        let n = self.frames(full.len);
+        let y = self.run(&full, residual);
+        st.prev = Some(full.tail(full.len - n * self.stride));
+        y
+    }
+
+    /// The convolution of padded, activated frames (no padding), plus `residual`.
+    fn run(&self, x: &Frames, residual: Option<&Frames>) -> Frames {
+        let n = self.frames(x.len);
+        let (cin, cout, k, s, d) = (self.cin, self.cout, self.k, self.stride, self.dilation);
+        let kk = cin * k;
+        if let Some(r) = residual {
+            assert_eq!((r.channels, r.len), (cout, n), "residual shape");
+        }
+        let residual = residual.map(|r| r.data.as_slice());
+        if n == 0 {
+            return Frames::empty(cout);
+        }
+        let bias = self.b.as_deref();
+        if n <= crate::kernels::GEMV_MAX_ROWS {
+            // A streaming step: bound by reading the weights once; matrix-vector kernel.
+            let mut cols = vec![0f32; n * kk];
+            for t in 0..n {
+                for ci in 0..cin {
+                    let src = &x.data[ci * x.len..];
+                    for j in 0..k {
+                        cols[t * kk + ci * k + j] = src[t * s + j * d];
+                    }
+                }
+            }
+            let y = crate::kernels::gemv(&cols, &self.w, n, kk, cout);
+            let mut out = vec![0f32; cout * n];
+            for co in 0..cout {
+                let b = bias.map_or(0.0, |b| b[co]);
+                for t in 0..n {
+                    let r = residual.map_or(0.0, |r| r[co * n + t]);
+                    out[co * n + t] = y[t * cout + co] + b + r;
+                }
+            }
+            return Frames::new(cout, n, out);
+        }
+        let mut out = vec![0f32; cout * n];
+        let ptr = SharedMut(out.as_mut_ptr());
+        let flops = 2 * cout * kk * n;
+        let tiles = tiles(cout, n, max_cols(kk), flops);
+        for_tiles(&tiles, flops, |cols, tile| {
+            let (r0, rn, t0, tn) = tile;
+            cols.clear();
+            cols.resize(kk * tn, 0.0);
+            for ci in 0..cin {
+                let src = &x.data[ci * x.len..(ci + 1) * x.len];
+                for j in 0..k {
+                    let dst = &mut cols[(ci * k + j) * tn..(ci * k + j + 1) * tn];
+                    let start = t0 * s + j * d;
+                    if s == 1 {
+                        dst.copy_from_slice(&src[start..start + tn]);
+                    } else {
+                        for (tt, v) in dst.iter_mut().enumerate() {
+                            *v = src[start + tt * s];
+                        }
+                    }
+                }
+            }
+            // SAFETY: the tile is inside `out` (cout x n) and disjoint from other tiles; the
+            // weights have cout rows of kk, the columns block kk rows of tn.
+            unsafe {
+                matmul(
+                    rn,
+                    tn,
+                    kk,
+                    ptr.0.add(r0 * n + t0),
+                    n,
+                    1,
+                    self.w.as_ptr().add(r0 * kk),
+                    kk,
+                    cols.as_ptr(),
+                );
+                epilogue(ptr, n, tile, bias, residual);
+            }
+        });
+        Frames::new(cout, n, out)
+    }
+}
+
+/// A causal transposed convolution (`StreamableConvTranspose1d`), or the depthwise one of
+/// `ConvTrUpsample1d` (`depthwise`, no bias).
+#[derive(Clone, Debug)]
+pub struct ConvTr1d {
+    /// Phase-major weights: row `(j, co)` of `taps * cin` columns `(m, ci)` holds
+    /// `W[ci, co, j + m * stride]` (zero past the kernel). Depthwise: `w[c, j + m * stride]`
+    /// at `(j * cout + c) * taps + m`.
+    w: Vec<f32>,
+    b: Option<Vec<f32>>,
+    cin: usize,
+    cout: usize,
+    stride: usize,
+    taps: usize,
+    depthwise: bool,
+}
+
+impl ConvTr1d {
+    pub fn load(
+        vb: VarBuilder,
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+        bias: bool,
+    ) -> Result<Self> {
+        let vb = vb.pp("conv");
+        let raw = to_vec(&conv_weight(&vb, (cin, cout, k))?)?;
+        let b = if bias {
+            Some(to_vec(&vb.get(cout, "bias")?)?)
+        } else {
+            None
+        };
+        let taps = k.div_ceil(stride);
+        let tk = taps * cin;
+        let mut w = vec![0f32; stride * cout * tk];
+        for j in 0..stride {
+            for co in 0..cout {
+                for m in 0..taps {
+                    let kk = j + m * stride;
+                    if kk >= k {
+                        continue;
+                    }
+                    for ci in 0..cin {
+                        w[(j * cout + co) * tk + m * cin + ci] = raw[(ci * cout + co) * k + kk];
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            w,
+            b,
+            cin,
+            cout,
+            stride,
+            taps,
+            depthwise: false,
+        })
+    }
+
+    /// `ConvTrUpsample1d`: groups = channels, kernel `2 * stride`, no bias.
+    pub fn load_depthwise(vb: VarBuilder, dim: usize, stride: usize) -> Result<Self> {
+        let k = 2 * stride;
+        let raw = to_vec(&vb.pp("conv").get((dim, 1, k), "weight")?)?;
+        let taps = k.div_ceil(stride);
+        let mut w = vec![0f32; stride * dim * taps];
+        for j in 0..stride {
+            for c in 0..dim {
+                for m in 0..taps {
+                    if j + m * stride < k {
+                        w[(j * dim + c) * taps + m] = raw[c * k + j + m * stride];
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            w,
+            b: None,
+            cin: dim,
+            cout: dim,
+            stride,
+            taps,
+            depthwise: true,
+        })
+    }
+
+    /// Offline: candle's `forward` with the causal trim (`len * stride` frames out).
+    pub fn forward(&self, x: &Frames, act: Option<f32>) -> Frames {
+        self.step(&mut ConvState::default(), x, act)
+    }
+
+    /// Streaming: `len * stride` output frames per chunk, the same as offline.
+    pub fn step(&self, st: &mut ConvState, x: &Frames, act: Option<f32>) -> Frames {
+        if x.len == 0 {
+            return Frames::empty(self.cout);
+        }
+        let prev = st.prev.take().unwrap_or_else(|| {
+            let n = self.taps - 1;
+            Frames::new(self.cin, n, vec![0f32; self.cin * n])
+        });
+        let full = prev.concat_act(x, act);
+        let y = self.run(&full, x.len);
+        st.prev = Some(full.tail(self.taps - 1));
+        y
+    }
+
+    /// `x` holds `taps - 1` earlier frames then `n` new ones; returns `(cout, n * stride)`.
+    fn run(&self, x: &Frames, n: usize) -> Frames {
+        let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
+        let len = x.len;
+        let out_len = n * s;
+        let mut out = vec![0f32; cout * out_len];
+        if self.depthwise {
+            for c in 0..cout {
+                let src = x.row(c);
+                for t in 0..n {
+                    for j in 0..s {
+                        let mut acc = 0f32;
+                        for m in 0..taps {
+                            acc += self.w[(j * cout + c) * taps + m] * src[taps - 1 + t - m];
+                        }
+                        out[c * out_len + t * s + j] = acc;
+                    }
+                }
+            }
+            return Frames::new(cout, out_len, out);
+        }
+        let tk = taps * cin;
+        let bias = self.b.as_deref();
+        if n <= crate::kernels::GEMV_MAX_ROWS {
+            let mut cols = vec![0f32; n * tk];
+            for t in 0..n {
+                for m in 0..taps {
+                    for ci in 0..cin {
+                        cols[t * tk + m * cin + ci] = x.data[ci * len + taps - 1 + t - m];
+                    }
+                }
+            }
+            // Rows (j, co): y (n, stride * cout).
+            let y = crate::kernels::gemv(&cols, &self.w, n, tk, s * cout);
+            for co in 0..cout {
+                let b = bias.map_or(0.0, |b| b[co]);
+                for t in 0..n {
+                    for j in 0..s {
+                        out[co * out_len + t * s + j] = y[t * s * cout + j * cout + co] + b;
+                    }
+                }
+            }
+            return Frames::new(cout, out_len, out);
+        }
+        let ptr = SharedMut(out.as_mut_ptr());
+        let flops = 2 * s * cout * tk * n;
+        let tiles = tiles(cout, n, max_cols(tk), flops);
+        for_tiles(&tiles, flops, |cols, (r0, rn, t0, tn)| {
+            cols.clear();
+            cols.resize(tk * tn, 0.0);
+            for m in 0..taps {
+                for ci in 0..cin {
+                    let start = ci * len + taps - 1 + t0 - m;
+                    cols[(m * cin + ci) * tn..(m * cin + ci + 1) * tn]
+                        .copy_from_slice(&x.data[start..start + tn]);
+                }
+            }
+            for j in 0..s {
+                // SAFETY: phase j of the tile writes out[co, t * s + j] for its rows and
+                // frames only; the weights of phase j have cout rows of tk.
+                unsafe {
+                    matmul(
+                        rn,
+                        tn,
+                        tk,
+                        ptr.0.add(r0 * out_len + t0 * s + j),
+                        out_len,
+                        s,
+                        self.w.as_ptr().add((j * cout + r0) * tk),
+                        tk,
+                        cols.as_ptr(),
+                    );
+                }
+            }
+            // SAFETY: as above; the tile's output columns are t0 * s .. (t0 + tn) * s.
+            unsafe { epilogue(ptr, out_len, (r0, rn, t0 * s, tn * s), bias, None) };
+        });
+        Frames::new(cout, out_len, out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// SEANet
+
+#[derive(Clone, Debug)]
+struct ResBlock {
+    convs: Vec<Conv1d>,
+    shortcut: Option<Conv1d>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ResState {
+    convs: Vec<ConvState>,
+}
+
+impl ResBlock {
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        vb: VarBuilder,
+        dim: usize,
+        k: usize,
+        dilation: usize,
+        compress: usize,
+        true_skip: bool,
+        replicate: bool,
+    ) -> Result<Self> {
+        let hidden = dim / compress;
+        let b = vb.pp("block");
+        let convs = vec![
+            Conv1d::load(b.pp(1), dim, hidden, k, 1, dilation, true, replicate)?,
+            Conv1d::load(b.pp(3), hidden, dim, 1, 1, 1, true, replicate)?,
+        ];
+        let shortcut = if true_skip {
+            None
+        } else {
+            Some(Conv1d::load(vb.pp("shortcut"), dim, dim, 1, 1, 1, true, replicate)?)
+        };
+        Ok(Self { convs, shortcut })
+    }
+
+    fn apply(&self, st: Option<&mut ResState>, x: &Frames, alpha: f32) -> Frames {
+        let skip = match &self.shortcut {
+            // k = 1: no padding, no state.
+            Some(sc) => sc.forward(x, None, None),
+            None => x.clone(),
+        };
+        match st {
+            None => {
+                let h = self.convs[0].forward(x, Some(alpha), None);
+                self.convs[1].forward(&h, Some(alpha), Some(&skip))
+            }
+            Some(st) => {
+                st.convs.resize_with(2, ConvState::default);
+                let (a, b) = st.convs.split_at_mut(1);
+                let h = self.convs[0].step(&mut a[0], x, Some(alpha), None);
+                self.convs[1].step(&mut b[0], &h, Some(alpha), Some(&skip))
+            }
+        }
+    }
+}
+
+fn conv_apply(c: &Conv1d, st: Option<&mut ConvState>, x: &Frames, act: Option<f32>) -> Frames {
+    match st {
+        None => c.forward(x, act, None),
+        Some(st) => c.step(st, x, act, None),
+    }
+}
+
+/// The SEANet encoder (`SeaNetEncoder`): audio (channels, samples) -> (dimension, frames).
+#[derive(Clone, Debug)]
+pub struct Encoder {
+    init: Conv1d,
+    layers: Vec<(Vec<ResBlock>, Conv1d)>,
+    last: Conv1d,
+    alpha: f32,
+}
+
+/// The streaming state of an [`Encoder`] (one batch item).
+#[derive(Clone, Debug, Default)]
+pub struct EncoderState {
+    init: ConvState,
+    layers: Vec<(Vec<ResState>, ConvState)>,
+    last: ConvState,
+}
+
+impl Encoder {
+    pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
+        let vb = vb.pp("layers");
+        let rep = cfg.pad_mode == "replicate";
+        let nf = cfg.n_filters;
+        let init = Conv1d::load(vb.pp(0), cfg.channels, nf, cfg.kernel_size, 1, 1, true, rep)?;
+        let mut idx = 1;
+        let mut mult = 1;
+        let mut layers = Vec::new();
+        for &ratio in cfg.ratios.iter().rev() {
+            let mut res = Vec::new();
+            for j in 0..cfg.n_residual_layers {
+                res.push(ResBlock::load(
+                    vb.pp(idx),
+                    mult * nf,
+                    cfg.residual_kernel_size,
+                    cfg.dilation_base.pow(j as u32),
+                    cfg.compress,
+                    cfg.true_skip,
+                    rep,
+                )?);
+                idx += 1;
+            }
+            let down = Conv1d::load(
+                vb.pp(idx + 1),
+                mult * nf,
+                2 * mult * nf,
+                2 * ratio,
+                ratio,
+                1,
+                true,
+                rep,
+            )?;
+            idx += 2;
+            layers.push((res, down));
+            mult *= 2;
+        }
+        let last = Conv1d::load(
+            vb.pp(idx + 1),
+            mult * nf,
+            cfg.dimension,
+            cfg.last_kernel_size,
+            1,
+            1,
+            true,
+            rep,
+        )?;
+        Ok(Self {
+            init,
+            layers,
+            last,
+            alpha: cfg.activation_elu_alpha as f32,
+        })
+    }
+
+    /// Offline (`st = None`) or streaming.
+    pub fn apply(
+        &self,
+        mut st: Option<&mut EncoderState>,
+        x: &Frames,
+        cancel: Cancel,
+    ) -> Result<Frames> {
+        let a = Some(self.alpha);
+        if let Some(s) = st.as_deref_mut() {
+            s.layers.resize_with(self.layers.len(), Default::default);
+        }
+        let mut x = conv_apply(&self.init, st.as_deref_mut().map(|s| &mut s.init), x, None);
+        for (i, (res, down)) in self.layers.iter().enumerate() {
+            crate::errors::check_cancel(cancel)?;
+            let mut ls = st.as_deref_mut().map(|s| &mut s.layers[i]);
+            if let Some(ls) = ls.as_deref_mut() {
+                ls.0.resize_with(res.len(), Default::default);
+            }
+            for (j, r) in res.iter().enumerate() {
+                x = r.apply(ls.as_deref_mut().map(|l| &mut l.0[j]), &x, self.alpha);
+            }
+            x = conv_apply(down, ls.map(|l| &mut l.1), &x, a);
+        }
+        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), &x, a))
+    }
+}
+
+/// The SEANet decoder (`SeaNetDecoder`): (dimension, frames) -> audio (channels, samples).
+#[derive(Clone, Debug)]
+pub struct Decoder {
+    init: Conv1d,
+    layers: Vec<(ConvTr1d, Vec<ResBlock>)>,
+    last: Conv1d,
+    alpha: f32,
+}
+
+/// The streaming state of a [`Decoder`] (one batch item).
+#[derive(Clone, Debug, Default)]
+pub struct DecoderState {
+    init: ConvState,
+    layers: Vec<(ConvState, Vec<ResState>)>,
+    last: ConvState,
+}
+
+impl Decoder {
+    pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
+        let vb = vb.pp("layers");
+        let rep = cfg.pad_mode == "replicate";
+        let nf = cfg.n_filters;
+        let mut mult = 1 << cfg.ratios.len();
+        let init = Conv1d::load(
+            vb.pp(0),
+            cfg.dimension,
+            mult * nf,
+            cfg.kernel_size,
+            1,
+            1,
+            true,
+            rep,
+        )?;
+        let mut idx = 1;
+        let mut layers = Vec::new();
+        for &ratio in cfg.ratios.iter() {
+            let up = ConvTr1d::load(vb.pp(idx + 1), mult * nf, mult * nf / 2, 2 * ratio, ratio, true)?;
+            idx += 2;
+            let mut res = Vec::new();
+            for j in 0..cfg.n_residual_layers {
+                res.push(ResBlock::load(
+                    vb.pp(idx),
+                    mult * nf / 2,
+                    cfg.residual_kernel_size,
+                    cfg.dilation_base.pow(j as u32),
+                    cfg.compress,
+                    cfg.true_skip,
+                    rep,
+                )?);
+                idx += 1;
+            }
+            layers.push((up, res));
+            mult /= 2;
+        }
+        let last = Conv1d::load(
+            vb.pp(idx + 1),
+            nf,
+            cfg.channels,
+            cfg.last_kernel_size,
+            1,
+            1,
+            true,
+            rep,
+        )?;
+        Ok(Self {
+            init,
+            layers,
+            last,
+            alpha: cfg.activation_elu_alpha as f32,
+        })
+    }
+
+    /// Offline (`st = None`) or streaming.
+    pub fn apply(
+        &self,
+        mut st: Option<&mut DecoderState>,
+        x: &Frames,
+        cancel: Cancel,
+    ) -> Result<Frames> {
+        let a = Some(self.alpha);
+        if let Some(s) = st.as_deref_mut() {
+            s.layers.resize_with(self.layers.len(), Default::default);
+        }
+        let mut x = conv_apply(&self.init, st.as_deref_mut().map(|s| &mut s.init), x, None);
+        for (i, (up, res)) in self.layers.iter().enumerate() {
+            crate::errors::check_cancel(cancel)?;
+            let mut ls = st.as_deref_mut().map(|s| &mut s.layers[i]);
+            x = match ls.as_deref_mut() {
+                None => up.forward(&x, a),
+                Some(l) => up.step(&mut l.0, &x, a),
+            };
+            if let Some(ls) = ls.as_deref_mut() {
+                ls.1.resize_with(res.len(), Default::default);
+            }
+            for (j, r) in res.iter().enumerate() {
+                x = r.apply(ls.as_deref_mut().map(|l| &mut l.1[j]), &x, self.alpha);
+            }
+        }
+        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), &x, a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle::{Module, StreamingModule};
+    use candle_nn::VarMap;
+    use candle_transformers::models::mimi::conv as cconv;
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    fn frames_of(t: &Tensor) -> Frames {
+        let (_, c, l) = t.dims3().unwrap();
+        Frames::new(c, l, t.flatten_all().unwrap().to_vec1().unwrap())
+    }
+
+    fn random_vb(seed: u64) -> (VarMap, VarBuilder<'static>) {
+        let vm = VarMap::new();
+        let _ = seed;
+        let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+        (vm, vb)
+    }
+
+    #[test]
+    fn elu_matches_exp() {
+        for i in -20000..=2000 {
+            let x = i as f32 * 0.005;
+            let mut y = [0f32];
+            copy_act(&[x], &mut y, Some(1.0));
+            let want = if x > 0.0 { x } else { (x as f64).exp_m1() as f32 };
+            assert!((y[0] - want).abs() <= 2e-7, "x={x}: {} vs {want}", y[0]);
+        }
+        let mut y = [0f32; 2];
+        copy_act(&[-1e30, f32::MIN], &mut y, Some(0.5));
+        assert_eq!(y, [-0.5, -0.5]);
+    }
+
+    /// Our convolution against candle's `StreamableConv1d`, offline and in streaming chunks.
+    #[test]
+    fn conv1d_matches_candle() -> Result<()> {
+        let cases = [
+            // cin, cout, k, stride, dilation, len, replicate
+            (3, 5, 7, 1, 1, 50, false),
+            (8, 16, 3, 1, 2, 300, false),
+            (16, 8, 8, 4, 1, 301, false),
+            (8, 8, 4, 2, 1, 37, true),
+            (40, 24, 10, 5, 1, 2000, false),
+            (4, 6, 1, 1, 1, 9, false),
+        ];
+        for (cin, cout, k, s, d, len, rep) in cases {
+            let (_vm, vb) = random_vb(0);
+            let pad = if rep {
+                cconv::PadMode::Replicate
+            } else {
+                cconv::PadMode::Constant
+            };
+            let theirs = cconv::StreamableConv1d::new(
+                cin, cout, k, s, d, 1, true, true, None, pad, vb.clone(),
+            )?;
+            let ours = Conv1d::load(vb, cin, cout, k, s, d, true, rep)?;
+            let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
+            let want = theirs.forward(&x)?;
+            let got = ours.forward(&frames_of(&x), None, None);
+            assert_eq!(got.len, want.dim(2)?, "case {cin} {cout} {k} {s} {d} {len}");
+            let dd = max_diff(&got.data, &frames_of(&want).data);
+            assert!(dd < 1e-4, "offline {dd}: case {cin} {cout} {k} {s} {d} {len} {rep}");
+            // Streaming, uneven chunks, against candle's streaming.
+            let mut theirs = theirs;
+            let mut st = ConvState::default();
+            let mut t0 = 0;
+            let mut chunk = 1;
+            while t0 < len {
+                let n = chunk.min(len - t0);
+                let xc = x.narrow(2, t0, n)?;
+                let want = theirs.step(&xc.clone().into())?;
+                let got = ours.step(&mut st, &frames_of(&xc), None, None);
+                match want.as_option() {
+                    Some(w) if w.dim(2)? > 0 => {
+                        assert_eq!(got.len, w.dim(2)?);
+                        let dd = max_diff(&got.data, &frames_of(w).data);
+                        assert!(dd < 1e-4, "step {dd}");
+                    }
+                    _ => assert_eq!(got.len, 0),
+                }
+                t0 += n;
+                chunk = chunk * 3 % 97 + 1;
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn conv_tr1d_matches_candle() -> Result<()> {
+        for (cin, cout, k, s, len) in [(6, 4, 8, 4, 9), (16, 8, 16, 8, 40), (5, 3, 3, 2, 3), (32, 16, 4, 2, 700)] {
+            let (_vm, vb) = random_vb(0);
+            let theirs =
+                cconv::StreamableConvTranspose1d::new(cin, cout, k, s, 1, true, true, None, vb.clone())?;
+            let ours = ConvTr1d::load(vb, cin, cout, k, s, true)?;
+            let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
+            let want = theirs.forward(&x)?;
+            let got = ours.forward(&frames_of(&x), None);
+            assert_eq!(got.len, want.dim(2)?);
+            let dd = max_diff(&got.data, &frames_of(&want).data);
+            assert!(dd < 1e-4, "offline {dd}");
+            let mut st = ConvState::default();
+            let mut outs = Vec::new();
+            for t0 in (0..len).step_by(3) {
+                let n = 3.min(len - t0);
+                outs.push(ours.step(&mut st, &frames_of(&x.narrow(2, t0, n)?), None));
+            }
+            let mut joined = vec![Vec::new(); cout];
+            for o in &outs {
+                for (c, j) in joined.iter_mut().enumerate() {
+                    j.extend_from_slice(o.row(c));
+                }
+            }
+            let dd = max_diff(&joined.concat(), &got.data);
+            assert!(dd < 1e-5, "stream {dd}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn depthwise_upsample_matches_candle() -> Result<()> {
+        let (_vm, vb) = random_vb(0);
+        let theirs = cconv::ConvTrUpsample1d::new(2, 12, true, true, vb.clone())?;
+        let ours = ConvTr1d::load_depthwise(vb, 12, 2)?;
+        let x = Tensor::randn(0f32, 1., (1, 12, 11), &Device::Cpu)?;
+        let want = theirs.forward(&x)?;
+        let got = ours.forward(&frames_of(&x), None);
+        let dd = max_diff(&got.data, &frames_of(&want).data);
+        assert!(dd < 1e-5, "{dd}");
+        Ok(())
+    }
+}
