@@ -453,6 +453,9 @@ fn per_item(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor>
 fn to_frames(x: &Tensor) -> Result<Vec<Frames>> {
     let (b, c, t) = x.dims3()?;
     let data = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    if b == 1 {
+        return Ok(vec![Frames::new(c, t, data)]);
+    }
     Ok((0..b)
         .map(|i| Frames::new(c, t, data[i * c * t..(i + 1) * c * t].to_vec()))
         .collect())
@@ -464,7 +467,11 @@ fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor>> {
     if t == 0 {
         return Ok(None);
     }
-    let data: Vec<f32> = xs.into_iter().flat_map(|f| f.data).collect();
+    let data: Vec<f32> = if b == 1 {
+        xs.into_iter().next().map(Frames::into_data).unwrap_or_default()
+    } else {
+        xs.iter().flat_map(|f| f.data.iter().copied()).collect()
+    };
     Ok(Some(Tensor::from_vec(data, (b, c, t), dev)?))
 }
 

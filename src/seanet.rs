@@ -38,12 +38,72 @@ struct SharedMut(*mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
+/// Recycled activation buffers, per thread. Large fresh allocations cost a page fault per
+/// 4 KiB (glibc maps them fresh and unmaps them on free): reusing a layer's buffers for the
+/// next layers removes most of that. Offline calls run on a worker thread of their own, so
+/// the buffers go when the call ends; a streaming thread keeps a few small ones.
+mod pool {
+    use std::cell::RefCell;
+
+    /// Buffers below this many floats are left to the allocator.
+    const MIN: usize = 1 << 14;
+    /// At most this many buffers are kept per thread.
+    const KEEP: usize = 8;
+
+    thread_local! {
+        static FREE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A buffer of `n` floats with unspecified (initialised) contents.
+    pub fn take(n: usize) -> Vec<f32> {
+        if n >= MIN {
+            let found = FREE.with(|f| {
+                let mut f = f.borrow_mut();
+                let best = (0..f.len())
+                    .filter(|&i| f[i].len() >= n)
+                    .min_by_key(|&i| f[i].len())
+                    .or_else(|| (0..f.len()).max_by_key(|&i| f[i].capacity()));
+                best.map(|i| f.swap_remove(i))
+            });
+            if let Some(mut v) = found {
+                if v.len() >= n {
+                    v.truncate(n);
+                } else {
+                    v.resize(n, 0.0);
+                }
+                return v;
+            }
+        }
+        vec![0f32; n]
+    }
+
+    pub fn give(v: Vec<f32>) {
+        if v.len() < MIN {
+            return;
+        }
+        FREE.with(|f| {
+            let mut f = f.borrow_mut();
+            f.push(v);
+            if f.len() > KEEP {
+                let smallest = (0..f.len()).min_by_key(|&i| f[i].len()).unwrap_or(0);
+                f.swap_remove(smallest);
+            }
+        });
+    }
+}
+
 /// `(channels, frames)` activations of one batch item, row-major.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Frames {
     pub channels: usize,
     pub len: usize,
     pub data: Vec<f32>,
+}
+
+impl Drop for Frames {
+    fn drop(&mut self) {
+        pool::give(std::mem::take(&mut self.data));
+    }
 }
 
 impl Frames {
@@ -54,6 +114,16 @@ impl Frames {
             len,
             data,
         }
+    }
+
+    /// A buffer of the given shape with unspecified contents (every element is written by
+    /// the caller).
+    fn uninit(channels: usize, len: usize) -> Self {
+        Self::new(channels, len, pool::take(channels * len))
+    }
+
+    pub fn into_data(mut self) -> Vec<f32> {
+        std::mem::take(&mut self.data)
     }
 
     fn empty(channels: usize) -> Self {
@@ -67,12 +137,21 @@ impl Frames {
     /// `[self | other]` along time, with `act` applied to `other`.
     fn concat_act(&self, other: &Frames, act: Option<f32>) -> Frames {
         let len = self.len + other.len;
-        let mut data = vec![0f32; self.channels * len];
-        for (c, row) in data.chunks_mut(len.max(1)).enumerate().take(self.channels) {
-            row[..self.len].copy_from_slice(self.row(c));
-            copy_act(other.row(c), &mut row[self.len..], act);
+        let mut out = Frames::uninit(self.channels, len);
+        if len > 0 {
+            par_rows(&mut out.data, len, |c, row| {
+                row[..self.len].copy_from_slice(self.row(c));
+                copy_act(other.row(c), &mut row[self.len..], act);
+            });
         }
-        Frames::new(self.channels, len, data)
+        out
+    }
+
+    /// `act` applied in place.
+    fn act_in_place(&mut self, act: Option<f32>) {
+        if act.is_some() && self.len > 0 {
+            par_rows(&mut self.data, self.len, |_, row| act_inplace(row, act));
+        }
     }
 
     /// The last `n` frames.
@@ -83,6 +162,68 @@ impl Frames {
             data.extend_from_slice(&self.row(c)[self.len - n..]);
         }
         Frames::new(self.channels, n, data)
+    }
+}
+
+/// `f(row index, row)` over the rows of `data`, in parallel when large.
+fn par_rows(data: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if data.len() >= 1 << 16 && rayon::current_num_threads() > 1 {
+        data.par_chunks_mut(len)
+            .with_min_len((1 << 15) / len.max(1) + 1)
+            .enumerate()
+            .for_each(|(c, row)| f(c, row));
+    } else {
+        data.chunks_mut(len)
+            .enumerate()
+            .for_each(|(c, row)| f(c, row));
+    }
+}
+
+/// A causal convolution's input as the convolution sees it: `left` padding frames, the
+/// frames of `x`, `right` padding frames; padding is zeros, or per-channel values.
+struct Padded<'a> {
+    x: &'a Frames,
+    left: usize,
+    right: usize,
+    lval: Option<Vec<f32>>,
+    rval: Option<Vec<f32>>,
+}
+
+impl<'a> Padded<'a> {
+    fn plain(x: &'a Frames) -> Self {
+        Self {
+            x,
+            left: 0,
+            right: 0,
+            lval: None,
+            rval: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.left + self.x.len + self.right
+    }
+
+    /// `dst[i] = input[c, start + i * step]`.
+    fn gather(&self, c: usize, start: usize, step: usize, dst: &mut [f32]) {
+        let row = self.x.row(c);
+        let lv = self.lval.as_ref().map_or(0.0, |v| v[c]);
+        let rv = self.rval.as_ref().map_or(0.0, |v| v[c]);
+        let (l, n) = (self.left, self.x.len);
+        if step == 1 && start >= l && start + dst.len() <= l + n {
+            dst.copy_from_slice(&row[start - l..start - l + dst.len()]);
+            return;
+        }
+        for (i, d) in dst.iter_mut().enumerate() {
+            let p = start + i * step;
+            *d = if p < l {
+                lv
+            } else if p < l + n {
+                row[p - l]
+            } else {
+                rv
+            };
+        }
     }
 }
 
@@ -138,6 +279,16 @@ fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
     copy_act_generic(src, dst, alpha)
 }
 
+fn act_inplace(row: &mut [f32], act: Option<f32>) {
+    // Small blocks through a stack buffer: `copy_act` wants distinct source and destination.
+    let mut buf = [0f32; 256];
+    for chunk in row.chunks_mut(256) {
+        let n = chunk.len();
+        buf[..n].copy_from_slice(chunk);
+        copy_act(&buf[..n], chunk, act);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Tiled products
 
@@ -167,20 +318,23 @@ fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Vec<(usize,
     out
 }
 
+thread_local! {
+    /// Each thread's im2col block, kept between calls.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Runs `f` on every tile, in parallel when that pays.
 fn for_tiles<F>(tiles: &[(usize, usize, usize, usize)], flops: usize, f: F)
 where
     F: Fn(&mut Vec<f32>, (usize, usize, usize, usize)) + Sync,
 {
+    let run = |&t: &(usize, usize, usize, usize)| {
+        SCRATCH.with(|s| f(&mut s.borrow_mut(), t));
+    };
     if tiles.len() > 1 && rayon::current_num_threads() > 1 && flops > 1 << 21 {
-        tiles
-            .par_iter()
-            .for_each_init(Vec::new, |scratch, &t| f(scratch, t));
+        tiles.par_iter().for_each(run);
     } else {
-        let mut scratch = Vec::new();
-        for &t in tiles {
-            f(&mut scratch, t);
-        }
+        tiles.iter().for_each(run);
     }
 }
 
@@ -355,42 +509,56 @@ impl Conv1d {
         }
     }
 
-    /// Left padding columns for the first input: zeros, or the first (activated) frame.
-    fn left_pad(&self, x: &Frames, act: Option<f32>) -> Frames {
-        let n = self.pad_total();
-        let mut data = vec![0f32; self.cin * n];
-        if self.replicate && x.len > 0 {
-            for c in 0..self.cin {
-                let mut v = [0f32];
-                copy_act(&x.row(c)[..1], &mut v, act);
-                data[c * n..(c + 1) * n].fill(v[0]);
-            }
-        }
-        Frames::new(self.cin, n, data)
+    /// Per-channel values of frame `i` of `x` after `act` (replicate padding).
+    fn frame_values(&self, x: &Frames, i: usize, act: Option<f32>) -> Vec<f32> {
+        let col: Vec<f32> = (0..x.channels).map(|c| x.row(c)[i]).collect();
+        let mut out = vec![0f32; col.len()];
+        copy_act(&col, &mut out, act);
+        out
     }
 
-    /// Offline: candle's `StreamableConv1d::forward` (causal padding, extra right padding).
+    /// Offline: candle's `StreamableConv1d::forward` (causal padding, extra right padding,
+    /// both in the layer's pad mode). `x` is left as it is.
     pub fn forward(&self, x: &Frames, act: Option<f32>, residual: Option<&Frames>) -> Frames {
+        if act.is_none() {
+            return self.forward_activated(x, None, residual);
+        }
+        let a = Frames::empty(x.channels).concat_act(x, act);
+        self.forward_activated(&a, act, residual)
+    }
+
+    /// [`Self::forward`] on an input that is no longer needed: the activation is applied
+    /// in place.
+    pub fn forward_owned(&self, mut x: Frames, act: Option<f32>, residual: Option<&Frames>) -> Frames {
+        x.act_in_place(act);
+        self.forward_activated(&x, act, residual)
+    }
+
+    /// `x` already activated; `act` only says how replicate padding was computed (it is
+    /// taken from `x`, which already holds activated values).
+    fn forward_activated(&self, x: &Frames, _act: Option<f32>, residual: Option<&Frames>) -> Frames {
         let pt = self.pad_total();
         let keff = self.keff();
         let len = x.len;
         let n_frames = (len + pt).saturating_sub(keff) as f64 / self.stride as f64 + 1.0;
         let ideal = ((n_frames.ceil() as usize - 1) * self.stride + keff).saturating_sub(pt);
         let extra = ideal.saturating_sub(len);
-        // candle pads both sides in the layer's mode: zeros, or the first / last frame.
-        let mut right = vec![0f32; self.cin * extra];
-        if self.replicate && len > 0 {
-            for c in 0..self.cin {
-                let mut v = [0f32];
-                copy_act(&x.row(c)[len - 1..], &mut v, act);
-                right[c * extra..(c + 1) * extra].fill(v[0]);
-            }
-        }
-        let full = self
-            .left_pad(x, act)
-            .concat_act(x, act)
-            .concat_act(&Frames::new(self.cin, extra, right), None);
-        self.run(&full, residual)
+        let (lval, rval) = if self.replicate && len > 0 {
+            (
+                Some(self.frame_values(x, 0, None)),
+                Some(self.frame_values(x, len - 1, None)),
+            )
+        } else {
+            (None, None)
+        };
+        let input = Padded {
+            x,
+            left: pt,
+            right: extra,
+            lval,
+            rval,
+        };
+        self.run(&input, residual)
     }
 
     /// Streaming: the output frames this chunk completes.
@@ -404,17 +572,27 @@ impl Conv1d {
         if x.len == 0 {
             return Frames::empty(self.cout);
         }
-        let prev = st.prev.take().unwrap_or_else(|| self.left_pad(x, act));
+        let prev = st.prev.take().unwrap_or_else(|| {
+            let n = self.pad_total();
+            let mut data = vec![0f32; self.cin * n];
+            if self.replicate {
+                let v = self.frame_values(x, 0, act);
+                for c in 0..self.cin {
+                    data[c * n..(c + 1) * n].fill(v[c]);
+                }
+            }
+            Frames::new(self.cin, n, data)
+        });
         let full = prev.concat_act(x, act);
         let n = self.frames(full.len);
-        let y = self.run(&full, residual);
+        let y = self.run(&Padded::plain(&full), residual);
         st.prev = Some(full.tail(full.len - n * self.stride));
         y
     }
 
-    /// The convolution of padded, activated frames (no padding), plus `residual`.
-    fn run(&self, x: &Frames, residual: Option<&Frames>) -> Frames {
-        let n = self.frames(x.len);
+    /// The convolution of padded, activated frames, plus `residual`.
+    fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
+        let n = self.frames(x.len());
         let (cin, cout, k, s, d) = (self.cin, self.cout, self.k, self.stride, self.dilation);
         let kk = cin * k;
         if let Some(r) = residual {
@@ -425,48 +603,42 @@ impl Conv1d {
             return Frames::empty(cout);
         }
         let bias = self.b.as_deref();
+        let mut out = Frames::uninit(cout, n);
         if n <= crate::kernels::GEMV_MAX_ROWS {
             // A streaming step: bound by reading the weights once; matrix-vector kernel.
             let mut cols = vec![0f32; n * kk];
-            for t in 0..n {
-                for ci in 0..cin {
-                    let src = &x.data[ci * x.len..];
-                    for j in 0..k {
-                        cols[t * kk + ci * k + j] = src[t * s + j * d];
+            let mut g = vec![0f32; n];
+            for ci in 0..cin {
+                for j in 0..k {
+                    x.gather(ci, j * d, s, &mut g);
+                    for (t, v) in g.iter().enumerate() {
+                        cols[t * kk + ci * k + j] = *v;
                     }
                 }
             }
             let y = crate::kernels::gemv(&cols, &self.w, n, kk, cout);
-            let mut out = vec![0f32; cout * n];
             for co in 0..cout {
                 let b = bias.map_or(0.0, |b| b[co]);
                 for t in 0..n {
                     let r = residual.map_or(0.0, |r| r[co * n + t]);
-                    out[co * n + t] = y[t * cout + co] + b + r;
+                    out.data[co * n + t] = y[t * cout + co] + b + r;
                 }
             }
-            return Frames::new(cout, n, out);
+            return out;
         }
-        let mut out = vec![0f32; cout * n];
-        let ptr = SharedMut(out.as_mut_ptr());
+        let ptr = SharedMut(out.data.as_mut_ptr());
         let flops = 2 * cout * kk * n;
         let tiles = tiles(cout, n, max_cols(kk), flops);
-        for_tiles(&tiles, flops, |cols, tile| {
+        for_tiles(&tiles, flops, |scratch, tile| {
             let (r0, rn, t0, tn) = tile;
-            cols.clear();
-            cols.resize(kk * tn, 0.0);
+            if scratch.len() < kk * tn {
+                scratch.resize(kk * tn, 0.0);
+            }
+            let cols = &mut scratch[..kk * tn];
             for ci in 0..cin {
-                let src = &x.data[ci * x.len..(ci + 1) * x.len];
                 for j in 0..k {
-                    let dst = &mut cols[(ci * k + j) * tn..(ci * k + j + 1) * tn];
-                    let start = t0 * s + j * d;
-                    if s == 1 {
-                        dst.copy_from_slice(&src[start..start + tn]);
-                    } else {
-                        for (tt, v) in dst.iter_mut().enumerate() {
-                            *v = src[start + tt * s];
-                        }
-                    }
+                    let row = ci * k + j;
+                    x.gather(ci, t0 * s + j * d, s, &mut cols[row * tn..(row + 1) * tn]);
                 }
             }
             // SAFETY: the tile is inside `out` (cout x n) and disjoint from other tiles; the
@@ -486,7 +658,7 @@ impl Conv1d {
                 epilogue(ptr, n, tile, bias, residual);
             }
         });
-        Frames::new(cout, n, out)
+        out
     }
 }
 
@@ -600,7 +772,7 @@ impl ConvTr1d {
         let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
         let len = x.len;
         let out_len = n * s;
-        let mut out = vec![0f32; cout * out_len];
+        let mut out = Frames::uninit(cout, out_len);
         if self.depthwise {
             for c in 0..cout {
                 let src = x.row(c);
@@ -610,11 +782,11 @@ impl ConvTr1d {
                         for m in 0..taps {
                             acc += self.w[(j * cout + c) * taps + m] * src[taps - 1 + t - m];
                         }
-                        out[c * out_len + t * s + j] = acc;
+                        out.data[c * out_len + t * s + j] = acc;
                     }
                 }
             }
-            return Frames::new(cout, out_len, out);
+            return out;
         }
         let tk = taps * cin;
         let bias = self.b.as_deref();
@@ -633,18 +805,20 @@ impl ConvTr1d {
                 let b = bias.map_or(0.0, |b| b[co]);
                 for t in 0..n {
                     for j in 0..s {
-                        out[co * out_len + t * s + j] = y[t * s * cout + j * cout + co] + b;
+                        out.data[co * out_len + t * s + j] = y[t * s * cout + j * cout + co] + b;
                     }
                 }
             }
-            return Frames::new(cout, out_len, out);
+            return out;
         }
-        let ptr = SharedMut(out.as_mut_ptr());
+        let ptr = SharedMut(out.data.as_mut_ptr());
         let flops = 2 * s * cout * tk * n;
         let tiles = tiles(cout, n, max_cols(tk), flops);
-        for_tiles(&tiles, flops, |cols, (r0, rn, t0, tn)| {
-            cols.clear();
-            cols.resize(tk * tn, 0.0);
+        for_tiles(&tiles, flops, |scratch, (r0, rn, t0, tn)| {
+            if scratch.len() < tk * tn {
+                scratch.resize(tk * tn, 0.0);
+            }
+            let cols = &mut scratch[..tk * tn];
             for m in 0..taps {
                 for ci in 0..cin {
                     let start = ci * len + taps - 1 + t0 - m;
@@ -672,7 +846,7 @@ impl ConvTr1d {
             // SAFETY: as above; the tile's output columns are t0 * s .. (t0 + tn) * s.
             unsafe { epilogue(ptr, out_len, (r0, rn, t0 * s, tn * s), bias, None) };
         });
-        Frames::new(cout, out_len, out)
+        out
     }
 }
 
@@ -715,31 +889,29 @@ impl ResBlock {
         Ok(Self { convs, shortcut })
     }
 
-    fn apply(&self, st: Option<&mut ResState>, x: &Frames, alpha: f32) -> Frames {
-        let skip = match &self.shortcut {
-            // k = 1: no padding, no state.
-            Some(sc) => sc.forward(x, None, None),
-            None => x.clone(),
-        };
+    fn apply(&self, st: Option<&mut ResState>, x: Frames, alpha: f32) -> Frames {
+        // k = 1 shortcut: no padding, no state.
+        let shortcut = self.shortcut.as_ref().map(|sc| sc.forward(&x, None, None));
+        let skip = shortcut.as_ref().unwrap_or(&x);
         match st {
             None => {
-                let h = self.convs[0].forward(x, Some(alpha), None);
-                self.convs[1].forward(&h, Some(alpha), Some(&skip))
+                let h = self.convs[0].forward(&x, Some(alpha), None);
+                self.convs[1].forward_owned(h, Some(alpha), Some(skip))
             }
             Some(st) => {
                 st.convs.resize_with(2, ConvState::default);
                 let (a, b) = st.convs.split_at_mut(1);
-                let h = self.convs[0].step(&mut a[0], x, Some(alpha), None);
-                self.convs[1].step(&mut b[0], &h, Some(alpha), Some(&skip))
+                let h = self.convs[0].step(&mut a[0], &x, Some(alpha), None);
+                self.convs[1].step(&mut b[0], &h, Some(alpha), Some(skip))
             }
         }
     }
 }
 
-fn conv_apply(c: &Conv1d, st: Option<&mut ConvState>, x: &Frames, act: Option<f32>) -> Frames {
+fn conv_apply(c: &Conv1d, st: Option<&mut ConvState>, x: Frames, act: Option<f32>) -> Frames {
     match st {
-        None => c.forward(x, act, None),
-        Some(st) => c.step(st, x, act, None),
+        None => c.forward_owned(x, act, None),
+        Some(st) => c.step(st, &x, act, None),
     }
 }
 
@@ -826,7 +998,10 @@ impl Encoder {
         if let Some(s) = st.as_deref_mut() {
             s.layers.resize_with(self.layers.len(), Default::default);
         }
-        let mut x = conv_apply(&self.init, st.as_deref_mut().map(|s| &mut s.init), x, None);
+        let mut x = match st.as_deref_mut() {
+            None => self.init.forward(x, None, None),
+            Some(s) => self.init.step(&mut s.init, x, None, None),
+        };
         for (i, (res, down)) in self.layers.iter().enumerate() {
             crate::errors::check_cancel(cancel)?;
             let mut ls = st.as_deref_mut().map(|s| &mut s.layers[i]);
@@ -834,11 +1009,11 @@ impl Encoder {
                 ls.0.resize_with(res.len(), Default::default);
             }
             for (j, r) in res.iter().enumerate() {
-                x = r.apply(ls.as_deref_mut().map(|l| &mut l.0[j]), &x, self.alpha);
+                x = r.apply(ls.as_deref_mut().map(|l| &mut l.0[j]), x, self.alpha);
             }
-            x = conv_apply(down, ls.map(|l| &mut l.1), &x, a);
+            x = conv_apply(down, ls.map(|l| &mut l.1), x, a);
         }
-        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), &x, a))
+        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), x, a))
     }
 }
 
@@ -925,7 +1100,10 @@ impl Decoder {
         if let Some(s) = st.as_deref_mut() {
             s.layers.resize_with(self.layers.len(), Default::default);
         }
-        let mut x = conv_apply(&self.init, st.as_deref_mut().map(|s| &mut s.init), x, None);
+        let mut x = match st.as_deref_mut() {
+            None => self.init.forward(x, None, None),
+            Some(s) => self.init.step(&mut s.init, x, None, None),
+        };
         for (i, (up, res)) in self.layers.iter().enumerate() {
             crate::errors::check_cancel(cancel)?;
             let mut ls = st.as_deref_mut().map(|s| &mut s.layers[i]);
@@ -937,10 +1115,10 @@ impl Decoder {
                 ls.1.resize_with(res.len(), Default::default);
             }
             for (j, r) in res.iter().enumerate() {
-                x = r.apply(ls.as_deref_mut().map(|l| &mut l.1[j]), &x, self.alpha);
+                x = r.apply(ls.as_deref_mut().map(|l| &mut l.1[j]), x, self.alpha);
             }
         }
-        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), &x, a))
+        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), x, a))
     }
 }
 
