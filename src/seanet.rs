@@ -214,16 +214,27 @@ impl<'a> Padded<'a> {
             dst.copy_from_slice(&row[start - l..start - l + dst.len()]);
             return;
         }
-        for (i, d) in dst.iter_mut().enumerate() {
-            let p = start + i * step;
-            *d = if p < l {
-                lv
-            } else if p < l + n {
-                row[p - l]
-            } else {
-                rv
-            };
+        // Split the outputs into those reading the left padding, the frames, the right
+        // padding, so that the main loop has no branches.
+        let m = dst.len();
+        let first = if start >= l { 0 } else { (l - start).div_ceil(step) }.min(m);
+        let end = if start >= l + n {
+            0
+        } else {
+            (l + n - start).div_ceil(step)
         }
+        .clamp(first, m);
+        dst[..first].fill(lv);
+        if end > first {
+            let p0 = start + first * step - l;
+            for (d, v) in dst[first..end]
+                .iter_mut()
+                .zip(row[p0..].iter().step_by(step))
+            {
+                *d = *v;
+            }
+        }
+        dst[end..].fill(rv);
     }
 }
 
@@ -235,8 +246,12 @@ impl<'a> Padded<'a> {
 #[inline(always)]
 fn expm1_nonpos(x: f32) -> f32 {
     let x = x.clamp(-87.0, 0.0);
-    // Round x / ln 2 to the nearest integer with the 1.5 * 2^23 trick (no libm call).
-    let n = (x * std::f32::consts::LOG2_E + 12582912.0) - 12582912.0;
+    // Round x / ln 2 to the nearest integer with the 1.5 * 2^23 trick: `t`'s low mantissa
+    // bits then hold that integer, so neither libm nor a (scalarised, saturating) float to
+    // int conversion is needed.
+    let t = x * std::f32::consts::LOG2_E + 12582912.0;
+    let n = t - 12582912.0;
+    let ni = t.to_bits() as i32 - 0x4B40_0000;
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -245,7 +260,7 @@ fn expm1_nonpos(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let scale = f32::from_bits(((ni + 127) as u32) << 23);
     e * scale - 1.0
 }
 
@@ -1144,6 +1159,44 @@ mod tests {
         let _ = seed;
         let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
         (vm, vb)
+    }
+
+    #[test]
+    fn gather_matches_naive_indexing() {
+        let x = Frames::new(2, 7, (0..14).map(|v| v as f32 + 1.0).collect());
+        for (left, right) in [(0, 0), (3, 0), (0, 4), (5, 6)] {
+            let p = Padded {
+                x: &x,
+                left,
+                right,
+                lval: Some(vec![-1.0, -2.0]),
+                rval: Some(vec![-3.0, -4.0]),
+            };
+            for start in 0..p.len() {
+                for step in 1..5 {
+                    for m in 0..=(p.len() - start).div_ceil(step) {
+                        if m > 0 && start + (m - 1) * step >= p.len() {
+                            continue;
+                        }
+                        let mut got = vec![0f32; m];
+                        p.gather(1, start, step, &mut got);
+                        let want: Vec<f32> = (0..m)
+                            .map(|i| {
+                                let q = start + i * step;
+                                if q < left {
+                                    -2.0
+                                } else if q < left + 7 {
+                                    x.row(1)[q - left]
+                                } else {
+                                    -4.0
+                                }
+                            })
+                            .collect();
+                        assert_eq!(got, want, "{left} {right} {start} {step} {m}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
