@@ -72,7 +72,7 @@ impl FeedForward {
 impl Module for FeedForward {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Plain { fc1, fc2 } => xs.apply(fc1)?.gelu_erf()?.apply(fc2),
+            Self::Plain { fc1, fc2 } => crate::kernels::gelu_erf(&xs.apply(fc1)?)?.apply(fc2),
             Self::Gated {
                 lin_in,
                 lin_out,

@@ -38,6 +38,13 @@ struct SharedMut(*mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
+impl SharedMut {
+    /// The element `i` (a method, so that closures capture the whole `SharedMut`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 /// Recycled activation buffers, per thread. Large fresh allocations cost a page fault per
 /// 4 KiB (glibc maps them fresh and unmaps them on free): reusing a layer's buffers for the
 /// next layers removes most of that. Offline calls run on a worker thread of their own, so
@@ -241,27 +248,10 @@ impl<'a> Padded<'a> {
 // ---------------------------------------------------------------------------------------
 // ELU
 
-/// `e^x - 1` for `x <= 0` (clamped at -87), branch-free so that it vectorises: Cody-Waite
-/// range reduction and a degree-6 polynomial (Cephes' `expf`), within 2 ulp of `exp`.
+/// `e^x - 1` for `x <= 0`, vectorisable.
 #[inline(always)]
 fn expm1_nonpos(x: f32) -> f32 {
-    let x = x.clamp(-87.0, 0.0);
-    // Round x / ln 2 to the nearest integer with the 1.5 * 2^23 trick: `t`'s low mantissa
-    // bits then hold that integer, so neither libm nor a (scalarised, saturating) float to
-    // int conversion is needed.
-    let t = x * std::f32::consts::LOG2_E + 12582912.0;
-    let n = t - 12582912.0;
-    let ni = t.to_bits() as i32 - 0x4B40_0000;
-    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((ni + 127) as u32) << 23);
-    e * scale - 1.0
+    crate::kernels::exp_nonpos(x) - 1.0
 }
 
 #[inline(always)]
@@ -681,7 +671,7 @@ impl Conv1d {
 /// `ConvTrUpsample1d` (`depthwise`, no bias).
 #[derive(Clone, Debug)]
 pub struct ConvTr1d {
-    /// Phase-major weights: row `(j, co)` of `taps * cin` columns `(m, ci)` holds
+    /// Row `(co, j)` (output channel, phase) of `taps * cin` columns `(m, ci)` holds
     /// `W[ci, co, j + m * stride]` (zero past the kernel). Depthwise: `w[c, j + m * stride]`
     /// at `(j * cout + c) * taps + m`.
     w: Vec<f32>,
@@ -720,7 +710,7 @@ impl ConvTr1d {
                         continue;
                     }
                     for ci in 0..cin {
-                        w[(j * cout + co) * tk + m * cin + ci] = raw[(ci * cout + co) * k + kk];
+                        w[(co * stride + j) * tk + m * cin + ci] = raw[(ci * cout + co) * k + kk];
                     }
                 }
             }
@@ -814,13 +804,13 @@ impl ConvTr1d {
                     }
                 }
             }
-            // Rows (j, co): y (n, stride * cout).
+            // Rows (co, j): y (n, cout * stride).
             let y = crate::kernels::gemv(&cols, &self.w, n, tk, s * cout);
             for co in 0..cout {
                 let b = bias.map_or(0.0, |b| b[co]);
                 for t in 0..n {
                     for j in 0..s {
-                        out.data[co * out_len + t * s + j] = y[t * s * cout + j * cout + co] + b;
+                        out.data[co * out_len + t * s + j] = y[t * s * cout + co * s + j] + b;
                     }
                 }
             }
@@ -830,10 +820,13 @@ impl ConvTr1d {
         let flops = 2 * s * cout * tk * n;
         let tiles = tiles(cout, n, max_cols(tk), flops);
         for_tiles(&tiles, flops, |scratch, (r0, rn, t0, tn)| {
-            if scratch.len() < tk * tn {
-                scratch.resize(tk * tn, 0.0);
+            // One product for all phases: z ((co, j), t) = w[(co, j)] . cols[t], then
+            // interleaved into out[co, t * s + j].
+            let (nc, nz) = (tk * tn, rn * s * tn);
+            if scratch.len() < nc + nz {
+                scratch.resize(nc + nz, 0.0);
             }
-            let cols = &mut scratch[..tk * tn];
+            let (cols, z) = scratch[..nc + nz].split_at_mut(nc);
             for m in 0..taps {
                 for ci in 0..cin {
                     let start = ci * len + taps - 1 + t0 - m;
@@ -841,25 +834,36 @@ impl ConvTr1d {
                         .copy_from_slice(&x.data[start..start + tn]);
                 }
             }
-            for j in 0..s {
-                // SAFETY: phase j of the tile writes out[co, t * s + j] for its rows and
-                // frames only; the weights of phase j have cout rows of tk.
-                unsafe {
-                    matmul(
-                        rn,
-                        tn,
-                        tk,
-                        ptr.0.add(r0 * out_len + t0 * s + j),
-                        out_len,
-                        s,
-                        self.w.as_ptr().add((j * cout + r0) * tk),
-                        tk,
-                        cols.as_ptr(),
-                    );
+            // SAFETY: z holds rn * s rows of tn; the weights rows (r0, 0) .. (r0 + rn, 0)
+            // are contiguous, tk each; cols holds tk rows of tn.
+            unsafe {
+                matmul(
+                    rn * s,
+                    tn,
+                    tk,
+                    z.as_mut_ptr(),
+                    tn,
+                    1,
+                    self.w.as_ptr().add(r0 * s * tk),
+                    tk,
+                    cols.as_ptr(),
+                );
+            }
+            for co in r0..r0 + rn {
+                let b = bias.map_or(0.0, |b| b[co]);
+                // SAFETY: the tile's output columns of row co, t0 * s .. (t0 + tn) * s, are
+                // inside `out` and written by this tile only.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(ptr.at(co * out_len + t0 * s), tn * s)
+                };
+                let zr = &z[(co - r0) * s * tn..(co - r0 + 1) * s * tn];
+                for j in 0..s {
+                    let zj = &zr[j * tn..(j + 1) * tn];
+                    for (t, v) in zj.iter().enumerate() {
+                        dst[t * s + j] = v + b;
+                    }
                 }
             }
-            // SAFETY: as above; the tile's output columns are t0 * s .. (t0 + tn) * s.
-            unsafe { epilogue(ptr, out_len, (r0, rn, t0 * s, tn * s), bias, None) };
         });
         out
     }
