@@ -468,11 +468,61 @@ fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     let data: Vec<f32> = if b == 1 {
-        xs.into_iter().next().map(Frames::into_data).unwrap_or_default()
+        xs.into_iter()
+            .next()
+            .map(Frames::into_data)
+            .unwrap_or_default()
     } else {
         xs.iter().flat_map(|f| f.data.iter().copied()).collect()
     };
     Ok(Some(Tensor::from_vec(data, (b, c, t), dev)?))
+}
+
+fn empty() -> Error {
+    Error::Shape("the input is too short to produce any output".into())
+}
+
+/// Offline SEANet passes run as a stream over chunks of this many input frames: the same
+/// result as one pass (see `seanet::Conv1d::step`), with activations bounded by the chunk
+/// instead of growing with the input.
+const ENCODE_CHUNK: usize = 1 << 16;
+const DECODE_CHUNK: usize = 64;
+
+fn encode_chunked(
+    encoder: &seanet::Encoder,
+    x: &Frames,
+    chunk: usize,
+    cancel: Cancel,
+) -> Result<Frames> {
+    let mut st = seanet::EncoderState::default();
+    let mut parts = Vec::new();
+    let mut t0 = 0;
+    loop {
+        let n = chunk.min(x.len - t0);
+        let last = t0 + n == x.len;
+        parts.push(encoder.apply(&mut st, &x.slice(t0, n), last, cancel)?);
+        t0 += n;
+        if last {
+            break;
+        }
+    }
+    Ok(Frames::join(parts[0].channels, &parts))
+}
+
+fn decode_chunked(
+    decoder: &seanet::Decoder,
+    x: &Frames,
+    chunk: usize,
+    cancel: Cancel,
+) -> Result<Frames> {
+    let mut st = seanet::DecoderState::default();
+    let mut parts = Vec::new();
+    for t0 in (0..x.len).step_by(chunk) {
+        let n = chunk.min(x.len - t0);
+        parts.push(decoder.apply(&mut st, &x.slice(t0, n), cancel)?);
+    }
+    let channels = parts.first().map_or(0, |p| p.channels);
+    Ok(Frames::join(channels, &parts))
 }
 
 fn nonempty(x: StreamTensor) -> Result<Option<Tensor>> {
@@ -676,16 +726,16 @@ impl Codec {
             } => {
                 let mut xs = Vec::new();
                 for item in to_frames(pcm)? {
-                    xs.push(encoder.apply(None, &item, cancel)?);
+                    xs.push(encode_chunked(encoder, &item, ENCODE_CHUNK, cancel)?);
                 }
-                let x = from_frames(xs, &self.device)?.expect("SEANet output is never empty");
+                let x = from_frames(xs, &self.device)?.ok_or_else(empty)?;
                 let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
                 crate::errors::check_cancel(cancel)?;
                 let ys = to_frames(&x)?
                     .iter()
                     .map(|f| downsample.forward(f, None, None))
                     .collect();
-                Ok(from_frames(ys, &self.device)?.expect("never empty"))
+                from_frames(ys, &self.device)?.ok_or_else(empty)
             }
             Convs::Candle {
                 encoder,
@@ -724,13 +774,13 @@ impl Codec {
                     .iter()
                     .map(|f| upsample.forward(f, None))
                     .collect();
-                let x = from_frames(ups, &self.device)?.expect("never empty");
+                let x = from_frames(ups, &self.device)?.ok_or_else(empty)?;
                 let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
                 let mut ys = Vec::new();
                 for item in to_frames(&x)? {
-                    ys.push(decoder.apply(None, &item, cancel)?);
+                    ys.push(decode_chunked(decoder, &item, DECODE_CHUNK, cancel)?);
                 }
-                Ok(from_frames(ys, &self.device)?.expect("never empty"))
+                from_frames(ys, &self.device)?.ok_or_else(empty)
             }
             Convs::Candle {
                 decoder, upsample, ..
@@ -790,7 +840,7 @@ impl Codec {
                 items.resize_with(b, Default::default);
                 let mut xs = Vec::with_capacity(b);
                 for (item, (st, _)) in to_frames(pcm)?.iter().zip(items.iter_mut()) {
-                    xs.push(encoder.apply(Some(st), item, None)?);
+                    xs.push(encoder.apply(st, item, false, None)?);
                 }
                 let Some(x) = from_frames(xs, &self.device)? else {
                     return Ok(None);
@@ -799,7 +849,7 @@ impl Codec {
                 let ys = to_frames(&x)?
                     .iter()
                     .zip(items.iter_mut())
-                    .map(|(f, (_, st))| downsample.step(st, f, None, None))
+                    .map(|(f, (_, st))| downsample.step(st, f, None, None, false))
                     .collect();
                 match from_frames(ys, &self.device)? {
                     Some(x) => x,
@@ -845,7 +895,7 @@ impl Codec {
                 let x = run_transformer(&self.dec_tr, &mut s.tr, &x)?;
                 let mut ys = Vec::with_capacity(b);
                 for (item, (_, st)) in to_frames(&x)?.iter().zip(items.iter_mut()) {
-                    ys.push(decoder.apply(Some(st), item, None)?);
+                    ys.push(decoder.apply(st, item, None)?);
                 }
                 from_frames(ys, &self.device)
             }
@@ -1051,7 +1101,46 @@ mod engine_tests {
             let yn = Tensor::cat(&yn, 2).unwrap();
             let yc = Tensor::cat(&yc, 2).unwrap();
             assert!(diff(&yn, &yc) < 1e-4, "stream audio {}", diff(&yn, &yc));
-            assert!(diff(&yn, &an) < 1e-4, "stream vs offline {}", diff(&yn, &an));
+            assert!(
+                diff(&yn, &an) < 1e-4,
+                "stream vs offline {}",
+                diff(&yn, &an)
+            );
+
+            // Offline passes in chunks equal one pass, whatever the chunk size.
+            let Convs::Native {
+                encoder, decoder, ..
+            } = &native.convs
+            else {
+                unreachable!()
+            };
+            let item = &to_frames(&pcm.narrow(0, 1, 1).unwrap()).unwrap()[0];
+            let whole = encode_chunked(encoder, item, usize::MAX, None).unwrap();
+            for chunk in [1, 959, 1920, 5000] {
+                let got = encode_chunked(encoder, item, chunk, None).unwrap();
+                assert_eq!((got.channels, got.len), (whole.channels, whole.len));
+                let d = got
+                    .data
+                    .iter()
+                    .zip(&whole.data)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(d < 1e-5, "encode chunk {chunk}: {d}");
+            }
+            let latents = whole;
+            let whole = decode_chunked(decoder, &latents, usize::MAX, None).unwrap();
+            assert_eq!(whole.len, latents.len * 1920 / 2);
+            for chunk in [1, 2, 5] {
+                let got = decode_chunked(decoder, &latents, chunk, None).unwrap();
+                assert_eq!(got.len, whole.len);
+                let d = got
+                    .data
+                    .iter()
+                    .zip(&whole.data)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(d < 1e-5, "decode chunk {chunk}: {d}");
+            }
         }
     }
 }

@@ -385,12 +385,18 @@ mod tests {
 
     #[test]
     fn gelu_erf_matches_candle() {
-        let xs: Vec<f32> = (-40000..=40000).map(|i| i as f32 * 3e-4).chain([-1e4, 1e4, 0.0, -30.0]).collect();
+        let xs: Vec<f32> = (-40000..=40000)
+            .map(|i| i as f32 * 3e-4)
+            .chain([-1e4, 1e4, 0.0, -30.0])
+            .collect();
         let t = Tensor::new(xs.as_slice(), &candle::Device::Cpu).unwrap();
         let want: Vec<f32> = t.gelu_erf().unwrap().to_vec1().unwrap();
         let got: Vec<f32> = gelu_erf(&t).unwrap().to_vec1().unwrap();
         for ((x, g), w) in xs.iter().zip(&got).zip(&want) {
-            assert!((g - w).abs() <= 5e-7 * x.abs().max(1.0), "x={x}: {g} vs {w}");
+            assert!(
+                (g - w).abs() <= 5e-7 * x.abs().max(1.0),
+                "x={x}: {g} vs {w}"
+            );
         }
     }
 
@@ -400,7 +406,10 @@ mod tests {
             let x = -(i as f32) * 1e-3;
             let want = (x as f64).exp();
             let got = exp_nonpos(x) as f64;
-            assert!((got - want).abs() <= 2.5e-7 * want, "x={x}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 2.5e-7 * want,
+                "x={x}: {got} vs {want}"
+            );
         }
     }
     use candle::Device;

@@ -154,11 +154,29 @@ impl Frames {
         out
     }
 
-    /// `act` applied in place.
-    fn act_in_place(&mut self, act: Option<f32>) {
-        if act.is_some() && self.len > 0 {
-            par_rows(&mut self.data, self.len, |_, row| act_inplace(row, act));
+    /// Frames `start .. start + n`.
+    pub fn slice(&self, start: usize, n: usize) -> Frames {
+        let mut out = Frames::uninit(self.channels, n);
+        if n > 0 {
+            for c in 0..self.channels {
+                out.data[c * n..(c + 1) * n].copy_from_slice(&self.row(c)[start..start + n]);
+            }
         }
+        out
+    }
+
+    /// `parts` joined along time.
+    pub fn join(channels: usize, parts: &[Frames]) -> Frames {
+        let len = parts.iter().map(|p| p.len).sum();
+        let mut out = Frames::new(channels, len, vec![0f32; channels * len]);
+        let mut t0 = 0;
+        for p in parts {
+            for c in 0..channels {
+                out.data[c * len + t0..c * len + t0 + p.len].copy_from_slice(p.row(c));
+            }
+            t0 += p.len;
+        }
+        out
     }
 
     /// The last `n` frames.
@@ -224,7 +242,12 @@ impl<'a> Padded<'a> {
         // Split the outputs into those reading the left padding, the frames, the right
         // padding, so that the main loop has no branches.
         let m = dst.len();
-        let first = if start >= l { 0 } else { (l - start).div_ceil(step) }.min(m);
+        let first = if start >= l {
+            0
+        } else {
+            (l - start).div_ceil(step)
+        }
+        .min(m);
         let end = if start >= l + n {
             0
         } else {
@@ -284,29 +307,30 @@ fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
     copy_act_generic(src, dst, alpha)
 }
 
-fn act_inplace(row: &mut [f32], act: Option<f32>) {
-    // Small blocks through a stack buffer: `copy_act` wants distinct source and destination.
-    let mut buf = [0f32; 256];
-    for chunk in row.chunks_mut(256) {
-        let n = chunk.len();
-        buf[..n].copy_from_slice(chunk);
-        copy_act(&buf[..n], chunk, act);
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Tiled products
 
 /// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
 /// `max_cols`, and row blocks when there are too few column blocks to keep every thread busy.
-fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Vec<(usize, usize, usize, usize)> {
+fn tiles(
+    rows: usize,
+    cols: usize,
+    max_cols: usize,
+    flops: usize,
+) -> Vec<(usize, usize, usize, usize)> {
     let threads = rayon::current_num_threads();
     let col_tiles = cols.div_ceil(max_cols.max(1));
     let mut row_tiles = 1;
     if threads > 1 && flops > 1 << 21 && col_tiles < 2 * threads {
-        row_tiles = (2 * threads).div_ceil(col_tiles).min(rows.div_ceil(16)).max(1);
+        row_tiles = (2 * threads)
+            .div_ceil(col_tiles)
+            .min(rows.div_ceil(16))
+            .max(1);
     }
-    let rstep = rows.div_ceil(row_tiles).next_multiple_of(8).min(rows.max(1));
+    let rstep = rows
+        .div_ceil(row_tiles)
+        .next_multiple_of(8)
+        .min(rows.max(1));
     let cstep = cols.div_ceil(col_tiles.max(1));
     let mut out = Vec::new();
     let mut c0 = 0;
@@ -443,6 +467,8 @@ fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
 #[derive(Clone, Debug, Default)]
 pub struct ConvState {
     prev: Option<Frames>,
+    /// Input frames received so far (what the offline padding of the last chunk needs).
+    seen: usize,
 }
 
 impl ConvState {
@@ -522,32 +548,26 @@ impl Conv1d {
         out
     }
 
-    /// Offline: candle's `StreamableConv1d::forward` (causal padding, extra right padding,
-    /// both in the layer's pad mode). `x` is left as it is.
-    pub fn forward(&self, x: &Frames, act: Option<f32>, residual: Option<&Frames>) -> Frames {
-        if act.is_none() {
-            return self.forward_activated(x, None, residual);
-        }
-        let a = Frames::empty(x.channels).concat_act(x, act);
-        self.forward_activated(&a, act, residual)
-    }
-
-    /// [`Self::forward`] on an input that is no longer needed: the activation is applied
-    /// in place.
-    pub fn forward_owned(&self, mut x: Frames, act: Option<f32>, residual: Option<&Frames>) -> Frames {
-        x.act_in_place(act);
-        self.forward_activated(&x, act, residual)
-    }
-
-    /// `x` already activated; `act` only says how replicate padding was computed (it is
-    /// taken from `x`, which already holds activated values).
-    fn forward_activated(&self, x: &Frames, _act: Option<f32>, residual: Option<&Frames>) -> Frames {
-        let pt = self.pad_total();
-        let keff = self.keff();
-        let len = x.len;
+    /// candle's `get_extra_padding_for_conv1d`: the right padding that completes the last
+    /// stride of an input of `len` frames.
+    fn extra_padding(&self, len: usize) -> usize {
+        let (pt, keff) = (self.pad_total(), self.keff());
         let n_frames = (len + pt).saturating_sub(keff) as f64 / self.stride as f64 + 1.0;
         let ideal = ((n_frames.ceil() as usize - 1) * self.stride + keff).saturating_sub(pt);
-        let extra = ideal.saturating_sub(len);
+        ideal.saturating_sub(len)
+    }
+
+    /// Offline: candle's `StreamableConv1d::forward` (causal padding, extra right padding,
+    /// both in the layer's pad mode), without copying the padding.
+    pub fn forward(&self, x: &Frames, act: Option<f32>, residual: Option<&Frames>) -> Frames {
+        let a;
+        let x = if act.is_some() {
+            a = Frames::empty(x.channels).concat_act(x, act);
+            &a
+        } else {
+            x
+        };
+        let len = x.len;
         let (lval, rval) = if self.replicate && len > 0 {
             (
                 Some(self.frame_values(x, 0, None)),
@@ -558,23 +578,26 @@ impl Conv1d {
         };
         let input = Padded {
             x,
-            left: pt,
-            right: extra,
+            left: self.pad_total(),
+            right: self.extra_padding(len),
             lval,
             rval,
         };
         self.run(&input, residual)
     }
 
-    /// Streaming: the output frames this chunk completes.
+    /// Streaming: the output frames this chunk completes. With `last`, the input ends here:
+    /// the right padding of the offline path is added, so that the chunks' outputs together
+    /// are exactly the offline output.
     pub fn step(
         &self,
         st: &mut ConvState,
         x: &Frames,
         act: Option<f32>,
         residual: Option<&Frames>,
+        last: bool,
     ) -> Frames {
-        if x.len == 0 {
+        if x.len == 0 && !(last && st.prev.is_some()) {
             return Frames::empty(self.cout);
         }
         let prev = st.prev.take().unwrap_or_else(|| {
@@ -588,7 +611,21 @@ impl Conv1d {
             }
             Frames::new(self.cin, n, data)
         });
-        let full = prev.concat_act(x, act);
+        st.seen += x.len;
+        let mut full = prev.concat_act(x, act);
+        if last {
+            let extra = self.extra_padding(st.seen);
+            if extra > 0 {
+                let mut pad = vec![0f32; self.cin * extra];
+                if self.replicate && full.len > 0 {
+                    let v = self.frame_values(&full, full.len - 1, None);
+                    for c in 0..self.cin {
+                        pad[c * extra..(c + 1) * extra].fill(v[c]);
+                    }
+                }
+                full = full.concat_act(&Frames::new(self.cin, extra, pad), None);
+            }
+        }
         let n = self.frames(full.len);
         let y = self.run(&Padded::plain(&full), residual);
         st.prev = Some(full.tail(full.len - n * self.stride));
@@ -903,34 +940,28 @@ impl ResBlock {
         let shortcut = if true_skip {
             None
         } else {
-            Some(Conv1d::load(vb.pp("shortcut"), dim, dim, 1, 1, 1, true, replicate)?)
+            Some(Conv1d::load(
+                vb.pp("shortcut"),
+                dim,
+                dim,
+                1,
+                1,
+                1,
+                true,
+                replicate,
+            )?)
         };
         Ok(Self { convs, shortcut })
     }
 
-    fn apply(&self, st: Option<&mut ResState>, x: Frames, alpha: f32) -> Frames {
+    fn apply(&self, st: &mut ResState, x: &Frames, alpha: f32, last: bool) -> Frames {
         // k = 1 shortcut: no padding, no state.
-        let shortcut = self.shortcut.as_ref().map(|sc| sc.forward(&x, None, None));
-        let skip = shortcut.as_ref().unwrap_or(&x);
-        match st {
-            None => {
-                let h = self.convs[0].forward(&x, Some(alpha), None);
-                self.convs[1].forward_owned(h, Some(alpha), Some(skip))
-            }
-            Some(st) => {
-                st.convs.resize_with(2, ConvState::default);
-                let (a, b) = st.convs.split_at_mut(1);
-                let h = self.convs[0].step(&mut a[0], &x, Some(alpha), None);
-                self.convs[1].step(&mut b[0], &h, Some(alpha), Some(skip))
-            }
-        }
-    }
-}
-
-fn conv_apply(c: &Conv1d, st: Option<&mut ConvState>, x: Frames, act: Option<f32>) -> Frames {
-    match st {
-        None => c.forward_owned(x, act, None),
-        Some(st) => c.step(st, &x, act, None),
+        let shortcut = self.shortcut.as_ref().map(|sc| sc.forward(x, None, None));
+        let skip = shortcut.as_ref().unwrap_or(x);
+        st.convs.resize_with(2, ConvState::default);
+        let (a, b) = st.convs.split_at_mut(1);
+        let h = self.convs[0].step(&mut a[0], x, Some(alpha), None, last);
+        self.convs[1].step(&mut b[0], &h, Some(alpha), Some(skip), last)
     }
 }
 
@@ -1006,33 +1037,27 @@ impl Encoder {
         })
     }
 
-    /// Offline (`st = None`) or streaming.
+    /// Streaming: the frames this chunk of audio completes; with `last`, the audio ends
+    /// here (see [`Conv1d::step`]). Offline = one chunk with `last`, or any chunking of it.
     pub fn apply(
         &self,
-        mut st: Option<&mut EncoderState>,
+        st: &mut EncoderState,
         x: &Frames,
+        last: bool,
         cancel: Cancel,
     ) -> Result<Frames> {
         let a = Some(self.alpha);
-        if let Some(s) = st.as_deref_mut() {
-            s.layers.resize_with(self.layers.len(), Default::default);
-        }
-        let mut x = match st.as_deref_mut() {
-            None => self.init.forward(x, None, None),
-            Some(s) => self.init.step(&mut s.init, x, None, None),
-        };
-        for (i, (res, down)) in self.layers.iter().enumerate() {
+        st.layers.resize_with(self.layers.len(), Default::default);
+        let mut x = self.init.step(&mut st.init, x, None, None, last);
+        for ((res, down), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
             crate::errors::check_cancel(cancel)?;
-            let mut ls = st.as_deref_mut().map(|s| &mut s.layers[i]);
-            if let Some(ls) = ls.as_deref_mut() {
-                ls.0.resize_with(res.len(), Default::default);
+            ls.0.resize_with(res.len(), Default::default);
+            for (r, rs) in res.iter().zip(ls.0.iter_mut()) {
+                x = r.apply(rs, &x, self.alpha, last);
             }
-            for (j, r) in res.iter().enumerate() {
-                x = r.apply(ls.as_deref_mut().map(|l| &mut l.0[j]), x, self.alpha);
-            }
-            x = conv_apply(down, ls.map(|l| &mut l.1), x, a);
+            x = down.step(&mut ls.1, &x, a, None, last);
         }
-        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), x, a))
+        Ok(self.last.step(&mut st.last, &x, a, None, last))
     }
 }
 
@@ -1072,7 +1097,14 @@ impl Decoder {
         let mut idx = 1;
         let mut layers = Vec::new();
         for &ratio in cfg.ratios.iter() {
-            let up = ConvTr1d::load(vb.pp(idx + 1), mult * nf, mult * nf / 2, 2 * ratio, ratio, true)?;
+            let up = ConvTr1d::load(
+                vb.pp(idx + 1),
+                mult * nf,
+                mult * nf / 2,
+                2 * ratio,
+                ratio,
+                true,
+            )?;
             idx += 2;
             let mut res = Vec::new();
             for j in 0..cfg.n_residual_layers {
@@ -1108,36 +1140,21 @@ impl Decoder {
         })
     }
 
-    /// Offline (`st = None`) or streaming.
-    pub fn apply(
-        &self,
-        mut st: Option<&mut DecoderState>,
-        x: &Frames,
-        cancel: Cancel,
-    ) -> Result<Frames> {
+    /// Streaming: the audio these frames complete. The decoder pads nothing on the right,
+    /// so any chunking gives the offline output.
+    pub fn apply(&self, st: &mut DecoderState, x: &Frames, cancel: Cancel) -> Result<Frames> {
         let a = Some(self.alpha);
-        if let Some(s) = st.as_deref_mut() {
-            s.layers.resize_with(self.layers.len(), Default::default);
-        }
-        let mut x = match st.as_deref_mut() {
-            None => self.init.forward(x, None, None),
-            Some(s) => self.init.step(&mut s.init, x, None, None),
-        };
-        for (i, (up, res)) in self.layers.iter().enumerate() {
+        st.layers.resize_with(self.layers.len(), Default::default);
+        let mut x = self.init.step(&mut st.init, x, None, None, false);
+        for ((up, res), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
             crate::errors::check_cancel(cancel)?;
-            let mut ls = st.as_deref_mut().map(|s| &mut s.layers[i]);
-            x = match ls.as_deref_mut() {
-                None => up.forward(&x, a),
-                Some(l) => up.step(&mut l.0, &x, a),
-            };
-            if let Some(ls) = ls.as_deref_mut() {
-                ls.1.resize_with(res.len(), Default::default);
-            }
-            for (j, r) in res.iter().enumerate() {
-                x = r.apply(ls.as_deref_mut().map(|l| &mut l.1[j]), x, self.alpha);
+            x = up.step(&mut ls.0, &x, a);
+            ls.1.resize_with(res.len(), Default::default);
+            for (r, rs) in res.iter().zip(ls.1.iter_mut()) {
+                x = r.apply(rs, &x, self.alpha, false);
             }
         }
-        Ok(conv_apply(&self.last, st.map(|s| &mut s.last), x, a))
+        Ok(self.last.step(&mut st.last, &x, a, None, false))
     }
 }
 
@@ -1150,7 +1167,10 @@ mod tests {
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
     }
 
     fn frames_of(t: &Tensor) -> Frames {
@@ -1209,7 +1229,11 @@ mod tests {
             let x = i as f32 * 0.005;
             let mut y = [0f32];
             copy_act(&[x], &mut y, Some(1.0));
-            let want = if x > 0.0 { x } else { (x as f64).exp_m1() as f32 };
+            let want = if x > 0.0 {
+                x
+            } else {
+                (x as f64).exp_m1() as f32
+            };
             assert!((y[0] - want).abs() <= 2e-7, "x={x}: {} vs {want}", y[0]);
         }
         let mut y = [0f32; 2];
@@ -1237,7 +1261,17 @@ mod tests {
                 cconv::PadMode::Constant
             };
             let theirs = cconv::StreamableConv1d::new(
-                cin, cout, k, s, d, 1, true, true, None, pad, vb.clone(),
+                cin,
+                cout,
+                k,
+                s,
+                d,
+                1,
+                true,
+                true,
+                None,
+                pad,
+                vb.clone(),
             )?;
             let ours = Conv1d::load(vb, cin, cout, k, s, d, true, rep)?;
             let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
@@ -1245,7 +1279,10 @@ mod tests {
             let got = ours.forward(&frames_of(&x), None, None);
             assert_eq!(got.len, want.dim(2)?, "case {cin} {cout} {k} {s} {d} {len}");
             let dd = max_diff(&got.data, &frames_of(&want).data);
-            assert!(dd < 1e-4, "offline {dd}: case {cin} {cout} {k} {s} {d} {len} {rep}");
+            assert!(
+                dd < 1e-4,
+                "offline {dd}: case {cin} {cout} {k} {s} {d} {len} {rep}"
+            );
             // Streaming, uneven chunks, against candle's streaming.
             let mut theirs = theirs;
             let mut st = ConvState::default();
@@ -1255,7 +1292,7 @@ mod tests {
                 let n = chunk.min(len - t0);
                 let xc = x.narrow(2, t0, n)?;
                 let want = theirs.step(&xc.clone().into())?;
-                let got = ours.step(&mut st, &frames_of(&xc), None, None);
+                let got = ours.step(&mut st, &frames_of(&xc), None, None, false);
                 match want.as_option() {
                     Some(w) if w.dim(2)? > 0 => {
                         assert_eq!(got.len, w.dim(2)?);
@@ -1273,10 +1310,24 @@ mod tests {
 
     #[test]
     fn conv_tr1d_matches_candle() -> Result<()> {
-        for (cin, cout, k, s, len) in [(6, 4, 8, 4, 9), (16, 8, 16, 8, 40), (5, 3, 3, 2, 3), (32, 16, 4, 2, 700)] {
+        for (cin, cout, k, s, len) in [
+            (6, 4, 8, 4, 9),
+            (16, 8, 16, 8, 40),
+            (5, 3, 3, 2, 3),
+            (32, 16, 4, 2, 700),
+        ] {
             let (_vm, vb) = random_vb(0);
-            let theirs =
-                cconv::StreamableConvTranspose1d::new(cin, cout, k, s, 1, true, true, None, vb.clone())?;
+            let theirs = cconv::StreamableConvTranspose1d::new(
+                cin,
+                cout,
+                k,
+                s,
+                1,
+                true,
+                true,
+                None,
+                vb.clone(),
+            )?;
             let ours = ConvTr1d::load(vb, cin, cout, k, s, true)?;
             let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
             let want = theirs.forward(&x)?;
