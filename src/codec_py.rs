@@ -47,13 +47,16 @@ enum RawSource {
 fn read_file_tensors(path: &Path) -> Result<HashMap<String, Tensor>> {
     let st = crate::weights::open_safetensors(path)?;
     let mut out = HashMap::new();
-    for (name, _) in st.tensors() {
+    for (name, view) in st.tensors() {
         let t = st.load(&name, &Device::Cpu).map_err(|e| {
             Error::Weights(format!(
                 "checkpoint {}: could not read tensor {name:?}: {e}",
                 path.display()
             ))
         })?;
+        // The tensor is copied out: give its pages of the mapping back, so that the file
+        // does not add its whole size to the peak memory of loading.
+        crate::weights::release_mapped(view.data());
         out.insert(name, t);
     }
     Ok(out)

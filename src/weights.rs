@@ -337,6 +337,28 @@ fn unexpected_names<'a>(
         .collect()
 }
 
+/// Tells the kernel that the whole pages inside `bytes`, part of a read-only file mapping,
+/// are not needed any more: they leave this process's resident memory (a later read would
+/// fault them back in from the page cache). A hint only; nothing happens off Linux.
+pub fn release_mapped(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let start = (bytes.as_ptr() as usize).next_multiple_of(PAGE);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: [start, end) lies inside `bytes`, a read-only shared file mapping that
+            // nothing writes; MADV_DONTNEED on it only drops page-table entries, and a later
+            // read refaults the same file contents.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
+}
+
 pub fn open_safetensors(path: &Path) -> Result<candle::safetensors::MmapedSafetensors> {
     let meta = std::fs::metadata(path).map_err(|e| Error::WeightsIo {
         msg: format!("cannot read checkpoint {}", path.display()),
