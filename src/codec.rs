@@ -370,6 +370,8 @@ enum Convs {
 /// The codec's weights and modules; immutable once built, shared between threads.
 pub struct Codec {
     cfg: CodecConfig,
+    /// Offline chunk sizes (native engine): samples, frames.
+    chunks: (usize, usize),
     convs: Convs,
     enc_tr: Model,
     dec_tr: Model,
@@ -482,48 +484,11 @@ fn empty() -> Error {
     Error::Shape("the input is too short to produce any output".into())
 }
 
-/// Offline SEANet passes run as a stream over chunks of this many input frames: the same
-/// result as one pass (see `seanet::Conv1d::step`), with activations bounded by the chunk
-/// instead of growing with the input.
-const ENCODE_CHUNK: usize = 1 << 16;
-const DECODE_CHUNK: usize = 64;
-
-fn encode_chunked(
-    encoder: &seanet::Encoder,
-    x: &Frames,
-    chunk: usize,
-    cancel: Cancel,
-) -> Result<Frames> {
-    let mut st = seanet::EncoderState::default();
-    let mut parts = Vec::new();
-    let mut t0 = 0;
-    loop {
-        let n = chunk.min(x.len - t0);
-        let last = t0 + n == x.len;
-        parts.push(encoder.apply(&mut st, &x.slice(t0, n), last, cancel)?);
-        t0 += n;
-        if last {
-            break;
-        }
-    }
-    Ok(Frames::join(parts[0].channels, &parts))
-}
-
-fn decode_chunked(
-    decoder: &seanet::Decoder,
-    x: &Frames,
-    chunk: usize,
-    cancel: Cancel,
-) -> Result<Frames> {
-    let mut st = seanet::DecoderState::default();
-    let mut parts = Vec::new();
-    for t0 in (0..x.len).step_by(chunk) {
-        let n = chunk.min(x.len - t0);
-        parts.push(decoder.apply(&mut st, &x.slice(t0, n), cancel)?);
-    }
-    let channels = parts.first().map_or(0, |p| p.channels);
-    Ok(Frames::join(channels, &parts))
-}
+/// With the native engine, offline calls run as one stream over chunks of this many
+/// samples (encode) or frames (decode): the same result as one pass, with memory bounded by
+/// the chunk instead of growing with the input.
+const ENCODE_CHUNK: usize = 48_000;
+const DECODE_CHUNK: usize = 25;
 
 fn nonempty(x: StreamTensor) -> Result<Option<Tensor>> {
     match x.as_option() {
@@ -695,6 +660,7 @@ impl Codec {
         let dec_tr = Model::new(&cfg.transformer, dec_w, device, dtype)?;
         Ok(Self {
             cfg: cfg.clone(),
+            chunks: (ENCODE_CHUNK, DECODE_CHUNK),
             convs,
             enc_tr,
             dec_tr,
@@ -706,6 +672,26 @@ impl Codec {
 
     pub fn config(&self) -> &CodecConfig {
         &self.cfg
+    }
+
+    pub fn engine(&self) -> Engine {
+        match self.convs {
+            Convs::Native { .. } => Engine::Native,
+            Convs::Candle { .. } => Engine::Candle,
+        }
+    }
+
+    /// Estimated peak bytes of an offline call on `batch` items of `samples` samples each.
+    pub fn offline_memory(&self, batch: usize, samples: usize) -> u64 {
+        // SEANet's activations take about 2 KB per sample of audio in flight (measured on
+        // the real model, 64 filters); the native engine has only one chunk in flight, plus
+        // the input, the latents and the output (tens of bytes per sample).
+        let per_sample = (2048 * self.cfg.seanet.n_filters as u64 / 64).max(64);
+        let (in_flight, rest) = match self.engine() {
+            Engine::Native => (samples.min(2 * ENCODE_CHUNK) as u64, 64 * samples as u64),
+            Engine::Candle => (samples as u64, 0),
+        };
+        (batch as u64).saturating_mul(in_flight.saturating_mul(per_sample).saturating_add(rest))
     }
 
     pub fn device(&self) -> &Device {
@@ -724,18 +710,28 @@ impl Codec {
                 downsample,
                 ..
             } => {
-                let mut xs = Vec::new();
-                for item in to_frames(pcm)? {
-                    xs.push(encode_chunked(encoder, &item, ENCODE_CHUNK, cancel)?);
+                let _ = (encoder, downsample);
+                // One stream over chunks, flushed at the end: the offline result, with
+                // memory bounded by the chunk (the transformer's window is exact under any
+                // chunking, and the convolutions pad the last chunk as offline).
+                let len = pcm.dim(2)?;
+                let mut s = self.encode_stream();
+                let mut parts = Vec::new();
+                let mut t0 = 0;
+                loop {
+                    crate::errors::check_cancel(cancel)?;
+                    let n = self.chunks.0.min(len - t0);
+                    let last = t0 + n == len;
+                    parts.extend(self.latents_step(&mut s, &pcm.narrow(2, t0, n)?, last)?);
+                    t0 += n;
+                    if last {
+                        break;
+                    }
                 }
-                let x = from_frames(xs, &self.device)?.ok_or_else(empty)?;
-                let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
-                crate::errors::check_cancel(cancel)?;
-                let ys = to_frames(&x)?
-                    .iter()
-                    .map(|f| downsample.forward(f, None, None))
-                    .collect();
-                from_frames(ys, &self.device)?.ok_or_else(empty)
+                if parts.is_empty() {
+                    return Err(empty());
+                }
+                Ok(Tensor::cat(&parts, 2)?)
             }
             Convs::Candle {
                 encoder,
@@ -770,17 +766,21 @@ impl Codec {
             Convs::Native {
                 decoder, upsample, ..
             } => {
-                let ups = to_frames(&x)?
-                    .iter()
-                    .map(|f| upsample.forward(f, None))
-                    .collect();
-                let x = from_frames(ups, &self.device)?.ok_or_else(empty)?;
-                let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
-                let mut ys = Vec::new();
-                for item in to_frames(&x)? {
-                    ys.push(decode_chunked(decoder, &item, DECODE_CHUNK, cancel)?);
+                let _ = (decoder, upsample);
+                // One stream over chunks of frames: the decoder pads nothing on the right,
+                // so this is the offline result, with memory bounded by the chunk.
+                let len = x.dim(2)?;
+                let mut s = self.decode_stream();
+                let mut parts = Vec::new();
+                for t0 in (0..len).step_by(self.chunks.1) {
+                    crate::errors::check_cancel(cancel)?;
+                    let n = self.chunks.1.min(len - t0);
+                    parts.extend(self.latents_decode_step(&mut s, &x.narrow(2, t0, n)?)?);
                 }
-                from_frames(ys, &self.device)?.ok_or_else(empty)
+                if parts.is_empty() {
+                    return Err(empty());
+                }
+                Ok(Tensor::cat(&parts, 2)?)
             }
             Convs::Candle {
                 decoder, upsample, ..
@@ -826,9 +826,23 @@ impl Codec {
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
     /// completed by this chunk (possibly none).
     pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
+        match self.latents_step(s, pcm, false)? {
+            Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The latents (before quantization) of the frames this chunk completes. With `last`
+    /// (native engine), the audio ends here and the last partial frame is padded as offline.
+    fn latents_step(
+        &self,
+        s: &mut EncodeStream,
+        pcm: &Tensor,
+        last: bool,
+    ) -> Result<Option<Tensor>> {
         let b = pcm.dim(0)?;
         s.batch = Some(b);
-        let x = match (&self.convs, &mut s.convs) {
+        match (&self.convs, &mut s.convs) {
             (
                 Convs::Native {
                     encoder,
@@ -840,42 +854,45 @@ impl Codec {
                 items.resize_with(b, Default::default);
                 let mut xs = Vec::with_capacity(b);
                 for (item, (st, _)) in to_frames(pcm)?.iter().zip(items.iter_mut()) {
-                    xs.push(encoder.apply(st, item, false, None)?);
+                    xs.push(encoder.apply(st, item, last, None)?);
                 }
-                let Some(x) = from_frames(xs, &self.device)? else {
-                    return Ok(None);
+                let x = match from_frames(xs, &self.device)? {
+                    Some(x) => run_transformer(&self.enc_tr, &mut s.tr, &x)?,
+                    // Nothing new for the transformer, but the last chunk still flushes the
+                    // downsampling's padding.
+                    None if last => {
+                        Tensor::zeros((b, self.cfg.seanet.dimension, 0), DType::F32, &self.device)?
+                    }
+                    None => return Ok(None),
                 };
-                let x = run_transformer(&self.enc_tr, &mut s.tr, &x)?;
                 let ys = to_frames(&x)?
                     .iter()
                     .zip(items.iter_mut())
-                    .map(|(f, (_, st))| downsample.step(st, f, None, None, false))
+                    .map(|(f, (_, st))| downsample.step(st, f, None, None, last))
                     .collect();
-                match from_frames(ys, &self.device)? {
-                    Some(x) => x,
-                    None => return Ok(None),
-                }
+                from_frames(ys, &self.device)
             }
             (Convs::Candle { .. }, EncodeConvs::Candle(encoder, downsample)) => {
                 let Some(x) = nonempty(encoder.step(&pcm.clone().into())?)? else {
                     return Ok(None);
                 };
                 let x = run_transformer(&self.enc_tr, &mut s.tr, &x)?;
-                let Some(x) = nonempty(downsample.step(&x.into())?)? else {
-                    return Ok(None);
-                };
-                x
+                nonempty(downsample.step(&x.into())?)
             }
             _ => unreachable!("a stream is made by its codec"),
-        };
-        Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?))
+        }
     }
 
     /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
     pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
-        let b = codes.dim(0)?;
-        s.batch = Some(b);
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
+        self.latents_decode_step(s, &x)
+    }
+
+    /// [`Self::decode_step`] from the quantizer's latents (B, dimension, T).
+    fn latents_decode_step(&self, s: &mut DecodeStream, x: &Tensor) -> Result<Option<Tensor>> {
+        let b = x.dim(0)?;
+        s.batch = Some(b);
         match (&self.convs, &mut s.convs) {
             (
                 Convs::Native {
@@ -1107,39 +1124,14 @@ mod engine_tests {
                 diff(&yn, &an)
             );
 
-            // Offline passes in chunks equal one pass, whatever the chunk size.
-            let Convs::Native {
-                encoder, decoder, ..
-            } = &native.convs
-            else {
-                unreachable!()
-            };
-            let item = &to_frames(&pcm.narrow(0, 1, 1).unwrap()).unwrap()[0];
-            let whole = encode_chunked(encoder, item, usize::MAX, None).unwrap();
-            for chunk in [1, 959, 1920, 5000] {
-                let got = encode_chunked(encoder, item, chunk, None).unwrap();
-                assert_eq!((got.channels, got.len), (whole.channels, whole.len));
-                let d = got
-                    .data
-                    .iter()
-                    .zip(&whole.data)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
-                assert!(d < 1e-5, "encode chunk {chunk}: {d}");
-            }
-            let latents = whole;
-            let whole = decode_chunked(decoder, &latents, usize::MAX, None).unwrap();
-            assert_eq!(whole.len, latents.len * 1920 / 2);
-            for chunk in [1, 2, 5] {
-                let got = decode_chunked(decoder, &latents, chunk, None).unwrap();
-                assert_eq!(got.len, whole.len);
-                let d = got
-                    .data
-                    .iter()
-                    .zip(&whole.data)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
-                assert!(d < 1e-5, "decode chunk {chunk}: {d}");
+            // Offline calls are streams over chunks: any chunk size gives one pass's result.
+            let mut native = native;
+            for (ce, cd) in [(1, 1), (959, 2), (1920, 3), (5000, 1000)] {
+                native.chunks = (ce, cd);
+                let l = native.encode_pre_quantize(&pcm, None).unwrap();
+                assert!(diff(&l, &ln) < 1e-5, "encode chunk {ce}: {}", diff(&l, &ln));
+                let a = native.decode(&codes, None).unwrap();
+                assert!(diff(&a, &an) < 1e-5, "decode chunk {cd}: {}", diff(&a, &an));
             }
         }
     }

@@ -158,12 +158,7 @@ impl MimiCodec {
             }
         };
         convert::check_size(&shape3, "pcm")?;
-        // SEANet's activations peak at about 1.7 KB per input sample (measured on the real
-        // model); refuse calls that cannot fit rather than being killed.
-        let per_sample = 2048 * self.codec.config().seanet.n_filters as u64 / 64;
-        let needed = (shape3[0] as u64)
-            .saturating_mul(shape3[2] as u64)
-            .saturating_mul(per_sample.max(64));
+        let needed = self.codec.offline_memory(shape3[0], shape3[2]);
         device::check_memory(
             needed,
             "this call",
@@ -178,11 +173,8 @@ impl MimiCodec {
     fn check_decode_size(&self, shape: &[usize]) -> PyResult<()> {
         let samples = shape[2].saturating_mul(self.codec.config().frame_size());
         convert::check_size(&[shape[0], self.n_channels(), samples], "decoded audio")?;
-        let per_sample = (2048 * self.codec.config().seanet.n_filters as u64 / 64).max(64);
         device::check_memory(
-            (shape[0] as u64)
-                .saturating_mul(samples as u64)
-                .saturating_mul(per_sample),
+            self.codec.offline_memory(shape[0], samples),
             "this call",
             "decode long code sequences in shorter chunks (decode_step streams them)",
         )?;

@@ -134,6 +134,7 @@ pub fn interruptible<R: Send + 'static>(
         .name("mimi_py-worker".into())
         .spawn(move || {
             let r = guarded(|| f(&flag));
+            crate::device::trim_heap();
             let _ = tx.send(r);
         })
         .map_err(|e| Error::Panic(format!("cannot start a worker thread: {e}")))?;

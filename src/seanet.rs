@@ -55,7 +55,7 @@ mod pool {
     /// Buffers below this many floats are left to the allocator.
     const MIN: usize = 1 << 14;
     /// At most this many buffers are kept per thread.
-    const KEEP: usize = 8;
+    const KEEP: usize = 6;
 
     thread_local! {
         static FREE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
@@ -66,18 +66,15 @@ mod pool {
         if n >= MIN {
             let found = FREE.with(|f| {
                 let mut f = f.borrow_mut();
+                // The smallest buffer that fits, if it is not much larger than needed (the
+                // buffer may end up owned by a tensor, capacity and all).
                 let best = (0..f.len())
-                    .filter(|&i| f[i].len() >= n)
-                    .min_by_key(|&i| f[i].len())
-                    .or_else(|| (0..f.len()).max_by_key(|&i| f[i].capacity()));
+                    .filter(|&i| f[i].len() >= n && f[i].capacity() <= 2 * n)
+                    .min_by_key(|&i| f[i].len());
                 best.map(|i| f.swap_remove(i))
             });
             if let Some(mut v) = found {
-                if v.len() >= n {
-                    v.truncate(n);
-                } else {
-                    v.resize(n, 0.0);
-                }
+                v.truncate(n);
                 return v;
             }
         }
@@ -130,7 +127,9 @@ impl Frames {
     }
 
     pub fn into_data(mut self) -> Vec<f32> {
-        std::mem::take(&mut self.data)
+        let mut v = std::mem::take(&mut self.data);
+        v.shrink_to_fit();
+        v
     }
 
     fn empty(channels: usize) -> Self {
