@@ -826,10 +826,10 @@ impl Codec {
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
     /// completed by this chunk (possibly none).
     pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        match self.latents_step(s, pcm, false)? {
+        crate::kernels::in_pool(|| match self.latents_step(s, pcm, false)? {
             Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
             None => Ok(None),
-        }
+        })
     }
 
     /// The latents (before quantization) of the frames this chunk completes. With `last`
@@ -885,8 +885,10 @@ impl Codec {
 
     /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
     pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
-        let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
-        self.latents_decode_step(s, &x)
+        crate::kernels::in_pool(|| {
+            let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
+            self.latents_decode_step(s, &x)
+        })
     }
 
     /// [`Self::decode_step`] from the quantizer's latents (B, dimension, T).

@@ -333,6 +333,17 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Runs `f` on a worker of rayon's global pool (inline when already on one, or with a
+/// single thread). A streaming step runs a hundred small parallel loops; started from a
+/// thread outside the pool, each one hands its work over and puts the caller to sleep until
+/// it is done, two context switches per loop. From inside the pool, the caller takes part.
+pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
+        return f();
+    }
+    rayon::scope(|_| f())
+}
+
 /// A linear layer (`y = x W^T + b`) with the fast path described in the module docs.
 #[derive(Clone, Debug)]
 pub struct Linear {

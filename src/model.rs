@@ -297,7 +297,7 @@ impl Model {
     /// Runs `xs` (batch, time, d_model) through the transformer, continuing `state`.
     /// The caller has checked the shape and that the batch matches the state's.
     pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
-        self.forward_cancellable(state, xs, None)
+        crate::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
     }
 
     /// `forward`, stopping between blocks of `block_len` steps once `cancel` is set.

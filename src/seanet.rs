@@ -648,12 +648,22 @@ impl Conv1d {
         if n <= crate::kernels::GEMV_MAX_ROWS {
             // A streaming step: bound by reading the weights once; matrix-vector kernel.
             let mut cols = vec![0f32; n * kk];
-            let mut g = vec![0f32; n];
-            for ci in 0..cin {
-                for j in 0..k {
-                    x.gather(ci, j * d, s, &mut g);
-                    for (t, v) in g.iter().enumerate() {
-                        cols[t * kk + ci * k + j] = *v;
+            if x.left == 0 && x.right == 0 && d == 1 {
+                // A streaming step: each (frame, channel) window is contiguous.
+                for t in 0..n {
+                    for ci in 0..cin {
+                        cols[t * kk + ci * k..t * kk + (ci + 1) * k]
+                            .copy_from_slice(&x.x.row(ci)[t * s..t * s + k]);
+                    }
+                }
+            } else {
+                let mut g = vec![0f32; n];
+                for ci in 0..cin {
+                    for j in 0..k {
+                        x.gather(ci, j * d, s, &mut g);
+                        for (t, v) in g.iter().enumerate() {
+                            cols[t * kk + ci * k + j] = *v;
+                        }
                     }
                 }
             }
@@ -1251,6 +1261,9 @@ mod tests {
             (8, 8, 4, 2, 1, 37, true),
             (40, 24, 10, 5, 1, 2000, false),
             (4, 6, 1, 1, 1, 9, false),
+            // Few output frames with padding: the matrix-vector path's strided gather.
+            (6, 4, 5, 2, 1, 5, true),
+            (6, 4, 3, 1, 2, 3, false),
         ];
         for (cin, cout, k, s, d, len, rep) in cases {
             let (_vm, vb) = random_vb(0);
@@ -1365,3 +1378,4 @@ mod tests {
         Ok(())
     }
 }
+
