@@ -704,6 +704,14 @@ impl Codec {
 
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
     pub fn encode_pre_quantize(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        crate::kernels::in_pool(|| {
+            let r = self.encode_pre_quantize_inner(pcm, cancel);
+            seanet::release_buffers();
+            r
+        })
+    }
+
+    fn encode_pre_quantize_inner(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         match &self.convs {
             Convs::Native {
                 encoder,
@@ -761,6 +769,14 @@ impl Codec {
 
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
     pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        crate::kernels::in_pool(|| {
+            let r = self.decode_inner(codes, cancel);
+            seanet::release_buffers();
+            r
+        })
+    }
+
+    fn decode_inner(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
         match &self.convs {
             Convs::Native {

@@ -81,6 +81,11 @@ mod pool {
         vec![0f32; n]
     }
 
+    /// Frees this thread's buffers (the end of an offline call).
+    pub fn clear() {
+        FREE.with(|f| f.borrow_mut().clear());
+    }
+
     pub fn give(v: Vec<f32>) {
         if v.len() < MIN {
             return;
@@ -94,6 +99,11 @@ mod pool {
             }
         });
     }
+}
+
+/// Frees the recycled buffers of the calling thread.
+pub fn release_buffers() {
+    pool::clear();
 }
 
 /// `(channels, frames)` activations of one batch item, row-major.
