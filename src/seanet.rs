@@ -300,6 +300,31 @@ unsafe fn copy_act_avx2(src: &[f32], dst: &mut [f32], alpha: f32) {
     copy_act_generic(src, dst, alpha)
 }
 
+#[inline(always)]
+fn elu_in_place_generic(v: &mut [f32], alpha: f32) {
+    for x in v.iter_mut() {
+        let e = alpha * expm1_nonpos(*x);
+        *x = if *x > 0.0 { *x } else { e };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn elu_in_place_avx2(v: &mut [f32], alpha: f32) {
+    elu_in_place_generic(v, alpha)
+}
+
+fn elu_in_place(v: &mut [f32], alpha: f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            return unsafe { elu_in_place_avx2(v, alpha) };
+        }
+    }
+    elu_in_place_generic(v, alpha)
+}
+
 /// `dst = elu(src)` (or a plain copy without activation).
 fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
     let Some(alpha) = act else {
@@ -606,8 +631,23 @@ impl Conv1d {
         residual: Option<&Frames>,
         last: bool,
     ) -> Frames {
+        match self.prepare(st, x, act, last) {
+            None => Frames::empty(self.cout),
+            Some(full) => self.run(&Padded::plain(&full), residual),
+        }
+    }
+
+    /// The streaming input of this chunk: the state's frames then the activated chunk (and
+    /// the right padding with `last`). Keeps what the next chunk needs in the state.
+    fn prepare(
+        &self,
+        st: &mut ConvState,
+        x: &Frames,
+        act: Option<f32>,
+        last: bool,
+    ) -> Option<Frames> {
         if x.len == 0 && !(last && st.prev.is_some()) {
-            return Frames::empty(self.cout);
+            return None;
         }
         let prev = st.prev.take().unwrap_or_else(|| {
             let n = self.pad_total();
@@ -636,9 +676,79 @@ impl Conv1d {
             }
         }
         let n = self.frames(full.len);
-        let y = self.run(&Padded::plain(&full), residual);
         st.prev = Some(full.tail(full.len - n * self.stride));
-        y
+        Some(full)
+    }
+
+    /// `second(elu(self(x))) + residual` for a stride-1 `self` and a pointwise `second`
+    /// (a SEANet residual block), tile by tile: the hidden activations of a tile never leave
+    /// the cache. The same arithmetic as the two convolutions one after the other.
+    fn run_fused(&self, x: &Frames, second: &Conv1d, alpha: f32, residual: &Frames) -> Frames {
+        let n = self.frames(x.len);
+        let (cin, k, d, hidden, cout) = (self.cin, self.k, self.dilation, self.cout, second.cout);
+        let kk = cin * k;
+        assert_eq!(
+            (residual.channels, residual.len),
+            (cout, n),
+            "residual shape"
+        );
+        assert!(self.stride == 1 && second.k == 1 && second.cin == hidden);
+        let mut out = Frames::uninit(cout, n);
+        let ptr = SharedMut(out.data.as_mut_ptr());
+        let flops = 2 * n * (hidden * kk + cout * hidden);
+        let tiles = tiles(1, n, max_cols(kk + hidden), flops);
+        let (b1, b2) = (self.b.as_deref(), second.b.as_deref());
+        for_tiles(&tiles, flops, |scratch, (_, _, t0, tn)| {
+            let (nc, nh) = (kk * tn, hidden * tn);
+            if scratch.len() < nc + nh {
+                scratch.resize(nc + nh, 0.0);
+            }
+            let (cols, h) = scratch[..nc + nh].split_at_mut(nc);
+            for ci in 0..cin {
+                let src = x.row(ci);
+                for j in 0..k {
+                    let row = ci * k + j;
+                    let start = t0 + j * d;
+                    cols[row * tn..(row + 1) * tn].copy_from_slice(&src[start..start + tn]);
+                }
+            }
+            // SAFETY: h is hidden x tn; the weights have hidden rows of kk.
+            unsafe {
+                matmul(
+                    hidden,
+                    tn,
+                    kk,
+                    h.as_mut_ptr(),
+                    tn,
+                    1,
+                    self.w.as_ptr(),
+                    kk,
+                    cols.as_ptr(),
+                );
+            }
+            for (r, row) in h.chunks_mut(tn).enumerate() {
+                let b = b1.map_or(0.0, |b| b[r]);
+                row.iter_mut().for_each(|v| *v += b);
+                elu_in_place(row, alpha);
+            }
+            // SAFETY: the tile's columns t0 .. t0 + tn of every row of `out` are written by
+            // this tile only; second's weights have cout rows of hidden.
+            unsafe {
+                matmul(
+                    cout,
+                    tn,
+                    hidden,
+                    ptr.at(t0),
+                    n,
+                    1,
+                    second.w.as_ptr(),
+                    hidden,
+                    h.as_ptr(),
+                );
+                epilogue(ptr, n, (0, cout, t0, tn), b2, Some(&residual.data));
+            }
+        });
+        out
     }
 
     /// The convolution of padded, activated frames, plus `residual`.
@@ -979,8 +1089,16 @@ impl ResBlock {
         let skip = shortcut.as_ref().unwrap_or(x);
         st.convs.resize_with(2, ConvState::default);
         let (a, b) = st.convs.split_at_mut(1);
-        let h = self.convs[0].step(&mut a[0], x, Some(alpha), None, last);
-        self.convs[1].step(&mut b[0], &h, Some(alpha), Some(skip), last)
+        let (c1, c2) = (&self.convs[0], &self.convs[1]);
+        if x.len > crate::kernels::GEMV_MAX_ROWS && c1.stride == 1 && c2.k == 1 {
+            // The pointwise second convolution keeps no state: fuse the two.
+            return match c1.prepare(&mut a[0], x, Some(alpha), last) {
+                None => Frames::empty(c2.cout),
+                Some(full) => c1.run_fused(&full, c2, alpha, skip),
+            };
+        }
+        let h = c1.step(&mut a[0], x, Some(alpha), None, last);
+        c2.step(&mut b[0], &h, Some(alpha), Some(skip), last)
     }
 }
 
@@ -1388,4 +1506,3 @@ mod tests {
         Ok(())
     }
 }
-
