@@ -189,6 +189,27 @@ def test_streaming_decode_gives_offline_audio(codec):
     assert codec.decode_step(None) is None
 
 
+def test_long_offline_calls_match_the_stream(codec):
+    """Offline calls on the CPU run as streams over 2 s chunks, flushed at the end: an input
+    several chunks long gives the streaming codes for its whole frames, the same audio as a
+    streaming decode, and its own first frames do not depend on what follows."""
+    w = IO["waveform"]
+    long = np.concatenate([w, w[..., ::-1] * 0.7, w * 0.5, w[..., :5000]], axis=-1)  # 113000 samples
+    codes = codec.encode(long)
+    assert codes.shape == (1, 4, -(-113000 // 1920))
+    codec.reset_state()
+    streamed = stream_encode(codec, long, [7000] * 16 + [1000])
+    assert streamed.shape == (1, 4, 113000 // 1920)
+    np.testing.assert_array_equal(codes[..., : streamed.shape[-1]], streamed)
+    np.testing.assert_array_equal(codes[..., :18], IO["codes"][..., :18])
+    audio = codec.decode(codes)
+    codec.reset_state()
+    parts = [codec.decode_step(codes[..., s : s + 7]) for s in range(0, codes.shape[-1], 7)]
+    a = TOL["audio"]
+    assert_close(np.concatenate(parts, -1), audio, a["atol"], a["rtol"], "long stream decode")
+    assert_close(audio[..., :36480], codec.decode(codes[..., :19]), a["atol"], a["rtol"], "prefix")
+
+
 def test_offline_calls_do_not_disturb_the_stream(codec):
     codec.reset_state()
     w = IO["waveform"]
