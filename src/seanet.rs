@@ -1102,6 +1102,41 @@ impl ResBlock {
     }
 }
 
+/// The residual blocks of one SEANet stage, at `vb.pp(*idx)` onwards (advances `idx`).
+fn load_res_blocks(
+    cfg: &SeanetConfig,
+    vb: &VarBuilder,
+    idx: &mut usize,
+    dim: usize,
+) -> Result<Vec<ResBlock>> {
+    (0..cfg.n_residual_layers)
+        .map(|j| {
+            let block = ResBlock::load(
+                vb.pp(*idx),
+                dim,
+                cfg.residual_kernel_size,
+                cfg.dilation_base.pow(j as u32),
+                cfg.compress,
+                cfg.true_skip,
+                cfg.pad_mode == "replicate",
+            );
+            *idx += 1;
+            block
+        })
+        .collect()
+}
+
+/// A stride-1 convolution with bias in the config's pad mode (SEANet's first and last).
+fn load_outer(
+    cfg: &SeanetConfig,
+    vb: VarBuilder,
+    cin: usize,
+    cout: usize,
+    k: usize,
+) -> Result<Conv1d> {
+    Conv1d::load(vb, cin, cout, k, 1, 1, true, cfg.pad_mode == "replicate")
+}
+
 /// The SEANet encoder (`SeaNetEncoder`): audio (channels, samples) -> (dimension, frames).
 #[derive(Clone, Debug)]
 pub struct Encoder {
@@ -1122,49 +1157,26 @@ pub struct EncoderState {
 impl Encoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
         let vb = vb.pp("layers");
-        let rep = cfg.pad_mode == "replicate";
         let nf = cfg.n_filters;
-        let init = Conv1d::load(vb.pp(0), cfg.channels, nf, cfg.kernel_size, 1, 1, true, rep)?;
+        let init = load_outer(cfg, vb.pp(0), cfg.channels, nf, cfg.kernel_size)?;
         let mut idx = 1;
         let mut mult = 1;
         let mut layers = Vec::new();
         for &ratio in cfg.ratios.iter().rev() {
-            let mut res = Vec::new();
-            for j in 0..cfg.n_residual_layers {
-                res.push(ResBlock::load(
-                    vb.pp(idx),
-                    mult * nf,
-                    cfg.residual_kernel_size,
-                    cfg.dilation_base.pow(j as u32),
-                    cfg.compress,
-                    cfg.true_skip,
-                    rep,
-                )?);
-                idx += 1;
-            }
-            let down = Conv1d::load(
-                vb.pp(idx + 1),
-                mult * nf,
-                2 * mult * nf,
-                2 * ratio,
-                ratio,
-                1,
-                true,
-                rep,
-            )?;
+            let res = load_res_blocks(cfg, &vb, &mut idx, mult * nf)?;
+            let rep = cfg.pad_mode == "replicate";
+            let (cin, cout) = (mult * nf, 2 * mult * nf);
+            let down = Conv1d::load(vb.pp(idx + 1), cin, cout, 2 * ratio, ratio, 1, true, rep)?;
             idx += 2;
             layers.push((res, down));
             mult *= 2;
         }
-        let last = Conv1d::load(
+        let last = load_outer(
+            cfg,
             vb.pp(idx + 1),
             mult * nf,
             cfg.dimension,
             cfg.last_kernel_size,
-            1,
-            1,
-            true,
-            rep,
         )?;
         Ok(Self {
             init,
@@ -1218,57 +1230,20 @@ pub struct DecoderState {
 impl Decoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
         let vb = vb.pp("layers");
-        let rep = cfg.pad_mode == "replicate";
         let nf = cfg.n_filters;
         let mut mult = 1 << cfg.ratios.len();
-        let init = Conv1d::load(
-            vb.pp(0),
-            cfg.dimension,
-            mult * nf,
-            cfg.kernel_size,
-            1,
-            1,
-            true,
-            rep,
-        )?;
+        let init = load_outer(cfg, vb.pp(0), cfg.dimension, mult * nf, cfg.kernel_size)?;
         let mut idx = 1;
         let mut layers = Vec::new();
         for &ratio in cfg.ratios.iter() {
-            let up = ConvTr1d::load(
-                vb.pp(idx + 1),
-                mult * nf,
-                mult * nf / 2,
-                2 * ratio,
-                ratio,
-                true,
-            )?;
+            let (cin, cout) = (mult * nf, mult * nf / 2);
+            let up = ConvTr1d::load(vb.pp(idx + 1), cin, cout, 2 * ratio, ratio, true)?;
             idx += 2;
-            let mut res = Vec::new();
-            for j in 0..cfg.n_residual_layers {
-                res.push(ResBlock::load(
-                    vb.pp(idx),
-                    mult * nf / 2,
-                    cfg.residual_kernel_size,
-                    cfg.dilation_base.pow(j as u32),
-                    cfg.compress,
-                    cfg.true_skip,
-                    rep,
-                )?);
-                idx += 1;
-            }
+            let res = load_res_blocks(cfg, &vb, &mut idx, cout)?;
             layers.push((up, res));
             mult /= 2;
         }
-        let last = Conv1d::load(
-            vb.pp(idx + 1),
-            nf,
-            cfg.channels,
-            cfg.last_kernel_size,
-            1,
-            1,
-            true,
-            rep,
-        )?;
+        let last = load_outer(cfg, vb.pp(idx + 1), nf, cfg.channels, cfg.last_kernel_size)?;
         Ok(Self {
             init,
             layers,
