@@ -305,8 +305,11 @@ def test_soak_codec_memory_is_flat():
 
 INTERRUPT_CHILD = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     import numpy as np, mimi_py as M
+    # A process started in the background by a non-interactive shell inherits SIGINT as
+    # ignored, and Python then installs no KeyboardInterrupt handler: restore it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     codec = M.MimiCodec(seed=0)
     probe = (np.random.default_rng(1).standard_normal(2 * 1920) * 0.1).astype(np.float32)
     before = codec.encode(probe)
