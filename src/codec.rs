@@ -480,6 +480,16 @@ fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(data, (b, c, t), dev)?))
 }
 
+/// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
+/// the worker that ran it.
+fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    crate::kernels::in_pool(|| {
+        let r = f();
+        seanet::release_buffers();
+        r
+    })
+}
+
 fn empty() -> Error {
     Error::Shape("the input is too short to produce any output".into())
 }
@@ -704,21 +714,12 @@ impl Codec {
 
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
     pub fn encode_pre_quantize(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        crate::kernels::in_pool(|| {
-            let r = self.encode_pre_quantize_inner(pcm, cancel);
-            seanet::release_buffers();
-            r
-        })
+        offline_call(|| self.encode_pre_quantize_inner(pcm, cancel))
     }
 
     fn encode_pre_quantize_inner(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         match &self.convs {
-            Convs::Native {
-                encoder,
-                downsample,
-                ..
-            } => {
-                let _ = (encoder, downsample);
+            Convs::Native { .. } => {
                 // One stream over chunks, flushed at the end: the offline result, with
                 // memory bounded by the chunk (the transformer's window is exact under any
                 // chunking, and the convolutions pad the last chunk as offline).
@@ -769,20 +770,13 @@ impl Codec {
 
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
     pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        crate::kernels::in_pool(|| {
-            let r = self.decode_inner(codes, cancel);
-            seanet::release_buffers();
-            r
-        })
+        offline_call(|| self.decode_inner(codes, cancel))
     }
 
     fn decode_inner(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
         match &self.convs {
-            Convs::Native {
-                decoder, upsample, ..
-            } => {
-                let _ = (decoder, upsample);
+            Convs::Native { .. } => {
                 // One stream over chunks of frames: the decoder pads nothing on the right,
                 // so this is the offline result, with memory bounded by the chunk.
                 let len = x.dim(2)?;

@@ -163,31 +163,6 @@ impl Frames {
         out
     }
 
-    /// Frames `start .. start + n`.
-    pub fn slice(&self, start: usize, n: usize) -> Frames {
-        let mut out = Frames::uninit(self.channels, n);
-        if n > 0 {
-            for c in 0..self.channels {
-                out.data[c * n..(c + 1) * n].copy_from_slice(&self.row(c)[start..start + n]);
-            }
-        }
-        out
-    }
-
-    /// `parts` joined along time.
-    pub fn join(channels: usize, parts: &[Frames]) -> Frames {
-        let len = parts.iter().map(|p| p.len).sum();
-        let mut out = Frames::new(channels, len, vec![0f32; channels * len]);
-        let mut t0 = 0;
-        for p in parts {
-            for c in 0..channels {
-                out.data[c * len + t0..c * len + t0 + p.len].copy_from_slice(p.row(c));
-            }
-            t0 += p.len;
-        }
-        out
-    }
-
     /// The last `n` frames.
     fn tail(&self, n: usize) -> Frames {
         let n = n.min(self.len);
@@ -503,12 +478,6 @@ pub struct ConvState {
     prev: Option<Frames>,
     /// Input frames received so far (what the offline padding of the last chunk needs).
     seen: usize,
-}
-
-impl ConvState {
-    pub fn nbytes(&self) -> usize {
-        self.prev.as_ref().map_or(0, |p| p.data.len() * 4)
-    }
 }
 
 /// A causal 1-d convolution (`StreamableConv1d`).
