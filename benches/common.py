@@ -18,8 +18,8 @@ import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-FIXTURES = Path(os.environ.get("MIMI_FIXTURES", REPO.parent / "shared" / "fixtures"))
-CODEC_FIXTURES = FIXTURES / "codec"
+# The test suite's copy of the reference data (tests/data/README.md): manifests and the small codec.
+CODEC_FIXTURES = REPO / "tests" / "data" / "codec"
 MOSHI_MANIFEST = CODEC_FIXTURES / "kyutai_moshi_mimi_manifest.json"
 SMALL_MOSHI_FILE = CODEC_FIXTURES / "mimi_small_moshi.safetensors"
 SMALL_HF_CONFIG = CODEC_FIXTURES / "mimi_small_hf_config.json"

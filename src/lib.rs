@@ -1,57 +1,65 @@
-//! mimi_py: Kyutai's Mimi streaming transformer for Python, computed by candle.
+//! mimi_py: Kyutai's Mimi streaming transformer and codec for Python, computed by candle.
 //!
-//! One file per concern: `errors` (the exception hierarchy and the one error mapping),
-//! `config` (`TransformerConfig`), `convert` (numpy <-> host buffers), `device` (devices,
-//! dtypes, compiled features), `weights` (names, shapes, loading, q/k layouts), `model` (the
-//! transformer and its streaming state, pure Rust) and `transformer` (the Python class).
+//! `core` is the computation and knows nothing of Python; `py` is the boundary. This file
+//! only registers the module. See ARCHITECTURE.md for the map.
 
-pub mod codec;
-pub mod codec_config;
-pub mod codec_py;
-pub mod config;
-pub mod convert;
-pub mod device;
-pub mod errors;
-pub mod kernels;
-pub mod model;
-pub mod seanet;
-pub mod transformer;
-pub mod weights;
+mod core;
+mod py;
+
+/// What the native benchmark binary (`src/bin/mimi_native_bench.rs`) needs from the core.
+pub mod bench {
+    pub use crate::core::config::TransformerConfig;
+    pub use crate::core::transformer::{State, Transformer};
+    pub use crate::core::weights::{QkLayout, TensorSource};
+}
 
 use pyo3::prelude::*;
 
 #[pymodule(gil_used = false)]
 mod _core {
     use super::*;
+    use crate::py::guard;
     use pyo3::types::PyFrozenSet;
 
     #[pymodule_export]
-    use crate::codec_config::CodecConfig;
+    use crate::py::codec::PyMimiCodec;
     #[pymodule_export]
-    use crate::codec_py::MimiCodec;
+    use crate::py::config::{PyCodecConfig, PyTransformerConfig};
     #[pymodule_export]
-    use crate::config::TransformerConfig;
-    #[pymodule_export]
-    use crate::transformer::StreamingTransformer;
+    use crate::py::transformer::PyStreamingTransformer;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-        m.add(
-            "features",
-            PyFrozenSet::new(m.py(), device::compiled_features())?,
-        )?;
-        m.add("candle_version", "0.11.1")?;
-        errors::register(m)
+        let features = crate::core::device::compiled_features();
+        m.add("features", PyFrozenSet::new(m.py(), features)?)?;
+        m.add("candle_version", "0.11.1")
     }
 
     /// Test hook: panics inside the guarded boundary, to show that a Rust panic arrives as
     /// `InternalError` (a `MimiError`), never as `PanicException`.
     #[pyfunction]
     fn _panic_for_tests(py: Python<'_>) -> PyResult<()> {
-        py.detach(|| {
-            errors::guarded(|| -> errors::Result<()> { panic!("forced panic for tests") })
-        })?;
-        Ok(())
+        guard::detached(py, |_| -> crate::core::error::Result<()> {
+            panic!("forced panic for tests")
+        })
+    }
+
+    /// Test hook: panics while holding `obj`'s stream lock, poisoning it, to show the one
+    /// poison policy (the next call resets the stream and raises `InternalError`).
+    #[pyfunction]
+    fn _poison_for_tests(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Ok(t) = obj.cast::<PyStreamingTransformer>() {
+            let t = t.get();
+            return guard::detached(py, |d| t.poison(d));
+        }
+        let c = obj.cast::<PyMimiCodec>()?.get();
+        guard::detached(py, |d| c.poison(d))
+    }
+
+    /// Test hook: the exception class names the Rust error mapping uses.
+    #[pyfunction]
+    fn _error_class_names() -> Vec<&'static str> {
+        crate::py::errors::CLASS_NAMES.to_vec()
     }
 }

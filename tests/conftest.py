@@ -1,42 +1,22 @@
-"""Shared helpers: the reference fixtures in ../shared/fixtures and small utilities."""
+"""Shared helpers: the reference data in tests/data (loaded by fixtures.py) and small utilities."""
 
 from __future__ import annotations
 
 import json
-import os
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import TRANSFORMER_DIR, load_case
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("MIMI_FIXTURES", REPO.parent / "shared" / "fixtures"))
-TRANSFORMER_FIXTURES = FIXTURES / "transformer"
 
-if not TRANSFORMER_FIXTURES.is_dir():  # pragma: no cover - a broken checkout, not a skip
-    raise RuntimeError(
-        f"reference fixtures not found at {FIXTURES}; set MIMI_FIXTURES to the shared/fixtures folder"
-    )
-
-sys.path.insert(0, str(FIXTURES))
-import mimi_fixtures as mf  # noqa: E402
+if not TRANSFORMER_DIR.is_dir():  # pragma: no cover - a broken checkout, not a skip
+    raise RuntimeError(f"reference data not found at {TRANSFORMER_DIR}")
 
 # Cases with arrays (npz); gqa must be refused (kv_repeat=2).
 NUMERIC_CASES = ["small_rope", "small_sin_rms_gated", "mimi"]
-ALL_JSON_CASES = sorted(p.stem for p in TRANSFORMER_FIXTURES.glob("*.json"))
-
-
-def load_case(name: str):
-    """(meta, cfg, weights, arrays) of a transformer fixture; weights checked by digest."""
-    meta, cfg, weights, arrays = mf.load_case(str(TRANSFORMER_FIXTURES / f"{name}.json"))
-    assert mf.weights_digest(weights) == meta["weights_sha256"]
-    return meta, cfg, weights, arrays
-
-
-def case_json(name: str) -> dict:
-    return json.loads((TRANSFORMER_FIXTURES / f"{name}.json").read_text())
 
 
 def assert_close(actual, expected, atol=1e-4, rtol=1e-4, what=""):

@@ -9,11 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, assert_close
+from conftest import assert_close
+from fixtures import CODEC_DIR
 
 sf = pytest.importorskip("soundfile")  # part of the test extra; present in CI
 
-CODEC = FIXTURES / "codec"
+CODEC = CODEC_DIR
 IO = dict(np.load(CODEC / "mimi_small_io.npz"))
 
 

@@ -1,4 +1,4 @@
-"""The Mimi codec against the reference fixtures (../shared/fixtures/codec)."""
+"""The Mimi codec against the reference fixtures (tests/data/codec)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mimi_py
-from conftest import FIXTURES, assert_close, read_safetensors, write_safetensors
+from conftest import assert_close, read_safetensors, write_safetensors
+from fixtures import CODEC_DIR
 
-CODEC = FIXTURES / "codec"
+CODEC = CODEC_DIR
 META = json.loads((CODEC / "mimi_small.json").read_text())
 TOL = META["tolerance"]
 IO = dict(np.load(CODEC / "mimi_small_io.npz"))

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import mimi_py
-from conftest import ALL_JSON_CASES, case_json
+from fixtures import case_json, case_names
 
 FIELDS = [
     "d_model", "num_heads", "num_layers", "causal", "norm_first", "bias_ff", "bias_attn",
@@ -29,7 +29,7 @@ def test_defaults_are_the_real_mimi_transformer():
     assert list(c.to_dict()) == FIELDS
 
 
-@pytest.mark.parametrize("name", ALL_JSON_CASES)
+@pytest.mark.parametrize("name", case_names())
 def test_accepts_every_fixture_config_and_round_trips(name):
     d = case_json(name)["config"]
     c = mimi_py.TransformerConfig(**d)

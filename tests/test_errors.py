@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import mimi_py
-from conftest import assert_close, case_json, load_case, mf
+from conftest import assert_close
+from fixtures import case_json, load_case
 
 
 def test_hierarchy():

@@ -1,4 +1,4 @@
-"""Numerical parity with the PyTorch reference fixtures (../shared/fixtures/transformer)."""
+"""Numerical parity with the PyTorch reference fixtures (tests/data/transformer)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import mimi_py
-from conftest import NUMERIC_CASES, assert_close, load_case, mf
+from conftest import NUMERIC_CASES, assert_close
+from fixtures import chunk_slices, load_case
 
 
 def build(cfg, weights, **kw):
@@ -33,7 +34,7 @@ def test_chunk_pattern_matches_y_full_not_candles_y_chunks(case):
     name, meta, cfg, weights, arrays = case
     x, tol = arrays["x"], meta["tolerance"]
     t = build(cfg, weights)
-    y = np.concatenate([t.forward(x[:, s]) for s in mf.chunk_slices(meta["chunks"])], axis=1)
+    y = np.concatenate([t.forward(x[:, s]) for s in chunk_slices(meta["chunks"])], axis=1)
     assert_close(y, arrays["y_full"], tol["atol"], tol["rtol"], name)
     if x.shape[1] > cfg["context"]:
         assert np.abs(y - arrays["y_chunks"]).max() > 1e-2

@@ -52,7 +52,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import mimi_py
-from conftest import FIXTURES, REPO, read_safetensors, write_safetensors
+from conftest import REPO, read_safetensors, write_safetensors
+from fixtures import CODEC_DIR
 
 # ---------------------------------------------------------------- hypothesis budget
 
@@ -736,7 +737,6 @@ def test_nan_and_inf_are_refused_and_change_nothing(special, chunk):
 
 # ---------------------------------------------------------------- codec
 
-CODEC_DIR = FIXTURES / "codec"
 CODEC_FILE = CODEC_DIR / "mimi_small.safetensors"
 
 
@@ -1137,10 +1137,10 @@ HUGE_SCRIPT = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (__LIMIT__, __LIMIT__))
     import numpy as np, mimi_py as M
     case = sys.argv[1]
-    fixtures = sys.argv[2]
+    codec_dir = sys.argv[2]
     def small_codec():
-        cfg = M.CodecConfig(**json.load(open(fixtures + "/codec/mimi_small_candle_config.json")))
-        return M.MimiCodec(fixtures + "/codec/mimi_small.safetensors", config=cfg)
+        cfg = M.CodecConfig(**json.load(open(codec_dir + "/mimi_small_candle_config.json")))
+        return M.MimiCodec(codec_dir + "/mimi_small.safetensors", config=cfg)
     TF = M.TransformerConfig(d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, context=8)
     T = 2**40
     try:
@@ -1168,7 +1168,7 @@ HUGE_SCRIPT = textwrap.dedent(
             M.StreamingTransformer(M.TransformerConfig(d_model=2**16, num_heads=2, num_layers=64,
                                                        dim_feedforward=2**20))
         elif case == "codec_config":
-            cfg = M.CodecConfig(**json.load(open(fixtures + "/codec/mimi_small_candle_config.json")))
+            cfg = M.CodecConfig(**json.load(open(codec_dir + "/mimi_small_candle_config.json")))
             M.MimiCodec(config=cfg.replace(quantizer_bins=2**31))
         print("RESULT ok")
     except BaseException as e:
@@ -1197,7 +1197,7 @@ def test_huge_sizes_are_a_clear_error_not_a_crash(case):
     limit = 4 * 2**30
     env = dict(os.environ, RAYON_NUM_THREADS="1", MALLOC_ARENA_MAX="2", RUST_BACKTRACE="0")
     p = subprocess.run(
-        [sys.executable, "-c", HUGE_SCRIPT.replace("__LIMIT__", str(limit)), case, str(FIXTURES)],
+        [sys.executable, "-c", HUGE_SCRIPT.replace("__LIMIT__", str(limit)), case, str(CODEC_DIR)],
         capture_output=True, text=True, timeout=120, env=env, cwd=str(REPO),
     )
     out = p.stdout + p.stderr

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mimi_py
-from conftest import assert_close, load_case
+from conftest import assert_close
+from fixtures import load_case
 
 CASES = ["small_rope", "small_sin_rms_gated", "mimi"]
 _cache: dict = {}

@@ -32,7 +32,8 @@ import numpy as np
 import pytest
 
 import mimi_py as M
-from conftest import FIXTURES, REPO
+from conftest import REPO
+from fixtures import CODEC_DIR
 
 JOIN_TIMEOUT = 120.0
 CFG = M.TransformerConfig(d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, context=8)
@@ -179,7 +180,7 @@ def test_8_threads_with_their_own_transformers_equal_the_serial_run():
 
 # ---------------------------------------------------------------- one codec, 8 threads
 
-CODEC = FIXTURES / "codec"
+CODEC = CODEC_DIR
 FRAME = 1920
 
 

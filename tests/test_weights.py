@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import mimi_py
-from conftest import assert_close, load_case, mf, write_safetensors
+from conftest import assert_close, write_safetensors
+from fixtures import load_case, to_hf_layout
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_prefix_selects_a_subtree(tmp_path, small):
 
 def test_hf_layout_is_converted_at_load(tmp_path, small):
     meta, cfg, weights, arrays = small
-    hf = mf.to_hf_layout(weights, cfg)
+    hf = to_hf_layout(weights, cfg)
     assert not np.array_equal(hf["layers.0.self_attn.q_proj.weight"], weights["layers.0.self_attn.q_proj.weight"])
     config = mimi_py.TransformerConfig(**cfg)
     path = tmp_path / "hf.safetensors"
@@ -98,7 +99,7 @@ def test_hf_layout_is_converted_at_load(tmp_path, small):
 def test_hf_layout_with_attention_biases(small):
     meta, cfg, weights, arrays = load_case("small_sin_rms_gated")
     # sin positions: no rope, so the layout conversion must not change the result
-    hf = mf.to_hf_layout(weights, cfg)
+    hf = to_hf_layout(weights, cfg)
     t = mimi_py.StreamingTransformer(mimi_py.TransformerConfig(**cfg), hf, qk_layout="hf")
     sd = t.state_dict()
     np.testing.assert_array_equal(sd["layers.0.self_attn.q_proj.bias"], weights["layers.0.self_attn.q_proj.bias"])

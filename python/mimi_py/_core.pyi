@@ -1,4 +1,7 @@
-"""Type stubs for the native module ``mimi_py._core``."""
+"""Type stubs for the native module ``mimi_py._core``.
+
+The exception classes are not here: they are declared in ``mimi_py/errors.py``.
+"""
 
 import os
 from collections.abc import Mapping
@@ -11,45 +14,6 @@ __version__: str
 candle_version: str
 features: frozenset[str]
 """Optional backends compiled into this build: a subset of {"cuda", "metal", "mkl", "accelerate"}."""
-
-class MimiError(Exception):
-    """Base class of every error raised by mimi_py."""
-
-class ConfigError(MimiError, ValueError):
-    """An invalid or unsupported configuration value; the message names the field."""
-
-class UnsupportedKvRepeatError(ConfigError):
-    """The config asks for kv_repeat != 1."""
-
-class IncompatibleStateError(MimiError, ValueError):
-    """copy_state between transformers whose streaming states have different shapes."""
-
-class DepthMismatchError(IncompatibleStateError, ValueError):
-    """copy_state between transformers with different numbers of layers."""
-
-class ShapeError(MimiError, ValueError):
-    """An input array of the wrong shape."""
-
-class DTypeError(MimiError, TypeError):
-    """An input array whose dtype is not a real floating type."""
-
-class InvalidInputError(MimiError, ValueError):
-    """An input whose values are not accepted (codes out of range, NaN/Inf audio)."""
-
-class ResourceError(MimiError, MemoryError):
-    """A call that needs more memory than is available (checked up front)."""
-
-class WeightsError(MimiError, ValueError):
-    """A missing, mis-shaped or mistyped tensor, or an unreadable checkpoint."""
-
-class DeviceError(MimiError, RuntimeError):
-    """A device that is unknown, not compiled into this build, or failed to initialise."""
-
-class ComputeError(MimiError, RuntimeError):
-    """A failure reported by candle while computing."""
-
-class InternalError(MimiError, RuntimeError):
-    """A bug in mimi_py (a Rust panic caught at the boundary)."""
 
 PositionalEmbedding = Literal["rope", "sin", "none"]
 NormName = Literal["layer_norm", "rms_norm"]
@@ -142,7 +106,7 @@ class StreamingTransformer:
         config: TransformerConfig | Mapping[str, Any] | None = None,
         weights: str | os.PathLike[str] | Mapping[str, npt.ArrayLike] | None = None,
         *,
-        seed: int | None = 0,  # None means 0
+        seed: int | None = None,  # None means 0
         device: str = "cpu",
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         prefix: str = "",
@@ -241,7 +205,7 @@ class MimiCodec:
         *,
         config: CodecConfig | Mapping[str, Any] | None = None,
         num_codebooks: int | None = None,
-        seed: int | None = 0,  # None means 0
+        seed: int | None = None,  # None means 0
         device: str = "cpu",
         dtype: Literal["float32"] = "float32",  # half precision is refused (ConfigError) for now
     ) -> None: ...
@@ -275,4 +239,11 @@ class MimiCodec:
     @property
     def checkpoint_layout(self) -> Literal["hf", "moshi"] | None: ...
 
-def _panic_for_tests() -> None: ...
+def _panic_for_tests() -> None:
+    """Test hook: a Rust panic inside the guarded boundary (arrives as InternalError)."""
+
+def _poison_for_tests(obj: StreamingTransformer | MimiCodec) -> None:
+    """Test hook: a panic while holding obj's stream lock (the next call resets it)."""
+
+def _error_class_names() -> list[str]:
+    """Test hook: the exception class names the Rust error mapping uses."""

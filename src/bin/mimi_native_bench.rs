@@ -2,7 +2,7 @@
 //! the same seeded weights:
 //!
 //! * `candle`: candle-transformers' own `mimi::transformer::StreamingTransformer`;
-//! * `mimi_py`: this crate's model (exact sliding window, owned state).
+//! * `mimi_py`: this crate's transformer (exact sliding window, owned state).
 //!
 //! `cargo run --release --no-default-features --bin mimi_native_bench -- [steps] [batch]`
 //! prints one JSON line per engine with the median and p99 step time in microseconds, plus
@@ -12,9 +12,7 @@
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use candle::{DType, Device, StreamingModule, Tensor};
-use mimi_py::config::TransformerConfig;
-use mimi_py::model::{Model, State};
-use mimi_py::weights::{self, QkLayout, WeightSource};
+use mimi_py::bench::{QkLayout, State, TensorSource, Transformer, TransformerConfig};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -44,24 +42,21 @@ fn main() -> candle::Result<()> {
     let batch: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
     // "both" (default), "candle" or "mimi_py": which engines to time.
     let which = args.get(3).cloned().unwrap_or_else(|| "both".to_string());
-    let cfg = TransformerConfig::mimi_preset();
+    let cfg = TransformerConfig::default();
     let dev = Device::Cpu;
-    let w = weights::load(
-        &cfg,
-        WeightSource::Seed(0),
-        "",
-        QkLayout::Interleaved,
-        &dev,
-        DType::F32,
-    )
-    .map_err(|e| candle::Error::Msg(e.to_string()))?;
-    let map: HashMap<String, Tensor> = w.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let seeded = TensorSource::seeded(0, cfg.layer_scale);
+    let model = Transformer::load(&cfg, &seeded, "", QkLayout::Interleaved, &dev, DType::F32)
+        .map_err(|e| candle::Error::Msg(e.to_string()))?;
+    let map: HashMap<String, Tensor> = model
+        .weights()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let vb = candle_nn::VarBuilder::from_tensors(map, DType::F32, &dev);
     let mut reference = candle_transformers::models::mimi::transformer::StreamingTransformer::new(
         &cfg.to_candle(),
         vb,
     )?;
-    let model = Model::new(&cfg, w, &dev, DType::F32)?;
     let d = cfg.d_model;
     let warm = 20;
     let xs = input(batch, steps + warm, d, 1);

@@ -1,6 +1,6 @@
 //! Devices, dtypes and the cargo features compiled into this build.
 
-use crate::errors::{Error, Result};
+use crate::core::error::{Error, Result};
 use candle::{DType, Device};
 
 /// The optional backends compiled into this build.

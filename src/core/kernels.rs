@@ -435,14 +435,14 @@ mod tests {
             (4, 2048, 512),
             (1, 7, 1),
         ] {
-            let x = Tensor::from_vec(crate::model::test_input(1, m, k, 1), (m, k), &dev).unwrap();
-            let w = Tensor::from_vec(crate::model::test_input(1, n, k, 2), (n, k), &dev).unwrap();
-            let b = Tensor::from_vec(crate::model::test_input(1, 1, n, 3), n, &dev).unwrap();
+            let x = Tensor::from_vec(crate::core::testutil::test_input(1, m, k, 1), (m, k), &dev).unwrap();
+            let w = Tensor::from_vec(crate::core::testutil::test_input(1, n, k, 2), (n, k), &dev).unwrap();
+            let b = Tensor::from_vec(crate::core::testutil::test_input(1, 1, n, 3), n, &dev).unwrap();
             let reference = candle_nn::Linear::new(w.clone(), Some(b.clone()));
             let ours = Linear::new(w, Some(b)).unwrap();
             for shape in [vec![m, k], vec![1, m, k]] {
                 let xs = x.reshape(shape.as_slice()).unwrap();
-                let d = crate::model::max_abs_diff(
+                let d = crate::core::testutil::max_abs_diff(
                     &ours.forward(&xs).unwrap(),
                     &reference.forward(&xs).unwrap(),
                 );

@@ -14,8 +14,8 @@
 //!
 //! The model itself (weights) is immutable and shared between clones.
 
-use crate::config::TransformerConfig;
-use crate::kernels::Linear;
+use crate::core::config::{Norm as NormKind, PositionalEmbedding, TransformerConfig};
+use crate::core::kernels::Linear;
 use candle::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::transformer::{LayerScale, Mlp, Norm};
@@ -72,7 +72,7 @@ impl FeedForward {
 impl Module for FeedForward {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Plain { fc1, fc2 } => crate::kernels::gelu_erf(&xs.apply(fc1)?)?.apply(fc2),
+            Self::Plain { fc1, fc2 } => crate::core::kernels::gelu_erf(&xs.apply(fc1)?)?.apply(fc2),
             Self::Gated {
                 lin_in,
                 lin_out,
@@ -97,7 +97,7 @@ struct Layer {
 }
 
 /// Weights and shapes of a transformer; immutable once built.
-pub struct Model {
+pub struct Transformer {
     cfg: TransformerConfig,
     layers: Vec<Layer>,
     device: Device,
@@ -172,7 +172,21 @@ impl State {
     }
 }
 
-impl Model {
+impl Transformer {
+    /// Reads this transformer's weights from `src` (under `prefix`, q/k rows in `layout`),
+    /// refusing any problem, and builds it.
+    pub fn load(
+        cfg: &TransformerConfig,
+        src: &crate::core::weights::TensorSource,
+        prefix: &str,
+        layout: crate::core::weights::QkLayout,
+        device: &Device,
+        dtype: DType,
+    ) -> crate::core::error::Result<Self> {
+        let w = crate::core::weights::load_transformer_only(cfg, src, prefix, layout, device, dtype)?;
+        Ok(Self::new(cfg, w, device, dtype)?)
+    }
+
     /// Builds the model from checked weights (names without prefix, interleaved q/k layout,
     /// already in `dtype` on `device`).
     pub fn new(
@@ -191,7 +205,7 @@ impl Model {
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let vb = vb.pp("layers").pp(i);
-            let (n1, n2) = if cfg.norm == "rms_norm" {
+            let (n1, n2) = if cfg.norm == NormKind::RmsNorm {
                 ("input_rmsnorm", "post_attention_rmsnorm")
             } else {
                 ("input_layernorm", "post_attention_layernorm")
@@ -297,7 +311,7 @@ impl Model {
     /// Runs `xs` (batch, time, d_model) through the transformer, continuing `state`.
     /// The caller has checked the shape and that the batch matches the state's.
     pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
-        crate::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
+        crate::core::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
     }
 
     /// `forward`, stopping between blocks of `block_len` steps once `cancel` is set.
@@ -331,7 +345,7 @@ impl Model {
         let mut outs = Vec::with_capacity(t.div_ceil(block));
         let mut start = 0;
         while start < t {
-            crate::errors::check_cancel(cancel)?;
+            crate::core::error::check_cancel(cancel)?;
             let len = block.min(t - start);
             outs.push(self.forward_block(state, &xs.narrow(1, start, len)?)?);
             start += len;
@@ -424,12 +438,12 @@ impl Model {
         let (h, hd, c) = (cfg.num_heads, cfg.head_dim(), cfg.context);
         let pos = state.pos;
         let cpos = c as u64;
-        let rope = match cfg.positional_embedding.as_str() {
-            "rope" => Some(self.rope_tables(pos, t)?),
+        let rope = match cfg.positional_embedding {
+            PositionalEmbedding::Rope => Some(self.rope_tables(pos, t)?),
             _ => None,
         };
-        let mut xs = match cfg.positional_embedding.as_str() {
-            "sin" => xs.broadcast_add(&self.sin_embedding(pos, t)?)?,
+        let mut xs = match cfg.positional_embedding {
+            PositionalEmbedding::Sin => xs.broadcast_add(&self.sin_embedding(pos, t)?)?,
             _ => xs.clone(),
         };
         let n_old = pos.min(cpos) as usize;
@@ -517,47 +531,26 @@ impl Model {
     }
 }
 
-/// Random activations for tests.
-#[cfg(test)]
-pub(crate) fn test_input(b: usize, t: usize, d: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..b * t * d)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-/// Largest absolute elementwise difference, for tests.
-#[cfg(test)]
-pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .and_then(|d| d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>())
-        .expect("comparable tensors")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::{self, QkLayout, WeightSource};
+    use crate::core::config::{Field, Value};
+    use crate::core::testutil::{max_abs_diff, test_input};
+    use crate::core::weights::{self, QkLayout, TensorSource};
     use candle::StreamingModule;
 
     fn small_cfg(pe: &str, norm: &str, gating: Option<&str>, context: usize) -> TransformerConfig {
-        let mut c = TransformerConfig::mimi_preset();
+        let mut c = TransformerConfig::default();
         c.d_model = 32;
         c.num_heads = 4;
         c.num_layers = 2;
         c.dim_feedforward = 64;
         c.context = context;
         c.max_seq_len = 512;
-        c.positional_embedding = pe.into();
-        c.norm = norm.into();
-        c.gating = gating.map(String::from);
+        let parse = |v: &str| Value::Str(v.into());
+        c.positional_embedding = Field::parse("positional_embedding", &parse(pe)).unwrap();
+        c.norm = Field::parse("norm", &parse(norm)).unwrap();
+        c.gating = gating.map(|g| Field::parse("gating", &parse(g)).unwrap());
         c.bias_attn = gating.is_some();
         c.layer_scale = if gating.is_some() { None } else { Some(0.3) };
         c.validate().unwrap();
@@ -588,9 +581,9 @@ mod tests {
         ] {
             let cfg = small_cfg(pe, norm, gating, 6);
             let dev = Device::Cpu;
-            let w = weights::load(
+            let w = weights::load_transformer_only(
                 &cfg,
-                WeightSource::Seed(7),
+                &TensorSource::seeded(7, cfg.layer_scale),
                 "",
                 QkLayout::Interleaved,
                 &dev,
@@ -616,7 +609,7 @@ mod tests {
                     vb,
                 )
                 .unwrap();
-            let model = Model::new(&cfg, w, &dev, DType::F32).unwrap();
+            let model = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();
             let mut state = State::default();
             let (b, t, d) = (2, 20, cfg.d_model);
             let x = Tensor::from_vec(test_input(b, t, d, 3), (b, t, d), &dev).unwrap();
@@ -644,16 +637,16 @@ mod tests {
     fn chunk_invariant() {
         let cfg = small_cfg("rope", "layer_norm", None, 5);
         let dev = Device::Cpu;
-        let w = weights::load(
+        let w = weights::load_transformer_only(
             &cfg,
-            WeightSource::Seed(1),
+            &TensorSource::seeded(1, cfg.layer_scale),
             "",
             QkLayout::Interleaved,
             &dev,
             DType::F32,
         )
         .unwrap();
-        let model = Model::new(&cfg, w, &dev, DType::F32).unwrap();
+        let model = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();
         let (b, t, d) = (1, 40, cfg.d_model);
         let x = Tensor::from_vec(test_input(b, t, d, 9), (b, t, d), &dev).unwrap();
         let mut s = State::default();

@@ -1,5 +1,5 @@
-//! Mimi's convolutional parts computed natively on the CPU in f32: the SEANet encoder and
-//! decoder and the frame-rate down/upsampling convolutions.
+//! Mimi's convolutions computed natively on the CPU in f32: the causal convolution and
+//! transposed convolution every SEANet layer and the frame-rate down/upsampling are made of.
 //!
 //! candle's modules (`candle_transformers::models::mimi::{seanet, conv}`) are correct but slow
 //! on the CPU: every convolution materialises a full im2col copy of its input, transposed
@@ -15,21 +15,20 @@
 //!   convolution over the last `ceil(k/s)` input frames, written straight into the strided
 //!   output (no col2im, no overlap-add);
 //! * the ELU is computed once per element with a vectorisable exponential;
-//! * few frames (a streaming step) use the matrix-vector kernel of [`crate::kernels`].
+//! * few frames (a streaming step) use the matrix-vector kernel of [`crate::core::kernels`].
 //!
 //! Streaming and offline share the code: a layer's state is the tail of its (activated) input
 //! that the next frames still need. The offline path pads like candle's `forward` (causal left
 //! padding plus the extra right padding that completes the last stride); the streaming path
 //! keeps the tail instead, so its outputs are those of the offline path for every complete
-//! frame. Rust tests below compare both against candle's modules.
+//! frame. Rust tests below compare both against candle's modules. [`crate::core::seanet`]
+//! assembles these into the encoder and decoder.
 
 use candle::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
-use crate::codec_config::SeanetConfig;
-
-type Cancel<'a> = Option<&'a std::sync::atomic::AtomicBool>;
+use crate::core::config::PadMode;
 
 /// A raw pointer shared by tiles that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -142,7 +141,7 @@ impl Frames {
         v
     }
 
-    fn empty(channels: usize) -> Self {
+    pub(crate) fn empty(channels: usize) -> Self {
         Self::new(channels, 0, Vec::new())
     }
 
@@ -258,7 +257,7 @@ impl<'a> Padded<'a> {
 /// `e^x - 1` for `x <= 0`, vectorisable.
 #[inline(always)]
 fn expm1_nonpos(x: f32) -> f32 {
-    crate::kernels::exp_nonpos(x) - 1.0
+    crate::core::kernels::exp_nonpos(x) - 1.0
 }
 
 #[inline(always)]
@@ -480,31 +479,70 @@ pub struct ConvState {
     seen: usize,
 }
 
+/// The shape of one convolution: channels, kernel, stride, dilation, bias, padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvSpec {
+    pub cin: usize,
+    pub cout: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub bias: bool,
+    pub pad: PadMode,
+}
+
+impl ConvSpec {
+    /// `cin -> cout` with kernel `k`: stride 1, no dilation, a bias, zero padding.
+    pub fn new(cin: usize, cout: usize, k: usize) -> Self {
+        Self {
+            cin,
+            cout,
+            k,
+            stride: 1,
+            dilation: 1,
+            bias: true,
+            pad: PadMode::Constant,
+        }
+    }
+
+    /// The same with stride `stride`.
+    pub fn stride(self, stride: usize) -> Self {
+        Self { stride, ..self }
+    }
+
+    /// The same with dilation `dilation`.
+    pub fn dilation(self, dilation: usize) -> Self {
+        Self { dilation, ..self }
+    }
+
+    /// The same without a bias.
+    pub fn no_bias(self) -> Self {
+        Self { bias: false, ..self }
+    }
+
+    /// The same with left padding `pad`.
+    pub fn pad(self, pad: PadMode) -> Self {
+        Self { pad, ..self }
+    }
+}
+
 /// A causal 1-d convolution (`StreamableConv1d`).
 #[derive(Clone, Debug)]
 pub struct Conv1d {
     w: Vec<f32>,
     b: Option<Vec<f32>>,
     cin: usize,
-    cout: usize,
-    k: usize,
-    stride: usize,
+    pub(crate) cout: usize,
+    pub(crate) k: usize,
+    pub(crate) stride: usize,
     dilation: usize,
     replicate: bool,
 }
 
 impl Conv1d {
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        vb: VarBuilder,
-        cin: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-        dilation: usize,
-        bias: bool,
-        replicate: bool,
-    ) -> Result<Self> {
+    /// Reads the weights of `spec` from `vb` (`conv.weight` or its weight-norm pair).
+    pub fn load(vb: VarBuilder, spec: ConvSpec) -> Result<Self> {
+        let ConvSpec { cin, cout, k, stride, dilation, bias, pad } = spec;
         if k < stride {
             candle::bail!("kernel-size {k} is smaller than stride {stride}")
         }
@@ -523,7 +561,7 @@ impl Conv1d {
             k,
             stride,
             dilation,
-            replicate,
+            replicate: pad == PadMode::Replicate,
         })
     }
 
@@ -608,7 +646,7 @@ impl Conv1d {
 
     /// The streaming input of this chunk: the state's frames then the activated chunk (and
     /// the right padding with `last`). Keeps what the next chunk needs in the state.
-    fn prepare(
+    pub(crate) fn prepare(
         &self,
         st: &mut ConvState,
         x: &Frames,
@@ -652,7 +690,7 @@ impl Conv1d {
     /// `second(elu(self(x))) + residual` for a stride-1 `self` and a pointwise `second`
     /// (a SEANet residual block), tile by tile: the hidden activations of a tile never leave
     /// the cache. The same arithmetic as the two convolutions one after the other.
-    fn run_fused(&self, x: &Frames, second: &Conv1d, alpha: f32, residual: &Frames) -> Frames {
+    pub(crate) fn run_fused(&self, x: &Frames, second: &Conv1d, alpha: f32, residual: &Frames) -> Frames {
         let n = self.frames(x.len);
         let (cin, k, d, hidden, cout) = (self.cin, self.k, self.dilation, self.cout, second.cout);
         let kk = cin * k;
@@ -734,7 +772,7 @@ impl Conv1d {
         }
         let bias = self.b.as_deref();
         let mut out = Frames::uninit(cout, n);
-        if n <= crate::kernels::GEMV_MAX_ROWS {
+        if n <= crate::core::kernels::GEMV_MAX_ROWS {
             // A streaming step: bound by reading the weights once; matrix-vector kernel.
             let mut cols = vec![0f32; n * kk];
             if x.left == 0 && x.right == 0 && d == 1 {
@@ -756,7 +794,7 @@ impl Conv1d {
                     }
                 }
             }
-            let y = crate::kernels::gemv(&cols, &self.w, n, kk, cout);
+            let y = crate::core::kernels::gemv(&cols, &self.w, n, kk, cout);
             for co in 0..cout {
                 let b = bias.map_or(0.0, |b| b[co]);
                 for t in 0..n {
@@ -819,14 +857,9 @@ pub struct ConvTr1d {
 }
 
 impl ConvTr1d {
-    pub fn load(
-        vb: VarBuilder,
-        cin: usize,
-        cout: usize,
-        k: usize,
-        stride: usize,
-        bias: bool,
-    ) -> Result<Self> {
+    /// Reads the weights of `spec` from `vb` (dilation and padding do not apply).
+    pub fn load(vb: VarBuilder, spec: ConvSpec) -> Result<Self> {
+        let ConvSpec { cin, cout, k, stride, bias, .. } = spec;
         let vb = vb.pp("conv");
         let raw = to_vec(&conv_weight(&vb, (cin, cout, k))?)?;
         let b = if bias {
@@ -888,6 +921,7 @@ impl ConvTr1d {
     }
 
     /// Offline: candle's `forward` with the causal trim (`len * stride` frames out).
+    #[cfg(test)]
     pub fn forward(&self, x: &Frames, act: Option<f32>) -> Frames {
         self.step(&mut ConvState::default(), x, act)
     }
@@ -930,7 +964,7 @@ impl ConvTr1d {
         }
         let tk = taps * cin;
         let bias = self.b.as_deref();
-        if n <= crate::kernels::GEMV_MAX_ROWS {
+        if n <= crate::core::kernels::GEMV_MAX_ROWS {
             let mut cols = vec![0f32; n * tk];
             for t in 0..n {
                 for m in 0..taps {
@@ -940,7 +974,7 @@ impl ConvTr1d {
                 }
             }
             // Rows (co, j): y (n, cout * stride).
-            let y = crate::kernels::gemv(&cols, &self.w, n, tk, s * cout);
+            let y = crate::core::kernels::gemv(&cols, &self.w, n, tk, s * cout);
             for co in 0..cout {
                 let b = bias.map_or(0.0, |b| b[co]);
                 for t in 0..n {
@@ -1001,241 +1035,6 @@ impl ConvTr1d {
             }
         });
         out
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// SEANet
-
-#[derive(Clone, Debug)]
-struct ResBlock {
-    convs: Vec<Conv1d>,
-    shortcut: Option<Conv1d>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct ResState {
-    convs: Vec<ConvState>,
-}
-
-impl ResBlock {
-    #[allow(clippy::too_many_arguments)]
-    fn load(
-        vb: VarBuilder,
-        dim: usize,
-        k: usize,
-        dilation: usize,
-        compress: usize,
-        true_skip: bool,
-        replicate: bool,
-    ) -> Result<Self> {
-        let hidden = dim / compress;
-        let b = vb.pp("block");
-        let convs = vec![
-            Conv1d::load(b.pp(1), dim, hidden, k, 1, dilation, true, replicate)?,
-            Conv1d::load(b.pp(3), hidden, dim, 1, 1, 1, true, replicate)?,
-        ];
-        let shortcut = if true_skip {
-            None
-        } else {
-            Some(Conv1d::load(
-                vb.pp("shortcut"),
-                dim,
-                dim,
-                1,
-                1,
-                1,
-                true,
-                replicate,
-            )?)
-        };
-        Ok(Self { convs, shortcut })
-    }
-
-    fn apply(&self, st: &mut ResState, x: &Frames, alpha: f32, last: bool) -> Frames {
-        // k = 1 shortcut: no padding, no state.
-        let shortcut = self.shortcut.as_ref().map(|sc| sc.forward(x, None, None));
-        let skip = shortcut.as_ref().unwrap_or(x);
-        st.convs.resize_with(2, ConvState::default);
-        let (a, b) = st.convs.split_at_mut(1);
-        let (c1, c2) = (&self.convs[0], &self.convs[1]);
-        if x.len > crate::kernels::GEMV_MAX_ROWS && c1.stride == 1 && c2.k == 1 {
-            // The pointwise second convolution keeps no state: fuse the two.
-            return match c1.prepare(&mut a[0], x, Some(alpha), last) {
-                None => Frames::empty(c2.cout),
-                Some(full) => c1.run_fused(&full, c2, alpha, skip),
-            };
-        }
-        let h = c1.step(&mut a[0], x, Some(alpha), None, last);
-        c2.step(&mut b[0], &h, Some(alpha), Some(skip), last)
-    }
-}
-
-/// The residual blocks of one SEANet stage, at `vb.pp(*idx)` onwards (advances `idx`).
-fn load_res_blocks(
-    cfg: &SeanetConfig,
-    vb: &VarBuilder,
-    idx: &mut usize,
-    dim: usize,
-) -> Result<Vec<ResBlock>> {
-    (0..cfg.n_residual_layers)
-        .map(|j| {
-            let block = ResBlock::load(
-                vb.pp(*idx),
-                dim,
-                cfg.residual_kernel_size,
-                cfg.dilation_base.pow(j as u32),
-                cfg.compress,
-                cfg.true_skip,
-                cfg.pad_mode == "replicate",
-            );
-            *idx += 1;
-            block
-        })
-        .collect()
-}
-
-/// A stride-1 convolution with bias in the config's pad mode (SEANet's first and last).
-fn load_outer(
-    cfg: &SeanetConfig,
-    vb: VarBuilder,
-    cin: usize,
-    cout: usize,
-    k: usize,
-) -> Result<Conv1d> {
-    Conv1d::load(vb, cin, cout, k, 1, 1, true, cfg.pad_mode == "replicate")
-}
-
-/// The SEANet encoder (`SeaNetEncoder`): audio (channels, samples) -> (dimension, frames).
-#[derive(Clone, Debug)]
-pub struct Encoder {
-    init: Conv1d,
-    layers: Vec<(Vec<ResBlock>, Conv1d)>,
-    last: Conv1d,
-    alpha: f32,
-}
-
-/// The streaming state of an [`Encoder`] (one batch item).
-#[derive(Clone, Debug, Default)]
-pub struct EncoderState {
-    init: ConvState,
-    layers: Vec<(Vec<ResState>, ConvState)>,
-    last: ConvState,
-}
-
-impl Encoder {
-    pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let vb = vb.pp("layers");
-        let nf = cfg.n_filters;
-        let init = load_outer(cfg, vb.pp(0), cfg.channels, nf, cfg.kernel_size)?;
-        let mut idx = 1;
-        let mut mult = 1;
-        let mut layers = Vec::new();
-        for &ratio in cfg.ratios.iter().rev() {
-            let res = load_res_blocks(cfg, &vb, &mut idx, mult * nf)?;
-            let rep = cfg.pad_mode == "replicate";
-            let (cin, cout) = (mult * nf, 2 * mult * nf);
-            let down = Conv1d::load(vb.pp(idx + 1), cin, cout, 2 * ratio, ratio, 1, true, rep)?;
-            idx += 2;
-            layers.push((res, down));
-            mult *= 2;
-        }
-        let last = load_outer(
-            cfg,
-            vb.pp(idx + 1),
-            mult * nf,
-            cfg.dimension,
-            cfg.last_kernel_size,
-        )?;
-        Ok(Self {
-            init,
-            layers,
-            last,
-            alpha: cfg.activation_elu_alpha as f32,
-        })
-    }
-
-    /// Streaming: the frames this chunk of audio completes; with `last`, the audio ends
-    /// here (see [`Conv1d::step`]). Offline = one chunk with `last`, or any chunking of it.
-    pub fn apply(
-        &self,
-        st: &mut EncoderState,
-        x: &Frames,
-        last: bool,
-        cancel: Cancel,
-    ) -> Result<Frames> {
-        let a = Some(self.alpha);
-        st.layers.resize_with(self.layers.len(), Default::default);
-        let mut x = self.init.step(&mut st.init, x, None, None, last);
-        for ((res, down), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
-            crate::errors::check_cancel(cancel)?;
-            ls.0.resize_with(res.len(), Default::default);
-            for (r, rs) in res.iter().zip(ls.0.iter_mut()) {
-                x = r.apply(rs, &x, self.alpha, last);
-            }
-            x = down.step(&mut ls.1, &x, a, None, last);
-        }
-        Ok(self.last.step(&mut st.last, &x, a, None, last))
-    }
-}
-
-/// The SEANet decoder (`SeaNetDecoder`): (dimension, frames) -> audio (channels, samples).
-#[derive(Clone, Debug)]
-pub struct Decoder {
-    init: Conv1d,
-    layers: Vec<(ConvTr1d, Vec<ResBlock>)>,
-    last: Conv1d,
-    alpha: f32,
-}
-
-/// The streaming state of a [`Decoder`] (one batch item).
-#[derive(Clone, Debug, Default)]
-pub struct DecoderState {
-    init: ConvState,
-    layers: Vec<(ConvState, Vec<ResState>)>,
-    last: ConvState,
-}
-
-impl Decoder {
-    pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let vb = vb.pp("layers");
-        let nf = cfg.n_filters;
-        let mut mult = 1 << cfg.ratios.len();
-        let init = load_outer(cfg, vb.pp(0), cfg.dimension, mult * nf, cfg.kernel_size)?;
-        let mut idx = 1;
-        let mut layers = Vec::new();
-        for &ratio in cfg.ratios.iter() {
-            let (cin, cout) = (mult * nf, mult * nf / 2);
-            let up = ConvTr1d::load(vb.pp(idx + 1), cin, cout, 2 * ratio, ratio, true)?;
-            idx += 2;
-            let res = load_res_blocks(cfg, &vb, &mut idx, cout)?;
-            layers.push((up, res));
-            mult /= 2;
-        }
-        let last = load_outer(cfg, vb.pp(idx + 1), nf, cfg.channels, cfg.last_kernel_size)?;
-        Ok(Self {
-            init,
-            layers,
-            last,
-            alpha: cfg.activation_elu_alpha as f32,
-        })
-    }
-
-    /// Streaming: the audio these frames complete. The decoder pads nothing on the right,
-    /// so any chunking gives the offline output.
-    pub fn apply(&self, st: &mut DecoderState, x: &Frames, cancel: Cancel) -> Result<Frames> {
-        let a = Some(self.alpha);
-        st.layers.resize_with(self.layers.len(), Default::default);
-        let mut x = self.init.step(&mut st.init, x, None, None, false);
-        for ((up, res), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
-            crate::errors::check_cancel(cancel)?;
-            x = up.step(&mut ls.0, &x, a);
-            ls.1.resize_with(res.len(), Default::default);
-            for (r, rs) in res.iter().zip(ls.1.iter_mut()) {
-                x = r.apply(rs, &x, self.alpha, false);
-            }
-        }
-        Ok(self.last.step(&mut st.last, &x, a, None, false))
     }
 }
 
@@ -1357,7 +1156,7 @@ mod tests {
                 pad,
                 vb.clone(),
             )?;
-            let ours = Conv1d::load(vb, cin, cout, k, s, d, true, rep)?;
+            let ours = Conv1d::load(vb, ConvSpec::new(cin, cout, k).stride(s).dilation(d).pad(if rep { PadMode::Replicate } else { PadMode::Constant }))?;
             let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
             let want = theirs.forward(&x)?;
             let got = ours.forward(&frames_of(&x), None, None);
@@ -1412,7 +1211,7 @@ mod tests {
                 None,
                 vb.clone(),
             )?;
-            let ours = ConvTr1d::load(vb, cin, cout, k, s, true)?;
+            let ours = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
             let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
             let want = theirs.forward(&x)?;
             let got = ours.forward(&frames_of(&x), None);

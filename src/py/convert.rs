@@ -6,7 +6,7 @@
 //! Objects that are not arrays but expose `__array__` go through `numpy.asarray` first.
 //! Outputs: a `Vec<f32>` moved into a new numpy array without a copy.
 
-use crate::errors::{Error, Result};
+use crate::core::error::{Error, Result};
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{
     IntoPyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,

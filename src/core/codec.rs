@@ -2,27 +2,27 @@
 //!
 //! Reused from candle-transformers' `mimi`: the split residual vector quantizer, and on
 //! GPUs the SEANet encoder/decoder and the learnt down/upsampling convolutions. On the CPU
-//! those convolutional parts run on this crate's native engine ([`crate::seanet`], the same
+//! those convolutional parts run on this crate's native engine ([`crate::core::seanet`], the same
 //! functions, several times faster). Owned here: the two transformers (this crate's
-//! [`Model`], exact window, unbounded streams), the wiring, the checkpoint readers for both
+//! [`Transformer`], exact window, unbounded streams), the wiring, the checkpoint readers for both
 //! real layouts, and the streaming state.
 //!
 //! Offline calls use fresh, private state and never touch the streaming state; streaming
 //! calls go through [`EncodeStream`] / [`DecodeStream`].
 
-use crate::codec_config::CodecConfig;
-use crate::errors::{Error, Result};
-use crate::model::{Model, State};
-use crate::seanet::{self, Frames};
-use crate::weights::{self, QkLayout, WeightSource};
-use candle::{DType, Device, Module, Shape, StreamTensor, StreamingModule, Tensor};
-use candle_nn::var_builder::SimpleBackend;
+use crate::core::config::{CodecConfig, PadMode};
+use crate::core::conv::{self, Conv1d, ConvSpec, ConvTr1d, Frames};
+use crate::core::error::{Cancel, Error, Result};
+use crate::core::seanet;
+use crate::core::transformer::{State, Transformer};
+use crate::core::weights::{self, QkLayout, TensorSource};
+use candle::{DType, Device, Module, StreamTensor, StreamingModule, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::conv::{ConvDownsample1d, ConvTrUpsample1d};
 use candle_transformers::models::mimi::quantization::SplitResidualVectorQuantizer;
 use candle_transformers::models::mimi::seanet::{SeaNetDecoder, SeaNetEncoder};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// The two real checkpoint layouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +190,32 @@ pub fn normalize_checkpoint(
     Ok(out)
 }
 
+/// A codec checkpoint's tensors (either real layout) as a source for [`Codec::new`]:
+/// detects the layout, converts names and q/k rows, and checks that the checkpoint holds
+/// `cfg.quantizer_n_q` codebooks. `origin` names the checkpoint in messages.
+pub fn checkpoint_source(
+    raw: HashMap<String, Tensor>,
+    origin: String,
+    cfg: &CodecConfig,
+) -> Result<(TensorSource, CheckpointLayout)> {
+    let layout = detect_layout(raw.keys()).ok_or_else(|| {
+        Error::Weights(format!(
+            "{origin}: not a Mimi checkpoint: expected the tensor names of kyutai/mimi's \
+             model.safetensors (encoder.layers.*, encoder_transformer.layers.*) or of Kyutai's \
+             moshi checkpoint (encoder.model.*, encoder_transformer.transformer.layers.*)"
+        ))
+    })?;
+    let tensors = normalize_checkpoint(raw, layout, cfg)?;
+    let available = available_codebooks(&tensors);
+    if cfg.quantizer_n_q > available {
+        return Err(Error::Weights(format!(
+            "{origin}: asked for {} codebooks but the checkpoint has {available}",
+            cfg.quantizer_n_q
+        )));
+    }
+    Ok((TensorSource::tensors(tensors, origin), layout))
+}
+
 /// Number of codebooks a (normalized) checkpoint holds.
 pub fn available_codebooks(tensors: &HashMap<String, Tensor>) -> usize {
     let has_first = tensors
@@ -205,148 +231,10 @@ pub fn available_codebooks(tensors: &HashMap<String, Tensor>) -> usize {
     usize::from(has_first) + rest
 }
 
-/// A `VarBuilder` backend that checks every tensor candle asks for (present, floating, right
-/// shape) and records every problem instead of stopping at the first one.
-struct CheckedBackend {
-    tensors: HashMap<String, Tensor>,
-    problems: Arc<Mutex<Vec<String>>>,
-    requested: Arc<Mutex<std::collections::HashSet<String>>>,
-}
-
-/// A `VarBuilder` backend that makes seeded random weights of whatever shape is asked for.
-struct RandomBackend {
-    seed: u64,
-}
-
-fn is_float(d: DType) -> bool {
-    matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
-}
-
-impl SimpleBackend for CheckedBackend {
-    fn get(
-        &self,
-        s: Shape,
-        name: &str,
-        _h: candle_nn::Init,
-        dtype: DType,
-        dev: &Device,
-    ) -> candle::Result<Tensor> {
-        self.requested
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string());
-        let msg = match self.tensors.get(name) {
-            // A missing weight-normed conv asks for weight_g then weight_v: report it once,
-            // as the plain weight, with the shape of weight_v.
-            None if name.ends_with(".weight_g") => return Tensor::zeros(s, dtype, dev),
-            None => {
-                let shown = name.strip_suffix("_v").unwrap_or(name);
-                format!("missing tensor {shown:?} (expected shape {:?})", s.dims())
-            }
-            Some(t) if !is_float(t.dtype()) => {
-                format!(
-                    "tensor {name:?} has dtype {:?}, expected a floating dtype",
-                    t.dtype()
-                )
-            }
-            Some(t) if t.dims() != s.dims() => {
-                format!(
-                    "tensor {name:?} has shape {:?}, expected {:?}",
-                    t.dims(),
-                    s.dims()
-                )
-            }
-            Some(t) => return t.to_dtype(dtype)?.to_device(dev),
-        };
-        let mut p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
-        if !p.contains(&msg) {
-            p.push(msg);
-        }
-        Tensor::zeros(s, dtype, dev)
-    }
-
-    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle::Result<Tensor> {
-        match self.tensors.get(name) {
-            Some(t) => t.to_dtype(dtype)?.to_device(dev),
-            None => candle::bail!("missing tensor {name:?}"),
-        }
-    }
-
-    fn contains_tensor(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
-    }
-}
-
-fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
-    })
-}
-
-impl SimpleBackend for RandomBackend {
-    fn get(
-        &self,
-        s: Shape,
-        name: &str,
-        _h: candle_nn::Init,
-        dtype: DType,
-        dev: &Device,
-    ) -> candle::Result<Tensor> {
-        let dims = s.dims().to_vec();
-        let n = s.elem_count();
-        let data: Vec<f32> = if name.ends_with("cluster_usage") || name.ends_with("initialized") {
-            vec![1.0; n]
-        } else if name.ends_with(".bias") {
-            vec![0.0; n]
-        } else {
-            // N(0, 1/fan_in) for weights (fan_in = all but the first dim); N(0, 1) codebooks.
-            let fan_in: usize = if name.ends_with("embed_sum") {
-                1
-            } else {
-                dims[1..].iter().product::<usize>().max(1)
-            };
-            let std = 1.0 / (fan_in as f64).sqrt();
-            let mut state = self.seed ^ fnv1a(name);
-            let mut next = || {
-                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                (((z ^ (z >> 31)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-            };
-            (0..n)
-                .map(|_| {
-                    let (u1, u2) = (next(), next());
-                    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
-                })
-                .collect()
-        };
-        Tensor::from_vec(data, dims, &Device::Cpu)?
-            .to_dtype(dtype)?
-            .to_device(dev)
-    }
-
-    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> candle::Result<Tensor> {
-        candle::bail!("seeded weights need a shape for {name:?}")
-    }
-
-    fn contains_tensor(&self, name: &str) -> bool {
-        // Plain (not weight-normed) convolution weights.
-        !name.ends_with("_g") && !name.ends_with("_v")
-    }
-}
-
-/// Where a codec's weights come from.
-pub enum CodecWeights {
-    /// Normalized tensors (candle names, interleaved q/k) and a description for messages.
-    Tensors(HashMap<String, Tensor>, String),
-    Seed(u64),
-}
-
 /// Which implementation computes the convolutional parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// This crate's CPU engine ([`crate::seanet`]); CPU and f32 only.
+    /// This crate's CPU engine ([`crate::core::seanet`]); CPU and f32 only.
     Native,
     /// candle's modules (any device).
     Candle,
@@ -356,8 +244,8 @@ enum Convs {
     Native {
         encoder: seanet::Encoder,
         decoder: seanet::Decoder,
-        downsample: seanet::Conv1d,
-        upsample: seanet::ConvTr1d,
+        downsample: Conv1d,
+        upsample: ConvTr1d,
     },
     Candle {
         encoder: SeaNetEncoder,
@@ -367,14 +255,45 @@ enum Convs {
     },
 }
 
+impl Convs {
+    /// The SEANet and the down/upsampling of `engine`.
+    fn load(cfg: &CodecConfig, vb: &VarBuilder, engine: Engine) -> Result<Self> {
+        let dim = cfg.seanet.dimension;
+        let stride = cfg.downsample_stride();
+        Ok(match engine {
+            Engine::Native => Convs::Native {
+                encoder: seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
+                decoder: seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
+                downsample: Conv1d::load(
+                    vb.pp("downsample"),
+                    ConvSpec::new(dim, dim, 2 * stride)
+                        .stride(stride)
+                        .no_bias()
+                        .pad(PadMode::Replicate),
+                )?,
+                upsample: ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?,
+            },
+            Engine::Candle => {
+                let ccfg = cfg.seanet.to_candle();
+                Convs::Candle {
+                    encoder: SeaNetEncoder::new(&ccfg, vb.pp("encoder"))?,
+                    decoder: SeaNetDecoder::new(&ccfg, vb.pp("decoder"))?,
+                    downsample: ConvDownsample1d::new(stride, dim, true, true, vb.pp("downsample"))?,
+                    upsample: ConvTrUpsample1d::new(stride, dim, true, true, vb.pp("upsample"))?,
+                }
+            }
+        })
+    }
+}
+
 /// The codec's weights and modules; immutable once built, shared between threads.
 pub struct Codec {
     cfg: CodecConfig,
     /// Offline chunk sizes (native engine): samples, frames.
     chunks: (usize, usize),
     convs: Convs,
-    enc_tr: Model,
-    dec_tr: Model,
+    enc_tr: Transformer,
+    dec_tr: Transformer,
     quantizer: SplitResidualVectorQuantizer,
     device: Device,
     dtype: DType,
@@ -382,7 +301,7 @@ pub struct Codec {
 
 enum EncodeConvs {
     /// Per batch item: the SEANet encoder's and the downsampling's states.
-    Native(Vec<(seanet::EncoderState, seanet::ConvState)>),
+    Native(Vec<(seanet::EncoderState, conv::ConvState)>),
     Candle(SeaNetEncoder, ConvDownsample1d),
 }
 
@@ -395,7 +314,7 @@ pub struct EncodeStream {
 
 enum DecodeConvs {
     /// Per batch item: the upsampling's and the SEANet decoder's states.
-    Native(Vec<(seanet::ConvState, seanet::DecoderState)>),
+    Native(Vec<(conv::ConvState, seanet::DecoderState)>),
     /// One module per batch item: candle 0.11.1's CPU `conv_transpose1d` gives wrong
     /// results for batch items after the first (its col2im path), so transposed
     /// convolutions always run on batch size 1.
@@ -421,15 +340,14 @@ impl DecodeStream {
     }
 }
 
-type Cancel<'a> = Option<&'a std::sync::atomic::AtomicBool>;
 
 /// (B, D, T) -> transformer over time -> (B, D, T).
-fn run_transformer(model: &Model, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+fn run_transformer(model: &Transformer, state: &mut State, xs: &Tensor) -> Result<Tensor> {
     run_transformer_c(model, state, xs, None)
 }
 
 fn run_transformer_c(
-    model: &Model,
+    model: &Transformer,
     state: &mut State,
     xs: &Tensor,
     cancel: Cancel,
@@ -483,9 +401,9 @@ fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor>> {
 /// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
 /// the worker that ran it.
 fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    crate::kernels::in_pool(|| {
+    crate::core::kernels::in_pool(|| {
         let r = f();
-        seanet::release_buffers();
+        conv::release_buffers();
         r
     })
 }
@@ -511,7 +429,7 @@ impl Codec {
     /// The native engine on the CPU in f32, candle's modules otherwise.
     pub fn new(
         cfg: &CodecConfig,
-        source: CodecWeights,
+        source: TensorSource,
         device: &Device,
         dtype: DType,
     ) -> Result<Self> {
@@ -523,161 +441,81 @@ impl Codec {
         Self::with_engine(cfg, source, device, dtype, engine)
     }
 
+    /// Builds the codec on `engine`, reading every weight from `source` (already in
+    /// candle's names, q/k interleaved: see [`normalize_checkpoint`]).
     pub fn with_engine(
         cfg: &CodecConfig,
-        source: CodecWeights,
+        source: TensorSource,
         device: &Device,
         dtype: DType,
         engine: Engine,
     ) -> Result<Self> {
         cfg.transformer.check_supported()?;
-        let problems = Arc::new(Mutex::new(Vec::new()));
-        let requested = Arc::new(Mutex::new(std::collections::HashSet::new()));
-        let mut provided: Vec<String> = Vec::new();
-        let (vb, origin, tr_source): (VarBuilder, String, Box<dyn Fn() -> WeightSource>) =
-            match source {
-                CodecWeights::Tensors(tensors, origin) => {
-                    provided = tensors.keys().cloned().collect();
-                    let backend: Box<dyn SimpleBackend> = Box::new(CheckedBackend {
-                        tensors: tensors.clone(),
-                        problems: problems.clone(),
-                        requested: requested.clone(),
-                    });
-                    let t = Arc::new(tensors);
-                    (
-                        VarBuilder::from_backend(backend, dtype, device.clone()),
-                        origin,
-                        Box::new(move || WeightSource::Tensors((*t).clone())),
-                    )
-                }
-                CodecWeights::Seed(seed) => {
-                    let backend: Box<dyn SimpleBackend> = Box::new(RandomBackend { seed });
-                    (
-                        VarBuilder::from_backend(backend, dtype, device.clone()),
-                        format!("seeded weights (seed={seed})"),
-                        Box::new(move || WeightSource::Seed(seed)),
-                    )
-                }
-            };
-        let ccfg = cfg.to_candle();
-        let dim = cfg.seanet.dimension;
-        let stride = cfg.downsample_stride();
-        let convs = match engine {
-            Engine::Native => Convs::Native {
-                encoder: seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
-                decoder: seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
-                downsample: seanet::Conv1d::load(
-                    vb.pp("downsample"),
-                    dim,
-                    dim,
-                    2 * stride,
-                    stride,
-                    1,
-                    false,
-                    true,
-                )?,
-                upsample: seanet::ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?,
-            },
-            Engine::Candle => Convs::Candle {
-                encoder: SeaNetEncoder::new(&ccfg.seanet, vb.pp("encoder"))?,
-                decoder: SeaNetDecoder::new(&ccfg.seanet, vb.pp("decoder"))?,
-                downsample: ConvDownsample1d::new(stride, dim, true, true, vb.pp("downsample"))?,
-                upsample: ConvTrUpsample1d::new(stride, dim, true, true, vb.pp("upsample"))?,
-            },
-        };
+        let source = Arc::new(source);
+        let vb = source.var_builder(dtype, device);
+        let convs = Convs::load(cfg, &vb, engine)?;
         let quantizer = SplitResidualVectorQuantizer::new(
             cfg.quantizer_dim,
-            Some(dim),
-            Some(dim),
+            Some(cfg.seanet.dimension),
+            Some(cfg.seanet.dimension),
             cfg.quantizer_n_q,
             cfg.quantizer_bins,
             vb.pp("quantizer"),
         )?;
-        let mut tr = Vec::new();
-        for (i, prefix) in ["encoder_transformer.", "decoder_transformer."]
-            .iter()
-            .enumerate()
-        {
-            let src = match tr_source() {
-                WeightSource::Seed(s) => WeightSource::Seed(s.wrapping_add(1 + i as u64)),
-                other => other,
-            };
-            match weights::load(
-                &cfg.transformer,
-                src,
-                prefix,
-                QkLayout::Interleaved,
-                device,
-                dtype,
-            ) {
-                Ok(w) => tr.push(Some(w)),
-                Err(Error::Weights(msg)) => {
-                    let msg = msg
-                        .split_once(": ")
-                        .map(|(_, m)| m.to_string())
-                        .unwrap_or(msg);
-                    problems.lock().unwrap_or_else(|e| e.into_inner()).push(msg);
-                    tr.push(None);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let mut problems = problems.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        {
-            // Tensors nobody read: a checkpoint that does not match the config. Unused
-            // codebooks (num_codebooks below what the file holds) and the transformers'
-            // names (checked by their own loader) are fine.
-            let requested = requested.lock().unwrap_or_else(|e| e.into_inner());
-            let unused_codebook = |n: &str| {
-                n.strip_prefix("quantizer.acoustic_residual_vector_quantizer.layers.")
-                    .and_then(|r| r.split('.').next())
-                    .and_then(|i| i.parse::<usize>().ok())
-                    .is_some_and(|i| i + 1 >= cfg.quantizer_n_q)
-            };
-            let mut extra: Vec<&String> = provided
-                .iter()
-                .filter(|n| {
-                    !requested.contains(n.as_str())
-                        && !n.starts_with("encoder_transformer.")
-                        && !n.starts_with("decoder_transformer.")
-                        && !unused_codebook(n)
-                })
-                .collect();
-            extra.sort();
-            for n in extra {
-                problems.push(format!(
-                    "unexpected tensor {n:?} (the config does not read it)"
-                ));
-            }
-        }
-        if !problems.is_empty() {
-            let shown = problems
-                .iter()
-                .take(10)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; ");
-            let more = if problems.len() > 10 {
-                format!(" (and {} more)", problems.len() - 10)
-            } else {
-                String::new()
-            };
-            return Err(Error::Weights(format!("{origin}: {shown}{more}")));
-        }
-        let dec_w = tr.pop().flatten().expect("checked above");
-        let enc_w = tr.pop().flatten().expect("checked above");
-        let enc_tr = Model::new(&cfg.transformer, enc_w, device, dtype)?;
-        let dec_tr = Model::new(&cfg.transformer, dec_w, device, dtype)?;
+        let [enc_w, dec_w] = Self::transformer_weights(cfg, &source, device, dtype)?;
+        Self::report_unread(cfg, &source);
+        source.finish()?;
         Ok(Self {
             cfg: cfg.clone(),
             chunks: (ENCODE_CHUNK, DECODE_CHUNK),
             convs,
-            enc_tr,
-            dec_tr,
+            enc_tr: Transformer::new(&cfg.transformer, enc_w, device, dtype)?,
+            dec_tr: Transformer::new(&cfg.transformer, dec_w, device, dtype)?,
             quantizer,
             device: device.clone(),
             dtype,
         })
+    }
+
+    /// The encoder's and decoder's transformer weights. A seeded source gives each its own
+    /// seed (`seed + 1`, `seed + 2`) over unprefixed names.
+    fn transformer_weights(
+        cfg: &CodecConfig,
+        source: &TensorSource,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<[BTreeMap<String, Tensor>; 2]> {
+        let tcfg = &cfg.transformer;
+        let load = |i: u64, prefix: &str| match source.seed() {
+            Some(seed) => {
+                let own = TensorSource::seeded(seed.wrapping_add(1 + i), tcfg.layer_scale);
+                weights::load_transformer(tcfg, &own, "", QkLayout::Interleaved, device, dtype)
+            }
+            None => weights::load_transformer(
+                tcfg,
+                source,
+                prefix,
+                QkLayout::Interleaved,
+                device,
+                dtype,
+            ),
+        };
+        Ok([
+            load(0, "encoder_transformer.")?,
+            load(1, "decoder_transformer.")?,
+        ])
+    }
+
+    /// Records the checkpoint's tensors that nobody read: a checkpoint that does not match
+    /// the config. Unused codebooks (`num_codebooks` below what the file holds) are fine.
+    fn report_unread(cfg: &CodecConfig, source: &TensorSource) {
+        let unused_codebook = |n: &str| {
+            n.strip_prefix("quantizer.acoustic_residual_vector_quantizer.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| i + 1 >= cfg.quantizer_n_q)
+        };
+        source.report_unread(|n| !unused_codebook(n), "the config does not read it");
     }
 
     pub fn config(&self) -> &CodecConfig {
@@ -728,7 +566,7 @@ impl Codec {
                 let mut parts = Vec::new();
                 let mut t0 = 0;
                 loop {
-                    crate::errors::check_cancel(cancel)?;
+                    crate::core::error::check_cancel(cancel)?;
                     let n = self.chunks.0.min(len - t0);
                     let last = t0 + n == len;
                     parts.extend(self.latents_step(&mut s, &pcm.narrow(2, t0, n)?, last)?);
@@ -748,9 +586,9 @@ impl Codec {
                 ..
             } => {
                 let x = encoder.forward(pcm)?;
-                crate::errors::check_cancel(cancel)?;
+                crate::core::error::check_cancel(cancel)?;
                 let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
-                crate::errors::check_cancel(cancel)?;
+                crate::core::error::check_cancel(cancel)?;
                 Ok(downsample.forward(&x)?)
             }
         }
@@ -783,7 +621,7 @@ impl Codec {
                 let mut s = self.decode_stream();
                 let mut parts = Vec::new();
                 for t0 in (0..len).step_by(self.chunks.1) {
-                    crate::errors::check_cancel(cancel)?;
+                    crate::core::error::check_cancel(cancel)?;
                     let n = self.chunks.1.min(len - t0);
                     parts.extend(self.latents_decode_step(&mut s, &x.narrow(2, t0, n)?)?);
                 }
@@ -798,7 +636,7 @@ impl Codec {
                 let x = per_item(&x, |xi| Ok(upsample.forward(xi)?))?;
                 let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
                 per_item(&x, |xi| {
-                    crate::errors::check_cancel(cancel)?;
+                    crate::core::error::check_cancel(cancel)?;
                     Ok(decoder.forward(xi)?)
                 })
             }
@@ -836,7 +674,7 @@ impl Codec {
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
     /// completed by this chunk (possibly none).
     pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        crate::kernels::in_pool(|| match self.latents_step(s, pcm, false)? {
+        crate::core::kernels::in_pool(|| match self.latents_step(s, pcm, false)? {
             Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
             None => Ok(None),
         })
@@ -895,7 +733,7 @@ impl Codec {
 
     /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
     pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
-        crate::kernels::in_pool(|| {
+        crate::core::kernels::in_pool(|| {
             let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
             self.latents_decode_step(s, &x)
         })
@@ -1017,7 +855,7 @@ mod tests {
 mod conv_transpose_tests {
     use super::*;
 
-    use crate::model::max_abs_diff as max_diff;
+    use crate::core::testutil::max_abs_diff as max_diff;
 
     /// candle 0.11.1's CPU conv_transpose1d is wrong for batch items after the first; the
     /// codec works around it (`per_item`, per-item decode streams). If this test starts
@@ -1025,10 +863,9 @@ mod conv_transpose_tests {
     #[test]
     fn candle_conv_transpose1d_batch_bug_is_worked_around() {
         let dev = Device::Cpu;
-        let vb =
-            VarBuilder::from_backend(Box::new(RandomBackend { seed: 1 }), DType::F32, dev.clone());
+        let vb = Arc::new(TensorSource::seeded(1, None)).var_builder(DType::F32, &dev);
         let up = ConvTrUpsample1d::new(2, 8, true, true, vb.pp("upsample")).unwrap();
-        let x = Tensor::from_vec(crate::model::test_input(2, 5, 8, 3), (2, 8, 5), &dev).unwrap();
+        let x = Tensor::from_vec(crate::core::testutil::test_input(2, 5, 8, 3), (2, 8, 5), &dev).unwrap();
         let single = up.forward(&x.narrow(0, 1, 1).unwrap()).unwrap();
         let batched = up.forward(&x).unwrap().narrow(0, 1, 1).unwrap();
         assert!(
@@ -1046,14 +883,14 @@ mod conv_transpose_tests {
 #[cfg(test)]
 mod engine_tests {
     use super::*;
-    use crate::model::test_input;
+    use crate::core::testutil::test_input;
 
     fn small(replicate: bool) -> CodecConfig {
-        let mut c = CodecConfig::mimi_preset(4);
+        let mut c = CodecConfig::mimi(4);
         c.seanet.n_filters = 8;
         c.seanet.dimension = 64;
         if replicate {
-            c.seanet.pad_mode = "replicate".into();
+            c.seanet.pad_mode = PadMode::Replicate;
             c.seanet.true_skip = false;
         }
         c.transformer.d_model = 64;
@@ -1067,13 +904,13 @@ mod engine_tests {
 
     fn both(cfg: &CodecConfig) -> (Codec, Codec) {
         let dev = Device::Cpu;
-        let mk = |e| Codec::with_engine(cfg, CodecWeights::Seed(7), &dev, DType::F32, e).unwrap();
+        let mk = |e| Codec::with_engine(cfg, TensorSource::seeded(7, cfg.transformer.layer_scale), &dev, DType::F32, e).unwrap();
         (mk(Engine::Native), mk(Engine::Candle))
     }
 
     fn diff(a: &Tensor, b: &Tensor) -> f32 {
         assert_eq!(a.dims(), b.dims());
-        crate::model::max_abs_diff(a, b)
+        crate::core::testutil::max_abs_diff(a, b)
     }
 
     /// The native engine computes candle's functions: latents, codes and audio, offline and

@@ -1,11 +1,15 @@
-//! `MimiCodec`: the Python class around [`crate::codec::Codec`].
+//! `MimiCodec`: the Python class around [`Codec`].
 
-use crate::codec::{self, CheckpointLayout, Codec, CodecWeights, DecodeStream, EncodeStream};
-use crate::codec_config::CodecConfig;
-use crate::convert::{self, HostArray};
-use crate::device;
-use crate::errors::{guarded, interruptible, Error, Result};
-use candle::{DType, Device, Tensor};
+use crate::core::codec::{self, CheckpointLayout, Codec, DecodeStream, EncodeStream};
+use crate::core::config::CodecConfig;
+use crate::core::device;
+use crate::core::error::{Error, Result};
+use crate::core::weights::{self, TensorSource};
+use crate::py::config::{self as pyconfig, value_of, PyCodecConfig};
+use crate::py::convert::{self, HostArray};
+use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
+use crate::py::weights::WeightsArg;
+use candle::{DType, Tensor};
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{
     IntoPyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,
@@ -13,10 +17,8 @@ use numpy::{
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyMapping, PyString};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// The Mimi audio codec: 24 kHz audio <-> discrete codes at 12.5 Hz, offline and streaming.
 ///
@@ -24,42 +26,105 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// disturbed by, the streaming state, and several threads may run them on one codec at once
 /// (the GIL is released). Streaming calls (``encode_step``/``decode_step``) continue one
 /// encoder stream and one decoder stream; calls on each serialize.
-#[pyclass(module = "mimi_py._core", frozen)]
-pub struct MimiCodec {
+#[pyclass(name = "MimiCodec", module = "mimi_py._core", frozen)]
+pub struct PyMimiCodec {
     codec: Arc<Codec>,
-    enc: Mutex<Option<EncodeStream>>,
-    dec: Mutex<Option<DecodeStream>>,
+    enc: Shared<Option<EncodeStream>>,
+    dec: Shared<Option<DecodeStream>>,
     device_name: String,
     dtype_name: &'static str,
     layout: Option<CheckpointLayout>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-enum RawSource {
-    File(PathBuf),
-    Arrays(HashMap<String, HostArray>),
-    Seed(u64),
-}
-
-fn read_file_tensors(path: &Path) -> Result<HashMap<String, Tensor>> {
-    let st = crate::weights::open_safetensors(path)?;
-    let mut out = HashMap::new();
-    for (name, view) in st.tensors() {
-        let t = st.load(&name, &Device::Cpu).map_err(|e| {
-            Error::Weights(format!(
-                "checkpoint {}: could not read tensor {name:?}: {e}",
-                path.display()
-            ))
-        })?;
-        // The tensor is copied out: give its pages of the mapping back, so that the file
-        // does not add its whole size to the peak memory of loading.
-        crate::weights::release_mapped(view.data());
-        out.insert(name, t);
+/// A stream that has not started yet is `None`.
+impl<T> Reset for Option<T> {
+    fn reset(&mut self) {
+        *self = None;
     }
-    Ok(out)
+}
+
+/// The codec computes in float32 only: candle's SEANet convolutions mix float32 padding
+/// with the weights' dtype and fail at the first call.
+fn float32_only(dtype: &str) -> Result<&'static str> {
+    let (dtype, name) = device::parse_dtype(dtype)?;
+    if dtype != DType::F32 {
+        return Err(Error::config(
+            "dtype",
+            format!("the codec computes in float32 only for now, got {name:?}; use dtype=\"float32\""),
+        ));
+    }
+    Ok(name)
+}
+
+/// A checkpoint directory (`config.json` + `model.safetensors`, as on the Hugging Face hub):
+/// its file, and its config unless one was given.
+fn read_dir(
+    py: Python<'_>,
+    dir: &Path,
+    cfg: Option<CodecConfig>,
+    num_codebooks: Option<usize>,
+) -> PyResult<(PathBuf, Option<CodecConfig>)> {
+    let json = dir.join("config.json");
+    let cfg = match cfg {
+        Some(c) => Some(c),
+        None if json.is_file() => Some(read_hf_config(py, &json, num_codebooks)?),
+        None => None,
+    };
+    let file = dir.join("model.safetensors");
+    if !file.is_file() {
+        return Err(Error::Weights(format!("directory {} has no model.safetensors", dir.display())).into());
+    }
+    Ok((file, cfg))
+}
+
+fn read_hf_config(py: Python<'_>, json: &Path, num_codebooks: Option<usize>) -> PyResult<CodecConfig> {
+    let text = std::fs::read_to_string(json).map_err(|e| Error::WeightsIo {
+        msg: format!("cannot read {}", json.display()),
+        source: e,
+    })?;
+    let parsed = py.import("json")?.call_method1("loads", (text,)).map_err(|e| {
+        Error::Weights(format!("{} is not valid JSON: {}", json.display(), e.value(py)))
+    })?;
+    if !parsed.is_instance_of::<pyo3::types::PyDict>() {
+        return Err(Error::Weights(format!("{} is not a JSON object", json.display())).into());
+    }
+    Ok(CodecConfig::from_hf(&value_of(&parsed), num_codebooks)?)
+}
+
+/// Refuses configs whose weights cannot fit in memory.
+fn check_weights_memory(cfg: &CodecConfig) -> Result<()> {
+    let tr_params = weights::transformer_params(&cfg.transformer);
+    let codebooks = (cfg.quantizer_n_q as u64)
+        .saturating_mul(cfg.quantizer_bins as u64)
+        .saturating_mul(cfg.quantizer_dim as u64 + 2);
+    device::check_memory(
+        (2 * tr_params + codebooks).saturating_mul(12),
+        "this codec's weights",
+        "check the config's sizes (quantizer_bins, quantizer_dim, transformer)",
+    )
+}
+
+/// Builds the codec (detached): opens the device, reads the weights, loads the model.
+fn build(
+    cfg: &CodecConfig,
+    arg: WeightsArg,
+    device_spec: &str,
+) -> Result<(Codec, String, Option<CheckpointLayout>)> {
+    let (dev, device_name) = device::parse_device(device_spec)?;
+    let checkpoint = |raw, origin| codec::checkpoint_source(raw, origin, cfg);
+    let (source, layout) = match arg {
+        WeightsArg::Seed(s) => (TensorSource::seeded(s, cfg.transformer.layer_scale), None),
+        WeightsArg::Path(p) => {
+            let (s, l) = checkpoint(weights::read_all(&p)?, format!("checkpoint {}", p.display()))?;
+            (s, Some(l))
+        }
+        WeightsArg::Mapping(m) => {
+            let (s, l) = checkpoint(m, "weights mapping".to_string())?;
+            (s, Some(l))
+        }
+    };
+    let codec = Codec::new(cfg, source, &dev, DType::F32)?;
+    Ok((codec, device_name, layout))
 }
 
 fn check_codes_dtype(a: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
@@ -130,7 +195,13 @@ fn tensor_u32(t: &Tensor) -> Result<(Vec<u32>, Vec<usize>)> {
     Ok((t.flatten_all()?.to_vec1::<u32>()?, t.dims().to_vec()))
 }
 
-impl MimiCodec {
+impl PyMimiCodec {
+    /// Test hook: panics while holding the encoder stream's lock (see `_poison_for_tests`).
+    pub(crate) fn poison(&self, d: &Detached) -> Result<()> {
+        let _held = self.enc.lock(d)?;
+        panic!("forced panic while holding the stream's lock")
+    }
+
     fn n_channels(&self) -> usize {
         self.codec.config().channels
     }
@@ -202,7 +273,7 @@ impl MimiCodec {
 }
 
 #[pymethods]
-impl MimiCodec {
+impl PyMimiCodec {
     #[new]
     #[pyo3(signature = (weights=None, *, config=None, num_codebooks=None, seed=None, device="cpu", dtype="float32"))]
     #[allow(clippy::too_many_arguments)]
@@ -215,168 +286,29 @@ impl MimiCodec {
         device: &str,
         dtype: &str,
     ) -> PyResult<Self> {
-        let (dtype, dtype_name) = device::parse_dtype(dtype)?;
-        if dtype != DType::F32 {
-            // candle's SEANet convolutions mix float32 padding with the weights' dtype and fail
-            // at the first call; refuse up front until the codec has its own conv path.
-            return Err(Error::config(
-                "dtype",
-                format!("the codec computes in float32 only for now, got {dtype_name:?}; use dtype=\"float32\""),
-            )
-            .into());
+        let dtype_name = float32_only(dtype)?;
+        let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
+        let num_codebooks = pyconfig::codebooks(num_codebooks)?;
+        let mut cfg = pyconfig::codec_config(config)?;
+        let expected = "a checkpoint path (file or directory)";
+        let mut arg = crate::py::weights::read(weights, seed.unwrap_or(0), "", expected)?;
+        if let WeightsArg::Path(dir) = &arg {
+            if dir.is_dir() {
+                let (file, c) = read_dir(py, dir, cfg, num_codebooks)?;
+                (arg, cfg) = (WeightsArg::Path(file), c);
+            }
         }
-        let seed = seed.map(crate::config::get_seed).transpose()?.unwrap_or(0);
-        let num_codebooks = num_codebooks
-            .map(|v| crate::config::get_usize("num_codebooks", v))
-            .transpose()?;
-        let mut cfg: Option<CodecConfig> = match config {
-            None => None,
-            Some(c) => Some(if let Ok(c) = c.cast::<CodecConfig>() {
-                c.get().clone()
-            } else if let Ok(d) = c.cast::<PyDict>() {
-                CodecConfig::from_kwargs(Some(d))?
-            } else {
-                return Err(PyTypeError::new_err(
-                    "config must be a CodecConfig or a dict",
-                ));
-            }),
-        };
-        let source = match weights {
-            None => RawSource::Seed(seed),
-            Some(w) => {
-                if let Ok(m) = w.cast::<PyMapping>() {
-                    let mut arrays = HashMap::new();
-                    for item in m.items()?.iter() {
-                        let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
-                        let key = k
-                            .cast::<PyString>()
-                            .map_err(|_| PyTypeError::new_err("weights mapping keys must be str"))?
-                            .to_string();
-                        let arr = convert::as_ndarray(&v, &format!("weights[{key:?}]"))?;
-                        if arr.dtype().kind() != b'f' {
-                            return Err(Error::Weights(format!(
-                                "tensor {key:?} has a non-floating dtype"
-                            ))
-                            .into());
-                        }
-                        arrays.insert(
-                            key.clone(),
-                            convert::read_f32(&arr, &format!("weights[{key:?}]"))?,
-                        );
-                    }
-                    RawSource::Arrays(arrays)
-                } else if w.is_instance_of::<PyString>() || w.hasattr("__fspath__").unwrap_or(false)
-                {
-                    let path: PathBuf = py.import("os")?.call_method1("fspath", (w,))?.extract()?;
-                    if path.is_dir() {
-                        let json = path.join("config.json");
-                        if cfg.is_none() && json.is_file() {
-                            let text =
-                                std::fs::read_to_string(&json).map_err(|e| Error::WeightsIo {
-                                    msg: format!("cannot read {}", json.display()),
-                                    source: e,
-                                })?;
-                            let d =
-                                py.import("json")?
-                                    .call_method1("loads", (text,))
-                                    .map_err(|e| {
-                                        Error::Weights(format!(
-                                            "{} is not valid JSON: {}",
-                                            json.display(),
-                                            e.value(py)
-                                        ))
-                                    })?;
-                            let d = d.cast::<PyDict>().map_err(|_| {
-                                Error::Weights(format!("{} is not a JSON object", json.display()))
-                            })?;
-                            cfg = Some(CodecConfig::from_hf(d, num_codebooks)?);
-                        }
-                        let file = path.join("model.safetensors");
-                        if !file.is_file() {
-                            return Err(Error::Weights(format!(
-                                "directory {} has no model.safetensors",
-                                path.display()
-                            ))
-                            .into());
-                        }
-                        RawSource::File(file)
-                    } else {
-                        RawSource::File(path)
-                    }
-                } else {
-                    return Err(PyTypeError::new_err(format!(
-                        "weights must be a checkpoint path (file or directory), a mapping of \
-                         names to numpy arrays, or None; got {}",
-                        w.get_type().name()?
-                    )));
-                }
-            }
-        };
-        let mut cfg = cfg.unwrap_or_else(|| CodecConfig::mimi_preset(8));
+        let mut cfg = cfg.unwrap_or_default();
         if let Some(n) = num_codebooks {
-            if n == 0 {
-                return Err(Error::config("num_codebooks", "must be at least 1").into());
-            }
             cfg.quantizer_n_q = n;
         }
-        let tr_params: u64 = crate::weights::expected_tensors(&cfg.transformer)
-            .iter()
-            .map(|(_, s)| s.iter().map(|&d| d as u64).product::<u64>())
-            .sum();
-        let codebooks = (cfg.quantizer_n_q as u64)
-            .saturating_mul(cfg.quantizer_bins as u64)
-            .saturating_mul(cfg.quantizer_dim as u64 + 2);
-        device::check_memory(
-            (2 * tr_params + codebooks).saturating_mul(12),
-            "this codec's weights",
-            "check the config's sizes (quantizer_bins, quantizer_dim, transformer)",
-        )?;
+        check_weights_memory(&cfg)?;
         let device_spec = device.to_string();
-        let (codec, device_name, layout) = py.detach(move || {
-            guarded(|| {
-                let (dev, device_name) = device::parse_device(&device_spec)?;
-                let (weights, layout) = match source {
-                    RawSource::Seed(s) => (CodecWeights::Seed(s), None),
-                    other => {
-                        let (raw, origin) = match other {
-                            RawSource::File(p) => (read_file_tensors(&p)?, format!("checkpoint {}", p.display())),
-                            RawSource::Arrays(a) => {
-                                let mut m = HashMap::new();
-                                for (k, v) in a {
-                                    let t = Tensor::from_vec(v.data, v.shape.as_slice(), &Device::Cpu)?;
-                                    m.insert(k, t);
-                                }
-                                (m, "weights mapping".to_string())
-                            }
-                            RawSource::Seed(_) => unreachable!(),
-                        };
-                        let layout = codec::detect_layout(raw.keys()).ok_or_else(|| {
-                            Error::Weights(format!(
-                                "{origin}: not a Mimi checkpoint: expected the tensor names of \
-                                 kyutai/mimi's model.safetensors (encoder.layers.*, \
-                                 encoder_transformer.layers.*) or of Kyutai's moshi checkpoint \
-                                 (encoder.model.*, encoder_transformer.transformer.layers.*)"
-                            ))
-                        })?;
-                        let tensors = codec::normalize_checkpoint(raw, layout, &cfg)?;
-                        let available = codec::available_codebooks(&tensors);
-                        if cfg.quantizer_n_q > available {
-                            return Err(Error::Weights(format!(
-                                "{origin}: asked for {} codebooks but the checkpoint has {available}",
-                                cfg.quantizer_n_q
-                            )));
-                        }
-                        (CodecWeights::Tensors(tensors, origin), Some(layout))
-                    }
-                };
-                let codec = Codec::new(&cfg, weights, &dev, dtype)?;
-                Ok((codec, device_name, layout))
-            })
-        })?;
+        let (codec, device_name, layout) = guard::detached(py, move |_| build(&cfg, arg, &device_spec))?;
         Ok(Self {
             codec: Arc::new(codec),
-            enc: Mutex::new(None),
-            dec: Mutex::new(None),
+            enc: Shared::default(),
+            dec: Shared::default(),
             device_name,
             dtype_name,
             layout,
@@ -429,11 +361,9 @@ impl MimiCodec {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (data, shape) = self.read_codes_arg(codes)?;
         let codec = self.codec.clone();
-        let (data, shape) = py.detach(move || {
-            guarded(|| {
-                let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-                tensor_f32(&codec.decode_latent(&c)?)
-            })
+        let (data, shape) = guard::detached(py, move |_| {
+            let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
+            tensor_f32(&codec.decode_latent(&c)?)
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
@@ -476,9 +406,9 @@ impl MimiCodec {
         let host = self.read_pcm(pcm)?;
         let codec = self.codec.clone();
         let enc = &self.enc;
-        let out = py.detach(move || {
-            guarded(|| {
-                let mut g = lock(enc);
+        let out = guard::detached(py, move |d| {
+            {
+                let mut g = enc.lock(d)?;
                 let stream = g.get_or_insert_with(|| codec.encode_stream());
                 if let Some(sb) = stream.batch() {
                     if sb != host.shape[0] {
@@ -497,7 +427,7 @@ impl MimiCodec {
                     None => Ok(None),
                     Some(c) => Ok(Some(tensor_u32(&c)?)),
                 }
-            })
+            }
         })?;
         match out {
             None => Ok(None),
@@ -518,9 +448,9 @@ impl MimiCodec {
         self.check_decode_size(&shape)?;
         let codec = self.codec.clone();
         let dec = &self.dec;
-        let out = py.detach(move || {
-            guarded(|| {
-                let mut g = lock(dec);
+        let out = guard::detached(py, move |d| {
+            {
+                let mut g = dec.lock(d)?;
                 let stream = g.get_or_insert_with(|| codec.decode_stream());
                 if let Some(sb) = stream.batch() {
                     if sb != shape[0] {
@@ -539,7 +469,7 @@ impl MimiCodec {
                     None => Ok(None),
                     Some(a) => Ok(Some(tensor_f32(&a)?)),
                 }
-            })
+            }
         })?;
         match out {
             None => Ok(None),
@@ -548,12 +478,13 @@ impl MimiCodec {
     }
 
     /// Starts fresh encoder and decoder streams.
-    fn reset_state(&self, py: Python<'_>) {
+    fn reset_state(&self, py: Python<'_>) -> PyResult<()> {
         let (enc, dec) = (&self.enc, &self.dec);
-        py.detach(|| {
-            *lock(enc) = None;
-            *lock(dec) = None;
-        });
+        guard::detached(py, |d| {
+            enc.reset(d);
+            dec.reset(d);
+            Ok(())
+        })
     }
 
     #[getter]
@@ -589,8 +520,8 @@ impl MimiCodec {
     }
 
     #[getter]
-    fn config(&self) -> CodecConfig {
-        self.codec.config().clone()
+    fn config(&self) -> PyCodecConfig {
+        PyCodecConfig(self.codec.config().clone())
     }
 
     #[getter]

@@ -1,0 +1,97 @@
+"""The exception classes of mimi_py: the one place they are declared.
+
+Every error mimi_py raises derives from :class:`MimiError` *and* from the builtin it
+refines, so ``except ValueError`` keeps working. The Rust core maps each of its error kinds
+to one of these classes by name (``src/py/errors.rs``); a test checks that the two, the
+package's ``__all__`` and the README's table agree.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ComputeError",
+    "ConfigError",
+    "DTypeError",
+    "DepthMismatchError",
+    "DeviceError",
+    "IncompatibleStateError",
+    "InternalError",
+    "InvalidInputError",
+    "MimiError",
+    "ResourceError",
+    "ShapeError",
+    "UnsupportedKvRepeatError",
+    "WeightsError",
+]
+
+
+class MimiError(Exception):
+    """Base class of every error raised by mimi_py."""
+
+
+class ConfigError(MimiError, ValueError):
+    """An invalid or unsupported configuration value; the message names the field."""
+
+
+class UnsupportedKvRepeatError(ConfigError):
+    """The config asks for kv_repeat != 1, which Mimi's streaming attention does not support."""
+
+
+class IncompatibleStateError(MimiError, ValueError):
+    """copy_state between objects whose streaming states differ (config, batch, dtype, device)."""
+
+
+class DepthMismatchError(IncompatibleStateError, ValueError):
+    """copy_state between transformers with different numbers of layers."""
+
+
+class ShapeError(MimiError, ValueError):
+    """An input array of the wrong shape; the message gives the expected shape."""
+
+
+class DTypeError(MimiError, TypeError):
+    """An input array whose dtype cannot be used (not real floating, or not integer codes)."""
+
+
+class InvalidInputError(MimiError, ValueError):
+    """An input whose values are not accepted (codes out of range, NaN/Inf audio)."""
+
+
+class ResourceError(MimiError, MemoryError):
+    """A call that needs more memory than is available; the message says how much."""
+
+
+class WeightsError(MimiError, ValueError):
+    """A missing, mis-shaped or mistyped tensor, or an unreadable checkpoint."""
+
+
+class DeviceError(MimiError, RuntimeError):
+    """A device that is unknown, not compiled into this build, or failed to initialise."""
+
+
+class ComputeError(MimiError, RuntimeError):
+    """A failure reported by candle while computing."""
+
+
+class InternalError(MimiError, RuntimeError):
+    """A bug in mimi_py (a caught Rust panic, or a stream reset after one); please report it."""
+
+
+# Shown as `mimi_py.ShapeError` in tracebacks and reprs: users import them from the package.
+for _cls in (
+    MimiError,
+    ConfigError,
+    UnsupportedKvRepeatError,
+    IncompatibleStateError,
+    DepthMismatchError,
+    ShapeError,
+    DTypeError,
+    InvalidInputError,
+    ResourceError,
+    WeightsError,
+    DeviceError,
+    ComputeError,
+    InternalError,
+):
+    _cls.__module__ = "mimi_py"
+del _cls

@@ -1,0 +1,18 @@
+//! The computation, free of the Python binding: a Rust user (or a Rust test) needs nothing else.
+//!
+//! Dependency order, each module importing only those above it:
+//! `error` → `config`, `device` → `kernels` → `weights` → `conv` → `seanet`,
+//! `transformer` → `codec`. See ARCHITECTURE.md for what each one owns.
+
+pub mod codec;
+pub mod config;
+pub mod conv;
+pub mod device;
+pub mod error;
+pub mod kernels;
+pub mod seanet;
+pub mod transformer;
+pub mod weights;
+
+#[cfg(test)]
+pub(crate) mod testutil;

@@ -1,0 +1,220 @@
+//! The SEANet encoder and decoder (candle's `mimi::seanet`), assembled from the native
+//! convolutions of [`crate::core::conv`]: residual blocks, strided down/upsampling and the
+//! outer convolutions, with their streaming states. The codec's Rust tests compare the whole
+//! SEANet against candle's modules, offline and streaming.
+
+use candle::Result;
+use candle_nn::VarBuilder;
+
+use crate::core::config::SeanetConfig;
+use crate::core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use crate::core::error::Cancel;
+
+#[derive(Clone, Debug)]
+struct ResBlock {
+    convs: Vec<Conv1d>,
+    shortcut: Option<Conv1d>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ResState {
+    convs: Vec<ConvState>,
+}
+
+impl ResBlock {
+    /// Block `j` of a stage of width `dim`.
+    fn load(cfg: &SeanetConfig, vb: VarBuilder, dim: usize, j: usize) -> Result<Self> {
+        let hidden = dim / cfg.compress;
+        let (k, pad) = (cfg.residual_kernel_size, cfg.pad_mode);
+        let dilation = cfg.dilation_base.pow(j as u32);
+        let b = vb.pp("block");
+        let convs = vec![
+            Conv1d::load(b.pp(1), ConvSpec::new(dim, hidden, k).dilation(dilation).pad(pad))?,
+            Conv1d::load(b.pp(3), ConvSpec::new(hidden, dim, 1).pad(pad))?,
+        ];
+        let shortcut = match cfg.true_skip {
+            true => None,
+            false => Some(Conv1d::load(vb.pp("shortcut"), ConvSpec::new(dim, dim, 1).pad(pad))?),
+        };
+        Ok(Self { convs, shortcut })
+    }
+
+    fn apply(&self, st: &mut ResState, x: &Frames, alpha: f32, last: bool) -> Frames {
+        // k = 1 shortcut: no padding, no state.
+        let shortcut = self.shortcut.as_ref().map(|sc| sc.forward(x, None, None));
+        let skip = shortcut.as_ref().unwrap_or(x);
+        st.convs.resize_with(2, ConvState::default);
+        let (a, b) = st.convs.split_at_mut(1);
+        let (c1, c2) = (&self.convs[0], &self.convs[1]);
+        if x.len > crate::core::kernels::GEMV_MAX_ROWS && c1.stride == 1 && c2.k == 1 {
+            // The pointwise second convolution keeps no state: fuse the two.
+            return match c1.prepare(&mut a[0], x, Some(alpha), last) {
+                None => Frames::empty(c2.cout),
+                Some(full) => c1.run_fused(&full, c2, alpha, skip),
+            };
+        }
+        let h = c1.step(&mut a[0], x, Some(alpha), None, last);
+        c2.step(&mut b[0], &h, Some(alpha), Some(skip), last)
+    }
+}
+
+/// The residual blocks of one SEANet stage, at `vb.pp(*idx)` onwards (advances `idx`).
+fn load_res_blocks(
+    cfg: &SeanetConfig,
+    vb: &VarBuilder,
+    idx: &mut usize,
+    dim: usize,
+) -> Result<Vec<ResBlock>> {
+    (0..cfg.n_residual_layers)
+        .map(|j| {
+            let block = ResBlock::load(cfg, vb.pp(*idx), dim, j);
+            *idx += 1;
+            block
+        })
+        .collect()
+}
+
+/// A stride-1 convolution with bias in the config's pad mode (SEANet's first and last).
+fn load_outer(
+    cfg: &SeanetConfig,
+    vb: VarBuilder,
+    cin: usize,
+    cout: usize,
+    k: usize,
+) -> Result<Conv1d> {
+    Conv1d::load(vb, ConvSpec::new(cin, cout, k).pad(cfg.pad_mode))
+}
+
+/// The SEANet encoder (`SeaNetEncoder`): audio (channels, samples) -> (dimension, frames).
+#[derive(Clone, Debug)]
+pub struct Encoder {
+    init: Conv1d,
+    layers: Vec<(Vec<ResBlock>, Conv1d)>,
+    last: Conv1d,
+    alpha: f32,
+}
+
+/// The streaming state of an [`Encoder`] (one batch item).
+#[derive(Clone, Debug, Default)]
+pub struct EncoderState {
+    init: ConvState,
+    layers: Vec<(Vec<ResState>, ConvState)>,
+    last: ConvState,
+}
+
+impl Encoder {
+    pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
+        let vb = vb.pp("layers");
+        let nf = cfg.n_filters;
+        let init = load_outer(cfg, vb.pp(0), cfg.channels, nf, cfg.kernel_size)?;
+        let mut idx = 1;
+        let mut mult = 1;
+        let mut layers = Vec::new();
+        for &ratio in cfg.ratios.iter().rev() {
+            let res = load_res_blocks(cfg, &vb, &mut idx, mult * nf)?;
+            let spec = ConvSpec::new(mult * nf, 2 * mult * nf, 2 * ratio).stride(ratio);
+            let down = Conv1d::load(vb.pp(idx + 1), spec.pad(cfg.pad_mode))?;
+            idx += 2;
+            layers.push((res, down));
+            mult *= 2;
+        }
+        let last = load_outer(
+            cfg,
+            vb.pp(idx + 1),
+            mult * nf,
+            cfg.dimension,
+            cfg.last_kernel_size,
+        )?;
+        Ok(Self {
+            init,
+            layers,
+            last,
+            alpha: cfg.activation.0 as f32,
+        })
+    }
+
+    /// Streaming: the frames this chunk of audio completes; with `last`, the audio ends
+    /// here (see [`Conv1d::step`]). Offline = one chunk with `last`, or any chunking of it.
+    pub fn apply(
+        &self,
+        st: &mut EncoderState,
+        x: &Frames,
+        last: bool,
+        cancel: Cancel,
+    ) -> Result<Frames> {
+        let a = Some(self.alpha);
+        st.layers.resize_with(self.layers.len(), Default::default);
+        let mut x = self.init.step(&mut st.init, x, None, None, last);
+        for ((res, down), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+            crate::core::error::check_cancel(cancel)?;
+            ls.0.resize_with(res.len(), Default::default);
+            for (r, rs) in res.iter().zip(ls.0.iter_mut()) {
+                x = r.apply(rs, &x, self.alpha, last);
+            }
+            x = down.step(&mut ls.1, &x, a, None, last);
+        }
+        Ok(self.last.step(&mut st.last, &x, a, None, last))
+    }
+}
+
+/// The SEANet decoder (`SeaNetDecoder`): (dimension, frames) -> audio (channels, samples).
+#[derive(Clone, Debug)]
+pub struct Decoder {
+    init: Conv1d,
+    layers: Vec<(ConvTr1d, Vec<ResBlock>)>,
+    last: Conv1d,
+    alpha: f32,
+}
+
+/// The streaming state of a [`Decoder`] (one batch item).
+#[derive(Clone, Debug, Default)]
+pub struct DecoderState {
+    init: ConvState,
+    layers: Vec<(ConvState, Vec<ResState>)>,
+    last: ConvState,
+}
+
+impl Decoder {
+    pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
+        let vb = vb.pp("layers");
+        let nf = cfg.n_filters;
+        let mut mult = 1 << cfg.ratios.len();
+        let init = load_outer(cfg, vb.pp(0), cfg.dimension, mult * nf, cfg.kernel_size)?;
+        let mut idx = 1;
+        let mut layers = Vec::new();
+        for &ratio in cfg.ratios.iter() {
+            let (cin, cout) = (mult * nf, mult * nf / 2);
+            let spec = ConvSpec::new(cin, cout, 2 * ratio).stride(ratio);
+            let up = ConvTr1d::load(vb.pp(idx + 1), spec)?;
+            idx += 2;
+            let res = load_res_blocks(cfg, &vb, &mut idx, cout)?;
+            layers.push((up, res));
+            mult /= 2;
+        }
+        let last = load_outer(cfg, vb.pp(idx + 1), nf, cfg.channels, cfg.last_kernel_size)?;
+        Ok(Self {
+            init,
+            layers,
+            last,
+            alpha: cfg.activation.0 as f32,
+        })
+    }
+
+    /// Streaming: the audio these frames complete. The decoder pads nothing on the right,
+    /// so any chunking gives the offline output.
+    pub fn apply(&self, st: &mut DecoderState, x: &Frames, cancel: Cancel) -> Result<Frames> {
+        let a = Some(self.alpha);
+        st.layers.resize_with(self.layers.len(), Default::default);
+        let mut x = self.init.step(&mut st.init, x, None, None, false);
+        for ((up, res), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+            crate::core::error::check_cancel(cancel)?;
+            x = up.step(&mut ls.0, &x, a);
+            ls.1.resize_with(res.len(), Default::default);
+            for (r, rs) in res.iter().zip(ls.1.iter_mut()) {
+                x = r.apply(rs, &x, self.alpha, false);
+            }
+        }
+        Ok(self.last.step(&mut st.last, &x, a, None, false))
+    }
+}
+

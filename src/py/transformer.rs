@@ -1,0 +1,359 @@
+//! `StreamingTransformer`: the Python class around [`Transformer`].
+//!
+//! Arguments are extracted and validated while attached; every piece of candle work runs
+//! through [`guard::detached`], which takes the state's lock only while detached and
+//! catches panics.
+
+use crate::core::config::TransformerConfig;
+use crate::core::device;
+use crate::core::error::{Error, Result};
+use crate::core::transformer::{State, Transformer};
+use crate::core::weights::{self, QkLayout, TensorSource};
+use crate::py::config::{self as pyconfig, PyTransformerConfig};
+use crate::py::convert;
+use crate::py::guard::{self, Detached, Reset, Shared};
+use crate::py::weights::WeightsArg;
+use candle::{DType, Tensor};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::Arc;
+
+/// Kyutai's Mimi streaming transformer, computed by candle, with an exact streaming state.
+///
+/// Every query attends to exactly the last ``context`` positions (itself included), however
+/// the input is split into calls; ``reset_state()`` returns to a fresh stream;
+/// ``copy_state()`` / ``clone()`` copy the whole state (independent afterwards); a stream
+/// can run for any number of steps with memory bounded by ``context``.
+///
+/// Objects can be shared between threads: calls on one object serialize, and the GIL is
+/// released while computing.
+#[pyclass(name = "StreamingTransformer", module = "mimi_py._core", frozen)]
+pub struct PyStreamingTransformer {
+    model: Arc<Transformer>,
+    state: Shared<State>,
+    config: TransformerConfig,
+    device_name: String,
+    dtype_name: &'static str,
+}
+
+impl Reset for State {
+    fn reset(&mut self) {
+        State::reset(self)
+    }
+}
+
+/// Bytes a call on `(b, t, d)` needs: input copy, tensor, output and its copy (4 x 4 bytes)
+/// plus the activations of one block.
+fn call_memory(cfg: &TransformerConfig, shape: &[usize]) -> u64 {
+    let (b, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64);
+    let block = (cfg.context.max(64) as u64).min(t);
+    let heads = cfg.num_heads as u64;
+    (16 * b).saturating_mul(t).saturating_mul(d).saturating_add(
+        (4 * b)
+            .saturating_mul(block)
+            .saturating_mul(16 * d + 3 * heads * (block + cfg.context as u64)),
+    )
+}
+
+impl PyStreamingTransformer {
+    fn check_input(&self, shape: &[usize]) -> Result<()> {
+        let d = self.config.d_model;
+        let ok = shape.len() == 3 && shape[2] == d && shape[0] >= 1;
+        if !ok {
+            return Err(Error::Shape(format!(
+                "expected an input of shape (batch, time, d_model={d}) with batch >= 1, got {shape:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Converts, validates and runs one call.
+    fn run<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let arr = convert::as_ndarray(x, "x")?;
+        convert::check_float(&arr, "x")?;
+        let shape = convert::shape_of(&arr);
+        self.check_input(&shape)?;
+        device::check_memory(
+            call_memory(&self.config, &shape),
+            "this call",
+            "split the input into shorter chunks (results do not depend on chunking)",
+        )?;
+        let host = convert::read_f32_finite(&arr, "x")?;
+        let (model, state) = (self.model.clone(), &self.state);
+        let (data, shape) = guard::detached(py, move |d| {
+            let mut st = state.lock(d)?;
+            let (b, t, dm) = (host.shape[0], host.shape[1], host.shape[2]);
+            if let Some(sb) = st.batch().filter(|&sb| sb != b) {
+                return Err(Error::Shape(format!(
+                    "this stream holds state for batch size {sb}, got an input of batch \
+                     size {b}; call reset_state() before streaming another batch size"
+                )));
+            }
+            let xs = Tensor::from_vec(host.data, (b, t, dm), model.device())?
+                .to_dtype(model.dtype())?;
+            let ys = model.forward(&mut st, &xs)?;
+            drop(st);
+            let data = ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            Ok((data, vec![b, t, dm]))
+        })?;
+        Ok(convert::to_numpy(py, data, &shape)?)
+    }
+
+    fn fork(&self, py: Python<'_>) -> PyResult<Self> {
+        let state = &self.state;
+        let copied = guard::detached(py, |d| Ok(state.lock(d)?.deep_copy()?))?;
+        Ok(Self {
+            model: self.model.clone(),
+            state: Shared::new(copied),
+            config: self.config.clone(),
+            device_name: self.device_name.clone(),
+            dtype_name: self.dtype_name,
+        })
+    }
+
+    /// Refuses a state copy between transformers of other shapes.
+    fn check_compatible(&self, other: &Self) -> Result<()> {
+        let (dst, src) = (self.model.num_layers(), other.model.num_layers());
+        if dst != src {
+            return Err(Error::DepthMismatch { dst, src });
+        }
+        let describe = |t: &Self| {
+            let c = &t.config;
+            format!(
+                "d_model={}, num_heads={}, context={}, dtype={}, device={}",
+                c.d_model, c.num_heads, c.context, t.dtype_name, t.device_name
+            )
+        };
+        if describe(self) != describe(other) {
+            return Err(Error::IncompatibleState(format!(
+                "cannot copy the streaming state: the source has {} and this transformer has \
+                 {}; build both from the same config, dtype and device",
+                describe(other),
+                describe(self)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Test hook: panics while holding the state's lock (see `_poison_for_tests`).
+    pub(crate) fn poison(&self, d: &Detached) -> Result<()> {
+        let _held = self.state.lock(d)?;
+        panic!("forced panic while holding the stream's lock")
+    }
+}
+
+#[pymethods]
+impl PyStreamingTransformer {
+    #[new]
+    #[pyo3(signature = (config=None, weights=None, *, seed=None, device="cpu", dtype="float32", prefix="", qk_layout="interleaved"))]
+    #[allow(clippy::too_many_arguments)]
+    fn py_new(
+        py: Python<'_>,
+        config: Option<&Bound<'_, PyAny>>,
+        weights: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+        device: &str,
+        dtype: &str,
+        prefix: &str,
+        qk_layout: &str,
+    ) -> PyResult<Self> {
+        let config = pyconfig::transformer_config(config)?;
+        config.check_supported()?;
+        let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
+        let layout = QkLayout::parse(qk_layout)?;
+        let (dtype, dtype_name) = device::parse_dtype(dtype)?;
+        let expected = "a path to a .safetensors file";
+        let source = crate::py::weights::read(weights, seed.unwrap_or(0), prefix, expected)?;
+        let params = weights::transformer_params(&config);
+        device::check_memory(
+            params * 8,
+            &format!("a transformer with {params} parameters"),
+            "check the config's sizes",
+        )?;
+        let (device_spec, prefix, cfg) = (device.to_string(), prefix.to_string(), config.clone());
+        let (model, device_name) = guard::detached(py, move |_| {
+            let (dev, device_name) = device::parse_device(&device_spec)?;
+            let src = match source {
+                WeightsArg::Seed(seed) => TensorSource::seeded(seed, cfg.layer_scale),
+                WeightsArg::Path(path) => TensorSource::file(&path)?,
+                WeightsArg::Mapping(m) => TensorSource::tensors(m, "weights mapping"),
+            };
+            let model = Transformer::load(&cfg, &src, &prefix, layout, &dev, dtype)?;
+            Ok((model, device_name))
+        })?;
+        Ok(Self {
+            model: Arc::new(model),
+            state: Shared::default(),
+            config,
+            device_name,
+            dtype_name,
+        })
+    }
+
+    /// Runs ``x`` of shape (batch, time, d_model) through the transformer, continuing the
+    /// stream; returns a new float32 array of the same shape. Any real floating dtype and
+    /// any memory layout is accepted.
+    fn forward<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.run(py, x)
+    }
+
+    /// Like ``forward``; ``step(None)`` returns ``None`` (an empty stream step).
+    #[pyo3(signature = (x))]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        x: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match x {
+            None => Ok(None),
+            Some(x) => self.run(py, x).map(Some),
+        }
+    }
+
+    /// Starts a fresh stream: afterwards the transformer behaves exactly like a newly built
+    /// one with the same weights (position 0, empty history, any batch size).
+    fn reset_state(&self, py: Python<'_>) -> PyResult<()> {
+        let state = &self.state;
+        guard::detached(py, |d| {
+            state.reset(d);
+            Ok(())
+        })
+    }
+
+    /// Makes this transformer continue exactly as ``other`` would: copies ``other``'s whole
+    /// streaming state (position and key/value history of every layer) into this one.
+    ///
+    /// This is a copy, not shared-until-write: it costs one copy of the state (at most
+    /// ``2 * num_layers * batch * context * d_model`` values), never a recomputation, and
+    /// the two transformers are independent afterwards. The weights are not copied.
+    /// Raises ``DepthMismatchError`` if the depths differ and ``IncompatibleStateError`` if
+    /// the states have other shapes (heads, context, dtype, device); neither state changes.
+    fn copy_state(&self, py: Python<'_>, other: &Bound<'_, PyStreamingTransformer>) -> PyResult<()> {
+        let other = other.get();
+        if std::ptr::eq(other, self) {
+            return Ok(());
+        }
+        self.check_compatible(other)?;
+        let (src_state, dst_state) = (&other.state, &self.state);
+        let model = self.model.clone();
+        guard::detached(py, move |d| {
+            // Snapshot the source, then install it: never hold both locks at once.
+            let copied = src_state.lock(d)?.deep_copy()?;
+            if !model.state_fits(&copied) {
+                return Err(Error::IncompatibleState(
+                    "cannot copy the streaming state: its buffers do not fit this transformer"
+                        .into(),
+                ));
+            }
+            *dst_state.lock(d)? = copied;
+            Ok(())
+        })
+    }
+
+    /// A new transformer sharing these (immutable) weights, with a copy of the current
+    /// streaming state; the two are independent afterwards.
+    fn clone(&self, py: Python<'_>) -> PyResult<Self> {
+        self.fork(py)
+    }
+
+    fn __copy__(&self, py: Python<'_>) -> PyResult<Self> {
+        self.fork(py)
+    }
+
+    fn __deepcopy__(&self, py: Python<'_>, _memo: &Bound<'_, PyAny>) -> PyResult<Self> {
+        self.fork(py)
+    }
+
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(PyTypeError::new_err(
+            "a StreamingTransformer cannot be pickled; save its weights with state_dict() and \
+             rebuild it with StreamingTransformer(config, weights)",
+        ))
+    }
+
+    /// The weights as a dict of float32 numpy arrays, under candle's tensor names (no
+    /// prefix) with q/k in the interleaved layout.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let model = self.model.clone();
+        let tensors = guard::detached(py, move |_| {
+            model
+                .weights()
+                .iter()
+                .map(|(k, t)| {
+                    let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                    Ok((k.clone(), data, t.dims().to_vec()))
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        let d = PyDict::new(py);
+        for (k, data, shape) in tensors {
+            d.set_item(k, convert::to_numpy(py, data, &shape)?)?;
+        }
+        Ok(d)
+    }
+
+    #[getter]
+    fn config(&self) -> PyTransformerConfig {
+        PyTransformerConfig(self.config.clone())
+    }
+
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.config.num_layers
+    }
+
+    #[getter]
+    fn d_model(&self) -> usize {
+        self.config.d_model
+    }
+
+    #[getter]
+    fn context(&self) -> usize {
+        self.config.context
+    }
+
+    #[getter]
+    fn device(&self) -> String {
+        self.device_name.clone()
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype_name
+    }
+
+    /// Time steps consumed since construction or the last ``reset_state()``.
+    #[getter]
+    fn position(&self, py: Python<'_>) -> PyResult<u64> {
+        let state = &self.state;
+        guard::detached(py, |d| Ok(state.lock(d)?.position()))
+    }
+
+    /// Batch size of the current stream, or ``None`` before the first call.
+    #[getter]
+    fn batch_size(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        let state = &self.state;
+        guard::detached(py, |d| Ok(state.lock(d)?.batch()))
+    }
+
+    /// Bytes held by the streaming state (bounded by ``context``, not by the stream length).
+    #[getter]
+    fn state_nbytes(&self, py: Python<'_>) -> PyResult<usize> {
+        let state = &self.state;
+        guard::detached(py, |d| Ok(state.lock(d)?.nbytes()))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "StreamingTransformer(d_model={}, num_heads={}, num_layers={}, context={}, \
+             device='{}', dtype='{}')",
+            self.config.d_model,
+            self.config.num_heads,
+            self.config.num_layers,
+            self.config.context,
+            self.device_name,
+            self.dtype_name
+        )
+    }
+}
