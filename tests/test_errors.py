@@ -176,3 +176,57 @@ def test_pickling_a_transformer_is_refused():
     cfg = mimi_py.TransformerConfig(d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     with pytest.raises(TypeError, match="state_dict"):
         pickle.dumps(mimi_py.StreamingTransformer(cfg))
+
+
+# ---------------------------------------------------------------- one declaration, one policy
+
+
+def test_exception_classes_are_declared_once_and_every_list_agrees():
+    """errors.py declares the classes; the Rust mapping, __all__, the stub and the README follow."""
+    import re
+    from pathlib import Path
+
+    from mimi_py import errors
+
+    declared = set(errors.__all__)
+    assert declared == {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)}
+    assert set(mimi_py._core._error_class_names()) == declared - {"MimiError"}
+    for name in declared:
+        assert name in mimi_py.__all__
+        assert getattr(mimi_py, name) is getattr(errors, name)
+    stub = (Path(mimi_py.__file__).parent / "_core.pyi").read_text()
+    assert not re.findall(r"^class \w+Error\b", stub, re.M), "the stub must not redeclare them"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+Error)` \| `(\w+)` \|", readme, re.M))
+    assert set(rows) == declared
+    for name, base in rows.items():
+        assert base in [b.__name__ for b in getattr(errors, name).__mro__[1:]], (name, base)
+
+
+def _poisoned_transformer():
+    cfg = mimi_py.TransformerConfig(d_model=16, num_heads=2, num_layers=1, dim_feedforward=32, context=4)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16)).astype(np.float32)
+    return mimi_py.StreamingTransformer(cfg, seed=1), mimi_py.StreamingTransformer(cfg, seed=1), x, "step"
+
+
+def _poisoned_codec():
+    from fixtures import CODEC_DIR
+    import json
+
+    cfg = mimi_py.CodecConfig(**json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text()))
+    pcm = (np.random.default_rng(1).standard_normal((1, 1, 3000)) * 0.1).astype(np.float32)
+    return mimi_py.MimiCodec(config=cfg, seed=2), mimi_py.MimiCodec(config=cfg, seed=2), pcm, "encode_step"
+
+
+@pytest.mark.parametrize("make", [_poisoned_transformer, _poisoned_codec], ids=["transformer", "codec"])
+def test_a_panic_under_the_stream_lock_resets_the_stream_and_raises_internal_error(make):
+    obj, fresh, x, method = make()
+    getattr(obj, method)(x)  # some state to lose
+    with pytest.raises(mimi_py.InternalError, match="forced panic"):
+        mimi_py._core._poison_for_tests(obj)
+    with pytest.raises(mimi_py.InternalError, match="reset to its fresh state"):
+        getattr(obj, method)(x)
+    # the stream restarted from scratch: it now continues exactly as a fresh object does
+    for _ in range(2):
+        a, b = getattr(obj, method)(x), getattr(fresh, method)(x)
+        assert (a is None and b is None) or np.array_equal(a, b)

@@ -240,6 +240,8 @@ pub enum Engine {
     Candle,
 }
 
+// One per codec, never in a collection: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Convs {
     Native {
         encoder: seanet::Encoder,
@@ -278,7 +280,13 @@ impl Convs {
                 Convs::Candle {
                     encoder: SeaNetEncoder::new(&ccfg, vb.pp("encoder"))?,
                     decoder: SeaNetDecoder::new(&ccfg, vb.pp("decoder"))?,
-                    downsample: ConvDownsample1d::new(stride, dim, true, true, vb.pp("downsample"))?,
+                    downsample: ConvDownsample1d::new(
+                        stride,
+                        dim,
+                        true,
+                        true,
+                        vb.pp("downsample"),
+                    )?,
                     upsample: ConvTrUpsample1d::new(stride, dim, true, true, vb.pp("upsample"))?,
                 }
             }
@@ -299,6 +307,8 @@ pub struct Codec {
     dtype: DType,
 }
 
+// One per stream: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum EncodeConvs {
     /// Per batch item: the SEANet encoder's and the downsampling's states.
     Native(Vec<(seanet::EncoderState, conv::ConvState)>),
@@ -339,7 +349,6 @@ impl DecodeStream {
         self.batch
     }
 }
-
 
 /// (B, D, T) -> transformer over time -> (B, D, T).
 fn run_transformer(model: &Transformer, state: &mut State, xs: &Tensor) -> Result<Tensor> {
@@ -751,7 +760,7 @@ impl Codec {
                 DecodeConvs::Native(items),
             ) => {
                 items.resize_with(b, Default::default);
-                let ups = to_frames(&x)?
+                let ups = to_frames(x)?
                     .iter()
                     .zip(items.iter_mut())
                     .map(|(f, (st, _))| upsample.step(st, f, None))
@@ -865,7 +874,12 @@ mod conv_transpose_tests {
         let dev = Device::Cpu;
         let vb = Arc::new(TensorSource::seeded(1, None)).var_builder(DType::F32, &dev);
         let up = ConvTrUpsample1d::new(2, 8, true, true, vb.pp("upsample")).unwrap();
-        let x = Tensor::from_vec(crate::core::testutil::test_input(2, 5, 8, 3), (2, 8, 5), &dev).unwrap();
+        let x = Tensor::from_vec(
+            crate::core::testutil::test_input(2, 5, 8, 3),
+            (2, 8, 5),
+            &dev,
+        )
+        .unwrap();
         let single = up.forward(&x.narrow(0, 1, 1).unwrap()).unwrap();
         let batched = up.forward(&x).unwrap().narrow(0, 1, 1).unwrap();
         assert!(
@@ -904,7 +918,16 @@ mod engine_tests {
 
     fn both(cfg: &CodecConfig) -> (Codec, Codec) {
         let dev = Device::Cpu;
-        let mk = |e| Codec::with_engine(cfg, TensorSource::seeded(7, cfg.transformer.layer_scale), &dev, DType::F32, e).unwrap();
+        let mk = |e| {
+            Codec::with_engine(
+                cfg,
+                TensorSource::seeded(7, cfg.transformer.layer_scale),
+                &dev,
+                DType::F32,
+                e,
+            )
+            .unwrap()
+        };
         (mk(Engine::Native), mk(Engine::Candle))
     }
 

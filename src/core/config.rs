@@ -21,7 +21,10 @@ pub enum Value {
     /// Ordered key/value pairs.
     Dict(Vec<(String, Value)>),
     /// Anything else, kept for messages: its type name and `repr`.
-    Other { type_name: String, repr: String },
+    Other {
+        type_name: String,
+        repr: String,
+    },
 }
 
 impl Value {
@@ -332,7 +335,12 @@ pub struct Elu(pub f64);
 
 impl Field for Elu {
     fn parse(field: &str, v: &Value) -> Result<Self> {
-        let only = || Error::config(field, "only the ELU activation ({\"elu\": alpha}) is supported");
+        let only = || {
+            Error::config(
+                field,
+                "only the ELU activation ({\"elu\": alpha}) is supported",
+            )
+        };
         match v {
             Value::Str(s) if s == "elu" => Ok(Elu(1.0)),
             Value::Dict(d) if d.len() == 1 => {
@@ -510,7 +518,10 @@ impl TransformerConfig {
         }
         self.validate_positions()?;
         if let Some(ls) = self.layer_scale.filter(|ls| !ls.is_finite()) {
-            return Err(Error::config("layer_scale", format!("must be finite, got {ls}")));
+            return Err(Error::config(
+                "layer_scale",
+                format!("must be finite, got {ls}"),
+            ));
         }
         if self.gating.is_some() && self.gated_hidden() == 0 {
             return Err(Error::config(
@@ -557,8 +568,16 @@ impl TransformerConfig {
             });
         }
         let unsupported = [
-            ("use_conv_block", self.use_conv_block, "use_conv_block=False"),
-            ("cross_attention", self.cross_attention, "cross_attention=False"),
+            (
+                "use_conv_block",
+                self.use_conv_block,
+                "use_conv_block=False",
+            ),
+            (
+                "cross_attention",
+                self.cross_attention,
+                "cross_attention=False",
+            ),
             ("norm_first", !self.norm_first, "norm_first=True"),
             ("causal", !self.causal, "causal=True"),
         ];
@@ -828,7 +847,9 @@ impl CodecConfig {
         if let Some(n) = n_q {
             c.quantizer_n_q = n;
         }
-        c.transformer.validate().map_err(|e| e.nested("transformer"))?;
+        c.transformer
+            .validate()
+            .map_err(|e| e.nested("transformer"))?;
         c.validate()?;
         Ok(c)
     }

@@ -517,7 +517,10 @@ impl ConvSpec {
 
     /// The same without a bias.
     pub fn no_bias(self) -> Self {
-        Self { bias: false, ..self }
+        Self {
+            bias: false,
+            ..self
+        }
     }
 
     /// The same with left padding `pad`.
@@ -542,7 +545,15 @@ pub struct Conv1d {
 impl Conv1d {
     /// Reads the weights of `spec` from `vb` (`conv.weight` or its weight-norm pair).
     pub fn load(vb: VarBuilder, spec: ConvSpec) -> Result<Self> {
-        let ConvSpec { cin, cout, k, stride, dilation, bias, pad } = spec;
+        let ConvSpec {
+            cin,
+            cout,
+            k,
+            stride,
+            dilation,
+            bias,
+            pad,
+        } = spec;
         if k < stride {
             candle::bail!("kernel-size {k} is smaller than stride {stride}")
         }
@@ -690,7 +701,13 @@ impl Conv1d {
     /// `second(elu(self(x))) + residual` for a stride-1 `self` and a pointwise `second`
     /// (a SEANet residual block), tile by tile: the hidden activations of a tile never leave
     /// the cache. The same arithmetic as the two convolutions one after the other.
-    pub(crate) fn run_fused(&self, x: &Frames, second: &Conv1d, alpha: f32, residual: &Frames) -> Frames {
+    pub(crate) fn run_fused(
+        &self,
+        x: &Frames,
+        second: &Conv1d,
+        alpha: f32,
+        residual: &Frames,
+    ) -> Frames {
         let n = self.frames(x.len);
         let (cin, k, d, hidden, cout) = (self.cin, self.k, self.dilation, self.cout, second.cout);
         let kk = cin * k;
@@ -859,7 +876,14 @@ pub struct ConvTr1d {
 impl ConvTr1d {
     /// Reads the weights of `spec` from `vb` (dilation and padding do not apply).
     pub fn load(vb: VarBuilder, spec: ConvSpec) -> Result<Self> {
-        let ConvSpec { cin, cout, k, stride, bias, .. } = spec;
+        let ConvSpec {
+            cin,
+            cout,
+            k,
+            stride,
+            bias,
+            ..
+        } = spec;
         let vb = vb.pp("conv");
         let raw = to_vec(&conv_weight(&vb, (cin, cout, k))?)?;
         let b = if bias {
@@ -1156,7 +1180,17 @@ mod tests {
                 pad,
                 vb.clone(),
             )?;
-            let ours = Conv1d::load(vb, ConvSpec::new(cin, cout, k).stride(s).dilation(d).pad(if rep { PadMode::Replicate } else { PadMode::Constant }))?;
+            let ours = Conv1d::load(
+                vb,
+                ConvSpec::new(cin, cout, k)
+                    .stride(s)
+                    .dilation(d)
+                    .pad(if rep {
+                        PadMode::Replicate
+                    } else {
+                        PadMode::Constant
+                    }),
+            )?;
             let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
             let want = theirs.forward(&x)?;
             let got = ours.forward(&frames_of(&x), None, None);

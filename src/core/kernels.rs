@@ -19,6 +19,7 @@ const BLOCK: usize = 64;
 /// `y = x W^T` for `x: (m, k)` and `W: (n, k)`, both f32 and contiguous.
 struct Gemv;
 
+#[allow(clippy::needless_range_loop)] // lane-indexed loops mirror the SIMD registers
 #[inline(always)]
 fn dot_rows<const M: usize>(xs: &[&[f32]; M], w: &[f32], out: &mut [f32; M]) {
     // Plain multiply-add (no `mul_add`, which is a libm call without FMA). 4 x 8 independent
@@ -66,6 +67,7 @@ fn gemv_block_generic<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut 
     }
 }
 
+#[allow(clippy::needless_range_loop)] // lane-indexed loops mirror the SIMD registers
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemv_block_avx2<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
@@ -103,6 +105,7 @@ unsafe fn gemv_block_avx2<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &
 /// The single-row case (a streaming step at batch 1): four weight rows at a time, two
 /// accumulators each, so eight independent FMA chains hide the FMA latency and each load of
 /// x serves four rows.
+#[allow(clippy::needless_range_loop)] // lane-indexed loops mirror the SIMD registers
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemv_block_avx2_m1(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
@@ -435,9 +438,12 @@ mod tests {
             (4, 2048, 512),
             (1, 7, 1),
         ] {
-            let x = Tensor::from_vec(crate::core::testutil::test_input(1, m, k, 1), (m, k), &dev).unwrap();
-            let w = Tensor::from_vec(crate::core::testutil::test_input(1, n, k, 2), (n, k), &dev).unwrap();
-            let b = Tensor::from_vec(crate::core::testutil::test_input(1, 1, n, 3), n, &dev).unwrap();
+            let x = Tensor::from_vec(crate::core::testutil::test_input(1, m, k, 1), (m, k), &dev)
+                .unwrap();
+            let w = Tensor::from_vec(crate::core::testutil::test_input(1, n, k, 2), (n, k), &dev)
+                .unwrap();
+            let b =
+                Tensor::from_vec(crate::core::testutil::test_input(1, 1, n, 3), n, &dev).unwrap();
             let reference = candle_nn::Linear::new(w.clone(), Some(b.clone()));
             let ours = Linear::new(w, Some(b)).unwrap();
             for shape in [vec![m, k], vec![1, m, k]] {

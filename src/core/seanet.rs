@@ -29,12 +29,18 @@ impl ResBlock {
         let dilation = cfg.dilation_base.pow(j as u32);
         let b = vb.pp("block");
         let convs = vec![
-            Conv1d::load(b.pp(1), ConvSpec::new(dim, hidden, k).dilation(dilation).pad(pad))?,
+            Conv1d::load(
+                b.pp(1),
+                ConvSpec::new(dim, hidden, k).dilation(dilation).pad(pad),
+            )?,
             Conv1d::load(b.pp(3), ConvSpec::new(hidden, dim, 1).pad(pad))?,
         ];
         let shortcut = match cfg.true_skip {
             true => None,
-            false => Some(Conv1d::load(vb.pp("shortcut"), ConvSpec::new(dim, dim, 1).pad(pad))?),
+            false => Some(Conv1d::load(
+                vb.pp("shortcut"),
+                ConvSpec::new(dim, dim, 1).pad(pad),
+            )?),
         };
         Ok(Self { convs, shortcut })
     }
@@ -217,4 +223,3 @@ impl Decoder {
         Ok(self.last.step(&mut st.last, &x, a, None, false))
     }
 }
-

@@ -183,7 +183,8 @@ impl Transformer {
         device: &Device,
         dtype: DType,
     ) -> crate::core::error::Result<Self> {
-        let w = crate::core::weights::load_transformer_only(cfg, src, prefix, layout, device, dtype)?;
+        let w =
+            crate::core::weights::load_transformer_only(cfg, src, prefix, layout, device, dtype)?;
         Ok(Self::new(cfg, w, device, dtype)?)
     }
 
@@ -540,19 +541,21 @@ mod tests {
     use candle::StreamingModule;
 
     fn small_cfg(pe: &str, norm: &str, gating: Option<&str>, context: usize) -> TransformerConfig {
-        let mut c = TransformerConfig::default();
-        c.d_model = 32;
-        c.num_heads = 4;
-        c.num_layers = 2;
-        c.dim_feedforward = 64;
-        c.context = context;
-        c.max_seq_len = 512;
         let parse = |v: &str| Value::Str(v.into());
-        c.positional_embedding = Field::parse("positional_embedding", &parse(pe)).unwrap();
-        c.norm = Field::parse("norm", &parse(norm)).unwrap();
-        c.gating = gating.map(|g| Field::parse("gating", &parse(g)).unwrap());
-        c.bias_attn = gating.is_some();
-        c.layer_scale = if gating.is_some() { None } else { Some(0.3) };
+        let c = TransformerConfig {
+            d_model: 32,
+            num_heads: 4,
+            num_layers: 2,
+            dim_feedforward: 64,
+            context,
+            max_seq_len: 512,
+            positional_embedding: Field::parse("positional_embedding", &parse(pe)).unwrap(),
+            norm: Field::parse("norm", &parse(norm)).unwrap(),
+            gating: gating.map(|g| Field::parse("gating", &parse(g)).unwrap()),
+            bias_attn: gating.is_some(),
+            layer_scale: if gating.is_some() { None } else { Some(0.3) },
+            ..Default::default()
+        };
         c.validate().unwrap();
         c
     }

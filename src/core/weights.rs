@@ -129,7 +129,9 @@ fn check_tensor(
             "tensor {name:?} has dtype {shown:?}, expected a floating dtype (F32, F16, BF16 or F64)"
         ))
     } else if dims != shape {
-        Err(format!("tensor {name:?} has shape {dims:?}, expected {shape:?}"))
+        Err(format!(
+            "tensor {name:?} has shape {dims:?}, expected {shape:?}"
+        ))
     } else {
         Ok(())
     }
@@ -366,7 +368,10 @@ pub fn seeded_tensor(seed: u64, layer_scale: f32, name: &str, shape: &[usize]) -
     let fan_in = if name.ends_with("embed_sum") {
         1
     } else {
-        shape.get(1..).map_or(1, |d| d.iter().product::<usize>()).max(1)
+        shape
+            .get(1..)
+            .map_or(1, |d| d.iter().product::<usize>())
+            .max(1)
     };
     let std = 1.0 / (fan_in as f64).sqrt();
     let mut rng = SplitMix(seed ^ fnv1a(name));
@@ -394,9 +399,14 @@ fn permute_rows(t: &Tensor, head_dim: usize) -> Result<Tensor> {
 }
 
 fn is_qk(name: &str) -> bool {
-    ["q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias"]
-        .iter()
-        .any(|s| name.ends_with(&format!("self_attn.{s}")))
+    [
+        "q_proj.weight",
+        "q_proj.bias",
+        "k_proj.weight",
+        "k_proj.bias",
+    ]
+    .iter()
+    .any(|s| name.ends_with(&format!("self_attn.{s}")))
 }
 
 /// Reads every tensor a transformer with `cfg` reads from `src` under `prefix`, converts

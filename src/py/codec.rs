@@ -50,7 +50,9 @@ fn float32_only(dtype: &str) -> Result<&'static str> {
     if dtype != DType::F32 {
         return Err(Error::config(
             "dtype",
-            format!("the codec computes in float32 only for now, got {name:?}; use dtype=\"float32\""),
+            format!(
+                "the codec computes in float32 only for now, got {name:?}; use dtype=\"float32\""
+            ),
         ));
     }
     Ok(name)
@@ -72,19 +74,34 @@ fn read_dir(
     };
     let file = dir.join("model.safetensors");
     if !file.is_file() {
-        return Err(Error::Weights(format!("directory {} has no model.safetensors", dir.display())).into());
+        return Err(Error::Weights(format!(
+            "directory {} has no model.safetensors",
+            dir.display()
+        ))
+        .into());
     }
     Ok((file, cfg))
 }
 
-fn read_hf_config(py: Python<'_>, json: &Path, num_codebooks: Option<usize>) -> PyResult<CodecConfig> {
+fn read_hf_config(
+    py: Python<'_>,
+    json: &Path,
+    num_codebooks: Option<usize>,
+) -> PyResult<CodecConfig> {
     let text = std::fs::read_to_string(json).map_err(|e| Error::WeightsIo {
         msg: format!("cannot read {}", json.display()),
         source: e,
     })?;
-    let parsed = py.import("json")?.call_method1("loads", (text,)).map_err(|e| {
-        Error::Weights(format!("{} is not valid JSON: {}", json.display(), e.value(py)))
-    })?;
+    let parsed = py
+        .import("json")?
+        .call_method1("loads", (text,))
+        .map_err(|e| {
+            Error::Weights(format!(
+                "{} is not valid JSON: {}",
+                json.display(),
+                e.value(py)
+            ))
+        })?;
     if !parsed.is_instance_of::<pyo3::types::PyDict>() {
         return Err(Error::Weights(format!("{} is not a JSON object", json.display())).into());
     }
@@ -115,7 +132,10 @@ fn build(
     let (source, layout) = match arg {
         WeightsArg::Seed(s) => (TensorSource::seeded(s, cfg.transformer.layer_scale), None),
         WeightsArg::Path(p) => {
-            let (s, l) = checkpoint(weights::read_all(&p)?, format!("checkpoint {}", p.display()))?;
+            let (s, l) = checkpoint(
+                weights::read_all(&p)?,
+                format!("checkpoint {}", p.display()),
+            )?;
             (s, Some(l))
         }
         WeightsArg::Mapping(m) => {
@@ -304,7 +324,8 @@ impl PyMimiCodec {
         }
         check_weights_memory(&cfg)?;
         let device_spec = device.to_string();
-        let (codec, device_name, layout) = guard::detached(py, move |_| build(&cfg, arg, &device_spec))?;
+        let (codec, device_name, layout) =
+            guard::detached(py, move |_| build(&cfg, arg, &device_spec))?;
         Ok(Self {
             codec: Arc::new(codec),
             enc: Shared::default(),
@@ -407,26 +428,25 @@ impl PyMimiCodec {
         let codec = self.codec.clone();
         let enc = &self.enc;
         let out = guard::detached(py, move |d| {
-            {
-                let mut g = enc.lock(d)?;
-                let stream = g.get_or_insert_with(|| codec.encode_stream());
-                if let Some(sb) = stream.batch() {
-                    if sb != host.shape[0] {
-                        return Err(Error::Shape(format!(
-                            "this encoder stream holds state for batch size {sb}, got batch size {}; \
+            let mut g = enc.lock(d)?;
+            let stream = g.get_or_insert_with(|| codec.encode_stream());
+            if let Some(sb) = stream.batch() {
+                if sb != host.shape[0] {
+                    return Err(Error::Shape(format!(
+                        "this encoder stream holds state for batch size {sb}, got batch size {}; \
                              call reset_state() before streaming another batch size",
-                            host.shape[0]
-                        )));
-                    }
+                        host.shape[0]
+                    )));
                 }
-                if host.shape[2] == 0 {
-                    return Ok(None);
-                }
-                let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?.to_dtype(codec.dtype())?;
-                match codec.encode_step(stream, &x)? {
-                    None => Ok(None),
-                    Some(c) => Ok(Some(tensor_u32(&c)?)),
-                }
+            }
+            if host.shape[2] == 0 {
+                return Ok(None);
+            }
+            let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
+                .to_dtype(codec.dtype())?;
+            match codec.encode_step(stream, &x)? {
+                None => Ok(None),
+                Some(c) => Ok(Some(tensor_u32(&c)?)),
             }
         })?;
         match out {
@@ -449,26 +469,24 @@ impl PyMimiCodec {
         let codec = self.codec.clone();
         let dec = &self.dec;
         let out = guard::detached(py, move |d| {
-            {
-                let mut g = dec.lock(d)?;
-                let stream = g.get_or_insert_with(|| codec.decode_stream());
-                if let Some(sb) = stream.batch() {
-                    if sb != shape[0] {
-                        return Err(Error::Shape(format!(
-                            "this decoder stream holds state for batch size {sb}, got batch size {}; \
+            let mut g = dec.lock(d)?;
+            let stream = g.get_or_insert_with(|| codec.decode_stream());
+            if let Some(sb) = stream.batch() {
+                if sb != shape[0] {
+                    return Err(Error::Shape(format!(
+                        "this decoder stream holds state for batch size {sb}, got batch size {}; \
                              call reset_state() before streaming another batch size",
-                            shape[0]
-                        )));
-                    }
+                        shape[0]
+                    )));
                 }
-                if shape[2] == 0 {
-                    return Ok(None);
-                }
-                let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-                match codec.decode_step(stream, &c)? {
-                    None => Ok(None),
-                    Some(a) => Ok(Some(tensor_f32(&a)?)),
-                }
+            }
+            if shape[2] == 0 {
+                return Ok(None);
+            }
+            let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
+            match codec.decode_step(stream, &c)? {
+                None => Ok(None),
+                Some(a) => Ok(Some(tensor_f32(&a)?)),
             }
         })?;
         match out {

@@ -31,12 +31,16 @@ pub fn value_of(v: &Bound<'_, PyAny>) -> Value {
 
 /// Python ints and numpy integers (anything with `__index__`), but not numpy bools.
 fn int_of(v: &Bound<'_, PyAny>) -> Option<Value> {
-    let numpy_bool = v.get_type().name().is_ok_and(|n| n.to_string() == "bool_");
+    let numpy_bool = v.get_type().name().is_ok_and(|n| n == "bool_");
     let index = v.is_instance_of::<PyInt>() || v.hasattr("__index__").unwrap_or(false);
     if numpy_bool || !index {
         return None;
     }
-    v.call_method0("__index__").ok()?.extract().ok().map(Value::Int)
+    v.call_method0("__index__")
+        .ok()?
+        .extract()
+        .ok()
+        .map(Value::Int)
 }
 
 fn sequence<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
@@ -55,7 +59,9 @@ fn other(v: &Bound<'_, PyAny>) -> Value {
         .get_type()
         .name()
         .map_or_else(|_| "?".into(), |n| n.to_string());
-    let repr = v.repr().map_or_else(|_| type_name.clone(), |r| r.to_string());
+    let repr = v
+        .repr()
+        .map_or_else(|_| type_name.clone(), |r| r.to_string());
     Value::Other { type_name, repr }
 }
 
@@ -67,7 +73,13 @@ pub fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
         Value::Int(i) => i.into_pyobject(py)?.into_any(),
         Value::Float(f) => f.into_pyobject(py)?.into_any(),
         Value::Str(s) | Value::Other { repr: s, .. } => s.into_pyobject(py)?.into_any(),
-        Value::List(l) => PyList::new(py, l.iter().map(|i| to_py(py, i)).collect::<PyResult<Vec<_>>>()?)?.into_any(),
+        Value::List(l) => PyList::new(
+            py,
+            l.iter()
+                .map(|i| to_py(py, i))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?
+        .into_any(),
         Value::Dict(d) => {
             let out = PyDict::new(py);
             for (k, v) in d {
@@ -98,7 +110,10 @@ fn kwarg_values(kwargs: Option<&Bound<'_, PyDict>>) -> Result<Vec<(String, Value
         .collect()
 }
 
-fn dict_of<'py>(py: Python<'py>, values: Vec<(&'static str, Value)>) -> PyResult<Bound<'py, PyDict>> {
+fn dict_of<'py>(
+    py: Python<'py>,
+    values: Vec<(&'static str, Value)>,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (k, v) in values {
         d.set_item(k, to_py(py, &v)?)?;
@@ -134,8 +149,12 @@ macro_rules! py_config {
             /// A copy with some fields changed (validated like the constructor).
             #[pyo3(signature = (**changes))]
             fn replace(&self, changes: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-                let mut values: Vec<(String, Value)> =
-                    self.0.values().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                let mut values: Vec<(String, Value)> = self
+                    .0
+                    .values()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
                 values.extend(kwarg_values(changes)?);
                 Ok($core::from_values(values.iter().map(|(k, v)| (k.as_str(), v))).map(Self)?)
             }
@@ -180,7 +199,13 @@ macro_rules! py_getters {
 /// `mimi::transformer::Config`. Every argument has the default of the real Mimi
 /// encoder/decoder transformer, so `TransformerConfig()` equals `TransformerConfig.mimi()`.
 /// Invalid values raise `ConfigError` naming the field.
-#[pyclass(name = "TransformerConfig", module = "mimi_py._core", frozen, eq, from_py_object)]
+#[pyclass(
+    name = "TransformerConfig",
+    module = "mimi_py._core",
+    frozen,
+    eq,
+    from_py_object
+)]
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct PyTransformerConfig(pub TransformerConfig);
 
@@ -188,7 +213,12 @@ fn plain_field<'py>(py: Python<'py>, _field: &str, v: Value) -> PyResult<Bound<'
     to_py(py, &v)
 }
 
-py_config!(PyTransformerConfig, TransformerConfig, transformer_fields, plain_field);
+py_config!(
+    PyTransformerConfig,
+    TransformerConfig,
+    transformer_fields,
+    plain_field
+);
 
 #[pymethods]
 impl PyTransformerConfig {
@@ -210,7 +240,13 @@ impl PyTransformerConfig {
 /// `CodecConfig()` / `CodecConfig.mimi(num_codebooks=8)` is the real model (24 kHz, 12.5 Hz
 /// frames, 2048-entry codebooks of dimension 256). Invalid values raise `ConfigError` naming
 /// the field (nested ones as `seanet.ratios`, `transformer.d_model`, ...).
-#[pyclass(name = "CodecConfig", module = "mimi_py._core", frozen, eq, from_py_object)]
+#[pyclass(
+    name = "CodecConfig",
+    module = "mimi_py._core",
+    frozen,
+    eq,
+    from_py_object
+)]
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct PyCodecConfig(pub CodecConfig);
 
@@ -230,7 +266,10 @@ py_config!(PyCodecConfig, CodecConfig, codec_fields, codec_field);
 
 /// A codebook count: 1 to 32, the real model's range.
 pub fn real_codebooks(v: Option<&Bound<'_, PyAny>>) -> Result<usize> {
-    let n = v.map(|v| arg::<usize>("num_codebooks", v)).transpose()?.unwrap_or(8);
+    let n = v
+        .map(|v| arg::<usize>("num_codebooks", v))
+        .transpose()?
+        .unwrap_or(8);
     if n == 0 || n > 32 {
         return Err(Error::config(
             "num_codebooks",
@@ -261,7 +300,10 @@ impl PyCodecConfig {
     /// A config from a Hugging Face `MimiConfig` dict (the `config.json` of kyutai/mimi).
     #[staticmethod]
     #[pyo3(signature = (config, num_codebooks=None))]
-    fn from_hf(config: &Bound<'_, PyDict>, num_codebooks: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn from_hf(
+        config: &Bound<'_, PyDict>,
+        num_codebooks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let n = codebooks(num_codebooks)?;
         Ok(Self(CodecConfig::from_hf(&value_of(config.as_any()), n)?))
     }

@@ -48,9 +48,8 @@ static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 /// The class `name` of `mimi_py.errors`.
 fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
-    let module = ERRORS_MODULE.get_or_try_init(py, || {
-        py.import("mimi_py.errors").map(Bound::unbind)
-    })?;
+    let module =
+        ERRORS_MODULE.get_or_try_init(py, || py.import("mimi_py.errors").map(Bound::unbind))?;
     Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
 }
 

@@ -90,8 +90,8 @@ impl PyStreamingTransformer {
                      size {b}; call reset_state() before streaming another batch size"
                 )));
             }
-            let xs = Tensor::from_vec(host.data, (b, t, dm), model.device())?
-                .to_dtype(model.dtype())?;
+            let xs =
+                Tensor::from_vec(host.data, (b, t, dm), model.device())?.to_dtype(model.dtype())?;
             let ys = model.forward(&mut st, &xs)?;
             drop(st);
             let data = ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -229,7 +229,11 @@ impl PyStreamingTransformer {
     /// the two transformers are independent afterwards. The weights are not copied.
     /// Raises ``DepthMismatchError`` if the depths differ and ``IncompatibleStateError`` if
     /// the states have other shapes (heads, context, dtype, device); neither state changes.
-    fn copy_state(&self, py: Python<'_>, other: &Bound<'_, PyStreamingTransformer>) -> PyResult<()> {
+    fn copy_state(
+        &self,
+        py: Python<'_>,
+        other: &Bound<'_, PyStreamingTransformer>,
+    ) -> PyResult<()> {
         let other = other.get();
         if std::ptr::eq(other, self) {
             return Ok(());

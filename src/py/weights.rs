@@ -59,7 +59,10 @@ fn read_mapping(mapping: &Bound<'_, PyMapping>, prefix: &str) -> PyResult<HashMa
     for item in mapping.items()?.iter() {
         let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
         let key = k.cast::<PyString>().map_err(|_| {
-            PyTypeError::new_err(format!("weights mapping keys must be str, got {}", type_name(&k)))
+            PyTypeError::new_err(format!(
+                "weights mapping keys must be str, got {}",
+                type_name(&k)
+            ))
         })?;
         let key = key.to_string();
         if !key.starts_with(prefix) {
@@ -68,7 +71,10 @@ fn read_mapping(mapping: &Bound<'_, PyMapping>, prefix: &str) -> PyResult<HashMa
         let what = format!("weights[{key:?}]");
         let arr = convert::as_ndarray(&v, &what)?;
         if arr.dtype().kind() != b'f' {
-            let dtype = arr.dtype().str().map_or_else(|_| "?".into(), |s| s.to_string());
+            let dtype = arr
+                .dtype()
+                .str()
+                .map_or_else(|_| "?".into(), |s| s.to_string());
             return Err(Error::Weights(format!(
                 "tensor {key:?} has a non-floating dtype {dtype}; weights must be float16, float32 or float64"
             ))
