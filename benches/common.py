@@ -177,8 +177,14 @@ def smooth_noise(num_samples: int, seed: int = 0) -> np.ndarray:
 # safetensors
 
 
-_ST_CODES = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("float64"): "F64",
-             np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("uint8"): "U8"}
+_ST_CODES = {
+    np.dtype("float32"): "F32",
+    np.dtype("float16"): "F16",
+    np.dtype("float64"): "F64",
+    np.dtype("int64"): "I64",
+    np.dtype("int32"): "I32",
+    np.dtype("uint8"): "U8",
+}
 
 
 def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
@@ -188,8 +194,11 @@ def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        header[name] = {"dtype": _ST_CODES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
+        header[name] = {
+            "dtype": _ST_CODES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
         arrays.append(a)
         offset += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -245,9 +254,9 @@ def random_tensor(name: str, shape: list[int], rng: np.random.Generator) -> np.n
 def random_weights_file(shapes: dict[str, list[int]], tag: str, seed: int = 0) -> Path:
     """Write (once; cached under benches/.cache) a safetensors file with random values for every
     tensor of `shapes`, and return its path."""
-    digest = hashlib.sha256(
-        json.dumps([WEIGHTS_RECIPE, seed, sorted(shapes.items())]).encode()
-    ).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps([WEIGHTS_RECIPE, seed, sorted(shapes.items())]).encode()).hexdigest()[
+        :16
+    ]
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     path = CACHE_DIR / f"{tag}-{digest}.safetensors"
     if path.exists():

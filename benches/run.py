@@ -28,8 +28,9 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-import common  # noqa: E402
 from worker import RESULT_MARK  # noqa: E402
+
+import common  # noqa: E402
 
 REPO = common.REPO
 WORKER = BENCH_DIR / "worker.py"
@@ -70,30 +71,53 @@ def log(msg: str) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suites", default=",".join(ALL_SUITES),
-                   help="comma-separated subset of: " + ",".join(ALL_SUITES) + " (codec = offline codec)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats of each offline encode/decode, and alternating Python/native "
-                        "transformer runs (default 3; tiny 1)")
-    p.add_argument("--threads", default=None,
-                   help="thread counts, comma-separated (default 1,2; tiny 1). Streaming, RSS and "
-                        "the targets use 2 if listed, else the largest")
-    p.add_argument("--engines", default=",".join(ALL_ENGINES),
-                   help="codec engines to run, of: " + ",".join(ALL_ENGINES))
-    p.add_argument("--tiny", action="store_true",
-                   help="smoke-test sizes: small transformer, the fixtures' small codec, 0.2 s of "
-                        "audio, few steps; peers and a missing native binary are skipped")
-    p.add_argument("--out", default=None,
-                   help="output folder for results.json and README.md (default: benches/)")
+    p.add_argument(
+        "--suites",
+        default=",".join(ALL_SUITES),
+        help="comma-separated subset of: " + ",".join(ALL_SUITES) + " (codec = offline codec)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed repeats of each offline encode/decode, and alternating Python/native "
+        "transformer runs (default 3; tiny 1)",
+    )
+    p.add_argument(
+        "--threads",
+        default=None,
+        help="thread counts, comma-separated (default 1,2; tiny 1). Streaming, RSS and "
+        "the targets use 2 if listed, else the largest",
+    )
+    p.add_argument(
+        "--engines", default=",".join(ALL_ENGINES), help="codec engines to run, of: " + ",".join(ALL_ENGINES)
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke-test sizes: small transformer, the fixtures' small codec, 0.2 s of "
+        "audio, few steps; peers and a missing native binary are skipped",
+    )
+    p.add_argument(
+        "--out", default=None, help="output folder for results.json and README.md (default: benches/)"
+    )
     p.add_argument("--steps", type=int, default=None, help="timed transformer steps (default 300; tiny 30)")
     p.add_argument("--frames", type=int, default=None, help="timed streaming frames (default 200; tiny 10)")
     p.add_argument("--seconds", type=float, default=None, help="offline audio length (default 10; tiny 0.2)")
-    p.add_argument("--malloc-variants", action="store_true",
-                   help="also run every offline/streaming engine with glibc malloc told to keep freed "
-                        "memory (engine name suffix +malloc)")
-    p.add_argument("--rebuild-native", action="store_true",
-                   help="run cargo build for the native bench binary even if it exists")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per child process (default 1800; tiny 120)")
+    p.add_argument(
+        "--malloc-variants",
+        action="store_true",
+        help="also run every offline/streaming engine with glibc malloc told to keep freed "
+        "memory (engine name suffix +malloc)",
+    )
+    p.add_argument(
+        "--rebuild-native",
+        action="store_true",
+        help="run cargo build for the native bench binary even if it exists",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="seconds per child process (default 1800; tiny 120)"
+    )
     a = p.parse_args(argv)
     a.suites = [s.strip() for s in a.suites.split(",") if s.strip()]
     bad = [s for s in a.suites if s not in ALL_SUITES]
@@ -123,8 +147,13 @@ def parse_args(argv=None):
 
 def thread_env(threads: int) -> dict:
     t = str(threads)
-    return {"RAYON_NUM_THREADS": t, "OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t,
-            "OPENBLAS_NUM_THREADS": t, "VECLIB_MAXIMUM_THREADS": t}
+    return {
+        "RAYON_NUM_THREADS": t,
+        "OMP_NUM_THREADS": t,
+        "MKL_NUM_THREADS": t,
+        "OPENBLAS_NUM_THREADS": t,
+        "VECLIB_MAXIMUM_THREADS": t,
+    }
 
 
 def run_child(spec: dict, threads: int, timeout: float, extra_env: dict | None = None) -> dict:
@@ -135,15 +164,21 @@ def run_child(spec: dict, threads: int, timeout: float, extra_env: dict | None =
     spec = dict(spec, threads=threads)
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, str(WORKER), json.dumps(spec)], capture_output=True,
-                              text=True, timeout=timeout, env=env, cwd=str(REPO))
+        proc = subprocess.run(
+            [sys.executable, str(WORKER), json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=str(REPO),
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s", "threads": threads}
     wall = time.perf_counter() - t0
     res = None
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_MARK):
-            res = json.loads(line[len(RESULT_MARK):])
+            res = json.loads(line[len(RESULT_MARK) :])
     if res is None:
         tail = (proc.stderr or proc.stdout)[-2000:]
         res = {"ok": False, "error": f"worker exited with status {proc.returncode} and no result: {tail}"}
@@ -164,8 +199,11 @@ def engine_available(engine: str, tiny: bool) -> str | None:
         return None
     if tiny:
         return "skipped (tiny mode)"
-    needs = {"rustymimi": ["rustymimi"], "moshi": ["torch", "moshi"],
-             "transformers": ["torch", "transformers"]}[base]
+    needs = {
+        "rustymimi": ["rustymimi"],
+        "moshi": ["torch", "moshi"],
+        "transformers": ["torch", "transformers"],
+    }[base]
     missing = [m for m in needs if importlib.util.find_spec(m) is None]
     if missing:
         return "not installed (" + ", ".join(missing) + ")"
@@ -196,21 +234,34 @@ def ensure_native(args) -> dict:
         if shutil.which("cargo") is None:
             return {"skipped": "cargo not found, cannot build the native bench"}
         log("building the native bench: cargo build --release --no-default-features --bin mimi_native_bench")
-        proc = subprocess.run(["cargo", "build", "--release", "--no-default-features", "--bin",
-                               "mimi_native_bench"], cwd=str(REPO), capture_output=True, text=True)
+        proc = subprocess.run(
+            ["cargo", "build", "--release", "--no-default-features", "--bin", "mimi_native_bench"],
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0 or not NATIVE_BIN.exists():
             return {"skipped": "cargo build failed: " + proc.stderr[-2000:]}
     stale = NATIVE_BIN.stat().st_mtime < newest_source_mtime()
-    return {"path": _rel(NATIVE_BIN), "stale": stale,
-            "built": _dt.datetime.fromtimestamp(NATIVE_BIN.stat().st_mtime).isoformat(timespec="seconds")}
+    return {
+        "path": _rel(NATIVE_BIN),
+        "stale": stale,
+        "built": _dt.datetime.fromtimestamp(NATIVE_BIN.stat().st_mtime).isoformat(timespec="seconds"),
+    }
 
 
 def run_native(binary: Path, steps: int, threads: int, timeout: float) -> dict:
     env = os.environ.copy()
     env.update(thread_env(threads))
     try:
-        proc = subprocess.run([str(binary), str(steps), "1"], capture_output=True, text=True,
-                              timeout=timeout, env=env, cwd=str(REPO))
+        proc = subprocess.run(
+            [str(binary), str(steps), "1"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=str(REPO),
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
     out = {}
@@ -258,20 +309,31 @@ def suite_transformer(args) -> dict:
         py_reps, nat_reps = [], []
         for rep in range(args.repeats):
             log(f"transformer: mimi_py, {th} thread(s), repeat {rep + 1}/{args.repeats}")
-            spec = {"task": "transformer", "tiny": args.tiny, "steps": args.steps,
-                    "warmup": 5 if args.tiny else 20, "chunk": 32 if args.tiny else 250, "chunk_repeats": 1}
+            spec = {
+                "task": "transformer",
+                "tiny": args.tiny,
+                "steps": args.steps,
+                "warmup": 5 if args.tiny else 20,
+                "chunk": 32 if args.tiny else 250,
+                "chunk_repeats": 1,
+            }
             py_reps.append(run_child(spec, th, args.timeout))
             if "path" in native:
                 log(f"transformer: native binary, {th} thread(s), repeat {rep + 1}/{args.repeats}")
                 nat_reps.append(run_native(NATIVE_BIN, 20 if args.tiny else args.steps, th, args.timeout))
         ok_py = [r for r in py_reps if r.get("ok")]
         if ok_py:
-            py = {"ok": True, "repeats": len(py_reps),
-                  "step_median_us": _agg_median(r["step_median_us"] for r in ok_py),
-                  "step_p99_us": _agg_median(r["step_p99_us"] for r in ok_py),
-                  "chunk_us": _agg_median(r["chunk_us"] for r in ok_py),
-                  "config": ok_py[0]["config"], "steps": ok_py[0]["steps"], "chunk_len": ok_py[0]["chunk_len"],
-                  "reps": py_reps}
+            py = {
+                "ok": True,
+                "repeats": len(py_reps),
+                "step_median_us": _agg_median(r["step_median_us"] for r in ok_py),
+                "step_p99_us": _agg_median(r["step_p99_us"] for r in ok_py),
+                "chunk_us": _agg_median(r["chunk_us"] for r in ok_py),
+                "config": ok_py[0]["config"],
+                "steps": ok_py[0]["steps"],
+                "chunk_len": ok_py[0]["chunk_len"],
+                "reps": py_reps,
+            }
             if len(ok_py) < len(py_reps):
                 py["ok"] = False
                 py["error"] = next(r.get("error") for r in py_reps if not r.get("ok"))
@@ -284,10 +346,12 @@ def suite_transformer(args) -> dict:
                 engines = {}
                 for name in ok_nat[0]["engines"]:
                     rows = [r["engines"][name] for r in ok_nat if name in r["engines"]]
-                    engines[name] = {"engine": name,
-                                     "step_median_us": _agg_median(d.get("step_median_us") for d in rows),
-                                     "step_p99_us": _agg_median(d.get("step_p99_us") for d in rows),
-                                     "chunk250_us": _agg_median(d.get("chunk250_us") for d in rows)}
+                    engines[name] = {
+                        "engine": name,
+                        "step_median_us": _agg_median(d.get("step_median_us") for d in rows),
+                        "step_p99_us": _agg_median(d.get("step_p99_us") for d in rows),
+                        "chunk250_us": _agg_median(d.get("chunk250_us") for d in rows),
+                    }
                 nat = {"ok": True, "repeats": len(nat_reps), "engines": engines, "reps": nat_reps}
             else:
                 nat = dict(nat_reps[0], reps=nat_reps)
@@ -299,16 +363,30 @@ def suite_transformer(args) -> dict:
             if comparable:
                 for a, b in zip(py_reps, nat_reps):
                     if a.get("ok") and b.get("ok") and "mimi_py-native" in b["engines"]:
-                        paired.append(ratio(a["step_median_us"], b["engines"]["mimi_py-native"]["step_median_us"]))
+                        paired.append(
+                            ratio(a["step_median_us"], b["engines"]["mimi_py-native"]["step_median_us"])
+                        )
             run["ratios"] = {
-                "binding_overhead_step_median": ratio(py.get("step_median_us"), mine.get("step_median_us")) if comparable else None,
+                "binding_overhead_step_median": ratio(py.get("step_median_us"), mine.get("step_median_us"))
+                if comparable
+                else None,
                 "binding_overhead_step_median_paired": round(common.median(paired), 3) if paired else None,
                 "binding_overhead_step_median_each": paired,
-                "binding_overhead_step_p99": ratio(py.get("step_p99_us"), mine.get("step_p99_us")) if comparable else None,
-                "binding_overhead_chunk250": ratio(py.get("chunk_us"), mine.get("chunk250_us")) if comparable else None,
-                "vs_candle_step_median": ratio(py.get("step_median_us"), cand.get("step_median_us")) if comparable else None,
-                "vs_candle_chunk250": ratio(py.get("chunk_us"), cand.get("chunk250_us")) if comparable else None,
-                "note": None if comparable else "tiny mode: the native binary always runs the Mimi shape; no ratio",
+                "binding_overhead_step_p99": ratio(py.get("step_p99_us"), mine.get("step_p99_us"))
+                if comparable
+                else None,
+                "binding_overhead_chunk250": ratio(py.get("chunk_us"), mine.get("chunk250_us"))
+                if comparable
+                else None,
+                "vs_candle_step_median": ratio(py.get("step_median_us"), cand.get("step_median_us"))
+                if comparable
+                else None,
+                "vs_candle_chunk250": ratio(py.get("chunk_us"), cand.get("chunk250_us"))
+                if comparable
+                else None,
+                "note": None
+                if comparable
+                else "tiny mode: the native binary always runs the Mimi shape; no ratio",
             }
         else:
             run["native"] = {"ok": False, "skipped": native["skipped"]}
@@ -317,8 +395,11 @@ def suite_transformer(args) -> dict:
 
 
 def codec_spec(args, weights: dict) -> dict:
-    return {"weights": weights["path"], "hf_config": weights.get("hf_config"),
-            "num_codebooks": weights["num_codebooks"]}
+    return {
+        "weights": weights["path"],
+        "hf_config": weights.get("hf_config"),
+        "num_codebooks": weights["num_codebooks"],
+    }
 
 
 def engine_list(args, with_malloc: bool, allowed=None):
@@ -341,15 +422,26 @@ def suite_codec(args, weights, save_dir: Path) -> dict:
             continue
         for th in args.threads:
             log(f"codec offline: {eng}, {th} thread(s)")
-            spec = dict(codec_spec(args, weights), task="codec_offline", engine=eng, seconds=args.seconds,
-                        warmup_seconds=0.08 if args.tiny else 1.0, repeats=args.repeats,
-                        save_dir=str(save_dir))
+            spec = dict(
+                codec_spec(args, weights),
+                task="codec_offline",
+                engine=eng,
+                seconds=args.seconds,
+                warmup_seconds=0.08 if args.tiny else 1.0,
+                repeats=args.repeats,
+                save_dir=str(save_dir),
+            )
             res = run_child(spec, th, args.timeout, MALLOC_ENV if eng.endswith("+malloc") else None)
             res.setdefault("engine", eng)
             runs.append(res)
     parity = codec_parity(runs, save_dir)
-    return {"audio_seconds": args.seconds, "runs": runs, "skipped": skipped, "parity": parity,
-            "speed_ratios": offline_ratios(runs)}
+    return {
+        "audio_seconds": args.seconds,
+        "runs": runs,
+        "skipped": skipped,
+        "parity": parity,
+        "speed_ratios": offline_ratios(runs),
+    }
 
 
 def codec_parity(runs, save_dir: Path) -> list:
@@ -378,12 +470,16 @@ def codec_parity(runs, save_dir: Path) -> list:
         f = min(c0.shape[-1], c1.shape[-1])
         n = min(a0.shape[-1], a1.shape[-1])
         same_q = c0.shape[:2] == c1.shape[:2]
-        out.append({
-            "engine": r["engine"],
-            "codes_shapes": [list(c0.shape), list(c1.shape)],
-            "codes_equal_fraction": float((c0[..., :f] == c1[..., :f]).mean()) if same_q else None,
-            "audio_max_abs_diff": float(np.abs(a0[..., :n] - a1[..., :n]).max()) if a0.shape[:2] == a1.shape[:2] else None,
-        })
+        out.append(
+            {
+                "engine": r["engine"],
+                "codes_shapes": [list(c0.shape), list(c1.shape)],
+                "codes_equal_fraction": float((c0[..., :f] == c1[..., :f]).mean()) if same_q else None,
+                "audio_max_abs_diff": float(np.abs(a0[..., :n] - a1[..., :n]).max())
+                if a0.shape[:2] == a1.shape[:2]
+                else None,
+            }
+        )
     return out
 
 
@@ -395,9 +491,14 @@ def offline_ratios(runs) -> list:
         if not r.get("ok") or r["engine"] == "mimi_py" or r["threads"] not in mine:
             continue
         m = mine[r["threads"]]
-        out.append({"peer": r["engine"], "threads": r["threads"],
-                    "encode_speed_ratio": ratio(m["encode_rtf"], r["encode_rtf"]),
-                    "decode_speed_ratio": ratio(m["decode_rtf"], r["decode_rtf"])})
+        out.append(
+            {
+                "peer": r["engine"],
+                "threads": r["threads"],
+                "encode_speed_ratio": ratio(m["encode_rtf"], r["encode_rtf"]),
+                "decode_speed_ratio": ratio(m["decode_rtf"], r["decode_rtf"]),
+            }
+        )
     return out
 
 
@@ -410,8 +511,13 @@ def suite_streaming(args, weights) -> dict:
             skipped[eng] = why
             continue
         log(f"codec streaming: {eng}, {th} thread(s)")
-        spec = dict(codec_spec(args, weights), task="codec_streaming", engine=eng, frames=args.frames,
-                    warmup=2 if args.tiny else 10)  # keep in step with "warmup" below
+        spec = dict(
+            codec_spec(args, weights),
+            task="codec_streaming",
+            engine=eng,
+            frames=args.frames,
+            warmup=2 if args.tiny else 10,
+        )  # keep in step with "warmup" below
         res = run_child(spec, th, args.timeout, MALLOC_ENV if eng.endswith("+malloc") else None)
         res.setdefault("engine", eng)
         runs.append(res)
@@ -423,11 +529,23 @@ def suite_streaming(args, weights) -> dict:
     if mine:
         for r in runs:
             if r.get("ok") and r["engine"] != "mimi_py":
-                ratios.append({"peer": r["engine"],
-                               "median_speed_ratio": ratio(r["frame_total"]["median_us"], mine["frame_total"]["median_us"]),
-                               "p99_speed_ratio": ratio(r["frame_total"]["p99_us"], mine["frame_total"]["p99_us"])})
-    return {"threads": th, "frame_size": common.FRAME_SIZE, "warmup": 2 if args.tiny else 10, "runs": runs, "skipped": skipped,
-            "speed_ratios": ratios}
+                ratios.append(
+                    {
+                        "peer": r["engine"],
+                        "median_speed_ratio": ratio(
+                            r["frame_total"]["median_us"], mine["frame_total"]["median_us"]
+                        ),
+                        "p99_speed_ratio": ratio(r["frame_total"]["p99_us"], mine["frame_total"]["p99_us"]),
+                    }
+                )
+    return {
+        "threads": th,
+        "frame_size": common.FRAME_SIZE,
+        "warmup": 2 if args.tiny else 10,
+        "runs": runs,
+        "skipped": skipped,
+        "speed_ratios": ratios,
+    }
 
 
 def suite_rss(args, weights) -> dict:
@@ -445,7 +563,9 @@ def suite_rss(args, weights) -> dict:
             skipped[label] = why
             continue
         log(f"peak RSS: {label}, {th} thread(s)")
-        spec = dict(codec_spec(args, weights), task="codec_rss", engine=eng, seconds=args.seconds, seeded=seeded)
+        spec = dict(
+            codec_spec(args, weights), task="codec_rss", engine=eng, seconds=args.seconds, seeded=seeded
+        )
         res = run_child(spec, th, args.timeout)
         res["engine"] = eng
         res["label"] = label
@@ -455,9 +575,16 @@ def suite_rss(args, weights) -> dict:
     if mine:
         for r in runs:
             if r.get("ok") and r["engine"] != "mimi_py":
-                ratios.append({"peer": r["label"], "rss_ratio": ratio(mine["peak_rss_bytes"], r["peak_rss_bytes"])})
-    return {"threads": th, "audio_seconds": args.seconds, "runs": runs, "skipped": skipped,
-            "rss_ratios_mimi_py_over_peer": ratios}
+                ratios.append(
+                    {"peer": r["label"], "rss_ratio": ratio(mine["peak_rss_bytes"], r["peak_rss_bytes"])}
+                )
+    return {
+        "threads": th,
+        "audio_seconds": args.seconds,
+        "runs": runs,
+        "skipped": skipped,
+        "rss_ratios_mimi_py_over_peer": ratios,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,9 +614,20 @@ def evaluate_targets(args, suites) -> list:
     for key, (what, kind, bound, unit) in TARGETS.items():
         m = measured.get(key)
         met = None if m is None else (m <= bound if kind == "max" else m >= bound)
-        out.append({"key": key, "what": what, "kind": kind, "bound": bound, "unit": unit,
-                    "threads": th, "measured": m, "measured_over_bound": ratio(m, bound),
-                    "met": met, "meaningful": not args.tiny})
+        out.append(
+            {
+                "key": key,
+                "what": what,
+                "kind": kind,
+                "bound": bound,
+                "unit": unit,
+                "threads": th,
+                "measured": m,
+                "measured_over_bound": ratio(m, bound),
+                "met": met,
+                "meaningful": not args.tiny,
+            }
+        )
     return out
 
 
@@ -513,10 +651,19 @@ def machine_info(args) -> dict:
 
     git = {}
     try:
-        git["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                       text=True, timeout=10).stdout.strip() or None
-        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                            capture_output=True, text=True, timeout=10).stdout
+        git["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        st = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         git["modified_files"] = len([line for line in st.splitlines() if line.strip()])
     except Exception:
         pass
@@ -544,8 +691,11 @@ def machine_info(args) -> dict:
             "transformers": pkg_version("transformers"),
         },
         "mimi_py_core": core_file,
-        "mimi_py_core_built": _dt.datetime.fromtimestamp(Path(core_file).stat().st_mtime).isoformat(timespec="seconds")
-        if core_file else None,
+        "mimi_py_core_built": _dt.datetime.fromtimestamp(Path(core_file).stat().st_mtime).isoformat(
+            timespec="seconds"
+        )
+        if core_file
+        else None,
         "git": git,
     }
 
@@ -581,28 +731,48 @@ def render_markdown(res) -> str:
     m, args = res["machine"], res["args"]
     v = m["versions"]
     L = []
-    L.append(f"Run {m['date']}" + (" — **tiny smoke-test sizes, numbers are not meaningful**" if args["tiny"] else "")
-             + f", {res['duration_s']:.0f} s in all.")
+    L.append(
+        f"Run {m['date']}"
+        + (" — **tiny smoke-test sizes, numbers are not meaningful**" if args["tiny"] else "")
+        + f", {res['duration_s']:.0f} s in all."
+    )
     L.append("")
-    L.append(f"- machine: {m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), "
-             f"{fmt_bytes(m['memory_total_bytes'])} RAM, {m['platform']}")
-    L.append(f"- threads: {', '.join(map(str, m['threads']))} (streaming, RSS and targets at {m['main_threads']})")
+    L.append(
+        f"- machine: {m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), "
+        f"{fmt_bytes(m['memory_total_bytes'])} RAM, {m['platform']}"
+    )
+    L.append(
+        f"- threads: {', '.join(map(str, m['threads']))} (streaming, RSS and targets at {m['main_threads']})"
+    )
     la0, la1 = m.get("loadavg_start"), m.get("loadavg_end")
     if la0 and la1:
-        L.append(f"- load average (1/5/15 min) at start {' / '.join(map(str, la0))}, at end {' / '.join(map(str, la1))} (includes this run)"
-                 + (" — **other work was running at the start; numbers may be inflated**"
-                    if la0[0] > 0.5 * m['cpu_cores_available'] else ""))
+        L.append(
+            f"- load average (1/5/15 min) at start {' / '.join(map(str, la0))}, at end {' / '.join(map(str, la1))} (includes this run)"
+            + (
+                " — **other work was running at the start; numbers may be inflated**"
+                if la0[0] > 0.5 * m["cpu_cores_available"]
+                else ""
+            )
+        )
     peers = ", ".join(f"{k} {v[k]}" for k in ("rustymimi", "torch", "moshi", "transformers") if v.get(k))
-    L.append(f"- versions: mimi_py {v['mimi_py']} (candle {v['candle']}, features: {', '.join(v['mimi_py_features']) or 'cpu only'}), "
-             f"numpy {v['numpy']}, Python {m['python']}" + (f", {peers}" if peers else "")
-             + "; not installed: " + (", ".join(k for k in ("rustymimi", "torch", "moshi", "transformers") if not v.get(k)) or "none"))
+    L.append(
+        f"- versions: mimi_py {v['mimi_py']} (candle {v['candle']}, features: {', '.join(v['mimi_py_features']) or 'cpu only'}), "
+        f"numpy {v['numpy']}, Python {m['python']}"
+        + (f", {peers}" if peers else "")
+        + "; not installed: "
+        + (", ".join(k for k in ("rustymimi", "torch", "moshi", "transformers") if not v.get(k)) or "none")
+    )
     sh = m.get("cpu_time_shares")
     if sh:
-        L.append(f"- machine CPU time during the run (all processes): busy {100 * (1 - sh['idle'] - sh['iowait']):.0f}%, "
-                 f"idle {100 * sh['idle']:.0f}%, steal {100 * sh['steal']:.1f}%")
+        L.append(
+            f"- machine CPU time during the run (all processes): busy {100 * (1 - sh['idle'] - sh['iowait']):.0f}%, "
+            f"idle {100 * sh['idle']:.0f}%, steal {100 * sh['steal']:.1f}%"
+        )
     g = m.get("git") or {}
-    L.append(f"- tree: commit {g.get('commit')}, {g.get('modified_files')} modified tracked file(s); "
-             f"mimi_py extension built {m.get('mimi_py_core_built')}")
+    L.append(
+        f"- tree: commit {g.get('commit')}, {g.get('modified_files')} modified tracked file(s); "
+        f"mimi_py extension built {m.get('mimi_py_core_built')}"
+    )
     L.append(f"- command: `{res['command']}`")
     L.append("")
 
@@ -628,13 +798,17 @@ def render_markdown(res) -> str:
             met = "—" if t["met"] is None else ("✅ met" if t["met"] else "❌ not met")
             if not t["meaningful"]:
                 met = "— (tiny sizes)"
-            L.append(f"| {t['what']} ({t['threads']} thread{'s' if t['threads'] != 1 else ''}) | {op} {b} | {mm} | {fmt_x(t['measured_over_bound'])} | {met} |")
+            L.append(
+                f"| {t['what']} ({t['threads']} thread{'s' if t['threads'] != 1 else ''}) | {op} {b} | {mm} | {fmt_x(t['measured_over_bound'])} | {met} |"
+            )
     L.append("")
 
     # transformer
     tr = s["transformer"]
     if args["tiny"]:
-        L.append("### Transformer, tiny shape (d 64, 2 layers, context 16; the native binary runs the Mimi shape), B=1, float32")
+        L.append(
+            "### Transformer, tiny shape (d 64, 2 layers, context 16; the native binary runs the Mimi shape), B=1, float32"
+        )
     else:
         L.append("### Transformer, Mimi shape (d 512, 8 layers, context 250), B=1, float32")
     L.append("")
@@ -643,62 +817,86 @@ def render_markdown(res) -> str:
     else:
         nb = tr["native_binary"]
         if "path" in nb:
-            L.append(f"Native: `{nb['path']}` (built {nb['built']}"
-                     + (", **older than the Rust sources: rerun with --rebuild-native**" if nb["stale"] else "") + ").")
+            L.append(
+                f"Native: `{nb['path']}` (built {nb['built']}"
+                + (", **older than the Rust sources: rerun with --rebuild-native**" if nb["stale"] else "")
+                + ")."
+            )
         else:
             L.append(f"Native: {nb['skipped']}")
         L.append("")
-        L.append(f"Python and native runs alternate, {tr.get('repeats', 1)} time(s) per thread count; each figure is the "
-                 "median over those repeats of the per-run median / p99 (steps) or single 250-step call.")
+        L.append(
+            f"Python and native runs alternate, {tr.get('repeats', 1)} time(s) per thread count; each figure is the "
+            "median over those repeats of the per-run median / p99 (steps) or single 250-step call."
+        )
         L.append("")
         L.append("| threads | engine | step median | step p99 | 250-step `forward` |")
         L.append("| --- | --- | --- | --- | --- |")
         for run in tr["runs"]:
             py = run["mimi_py"]
             if py.get("ok"):
-                L.append(f"| {run['threads']} | mimi_py from Python | {fmt_us(py['step_median_us'])} | "
-                         f"{fmt_us(py['step_p99_us'])} | {fmt_us(py['chunk_us'])} |")
+                L.append(
+                    f"| {run['threads']} | mimi_py from Python | {fmt_us(py['step_median_us'])} | "
+                    f"{fmt_us(py['step_p99_us'])} | {fmt_us(py['chunk_us'])} |"
+                )
             else:
                 L.append(f"| {run['threads']} | mimi_py from Python | error: {fmt_err(py)} | | |")
             nat = run.get("native", {})
             if nat.get("ok"):
-                names = {"mimi_py-native": "mimi_py model, native Rust", "candle": "candle-transformers (native)"}
+                names = {
+                    "mimi_py-native": "mimi_py model, native Rust",
+                    "candle": "candle-transformers (native)",
+                }
                 for key in ("mimi_py-native", "candle"):
                     d = nat["engines"].get(key)
                     if d:
-                        L.append(f"| {run['threads']} | {names[key]} | {fmt_us(d['step_median_us'])} | "
-                                 f"{fmt_us(d['step_p99_us'])} | {fmt_us(d['chunk250_us'])} |")
+                        L.append(
+                            f"| {run['threads']} | {names[key]} | {fmt_us(d['step_median_us'])} | "
+                            f"{fmt_us(d['step_p99_us'])} | {fmt_us(d['chunk250_us'])} |"
+                        )
             else:
                 L.append(f"| {run['threads']} | native | {fmt_err(nat)} | | |")
         L.append("")
-        L.append("| threads | binding overhead (step median) | (paired per repeat: median [each]) | (step p99) | (250-step chunk) | mimi_py ÷ candle (step) | (chunk) |")
+        L.append(
+            "| threads | binding overhead (step median) | (paired per repeat: median [each]) | (step p99) | (250-step chunk) | mimi_py ÷ candle (step) | (chunk) |"
+        )
         L.append("| --- | --- | --- | --- | --- | --- | --- |")
         for run in tr["runs"]:
             r = run.get("ratios") or {}
-            each = ", ".join(f"{x:.2f}" for x in r.get("binding_overhead_step_median_each") or [] if x is not None)
-            L.append(f"| {run['threads']} | {fmt_x(r.get('binding_overhead_step_median'), 3)} | "
-                     f"{fmt_x(r.get('binding_overhead_step_median_paired'), 3)}{f' [{each}]' if each else ''} | "
-                     f"{fmt_x(r.get('binding_overhead_step_p99'), 3)} | {fmt_x(r.get('binding_overhead_chunk250'), 3)} | "
-                     f"{fmt_x(r.get('vs_candle_step_median'), 3)} | {fmt_x(r.get('vs_candle_chunk250'), 3)} |")
+            each = ", ".join(
+                f"{x:.2f}" for x in r.get("binding_overhead_step_median_each") or [] if x is not None
+            )
+            L.append(
+                f"| {run['threads']} | {fmt_x(r.get('binding_overhead_step_median'), 3)} | "
+                f"{fmt_x(r.get('binding_overhead_step_median_paired'), 3)}{f' [{each}]' if each else ''} | "
+                f"{fmt_x(r.get('binding_overhead_step_p99'), 3)} | {fmt_x(r.get('binding_overhead_chunk250'), 3)} | "
+                f"{fmt_x(r.get('vs_candle_step_median'), 3)} | {fmt_x(r.get('vs_candle_chunk250'), 3)} |"
+            )
     L.append("")
 
     # codec offline
     c = s["codec"]
-    L.append(f"### Codec offline: encode {args['seconds']:g} s of 24 kHz audio, then decode its codes (8 codebooks)")
+    L.append(
+        f"### Codec offline: encode {args['seconds']:g} s of 24 kHz audio, then decode its codes (8 codebooks)"
+    )
     L.append("")
     if c.get("skipped") and isinstance(c["skipped"], str):
         L.append(f"_skipped: {c['skipped']}_")
     else:
-        L.append("RTF = audio seconds ÷ wall seconds (higher is faster); median of the repeats. "
-                 "CPU÷wall = cores busy on average.")
+        L.append(
+            "RTF = audio seconds ÷ wall seconds (higher is faster); median of the repeats. "
+            "CPU÷wall = cores busy on average."
+        )
         L.append("")
         L.append("| engine | threads | encode | encode RTF | decode | decode RTF | CPU÷wall enc/dec | load |")
         L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in c["runs"]:
             if r.get("ok"):
-                L.append(f"| {r['engine']} | {r['threads']} | {r['encode_s']:.3f} s | {r['encode_rtf']:.2f} | "
-                         f"{r['decode_s']:.3f} s | {r['decode_rtf']:.2f} | {r['encode_cpu_per_wall']:.2f} / "
-                         f"{r['decode_cpu_per_wall']:.2f} | {r['load_s']:.2f} s |")
+                L.append(
+                    f"| {r['engine']} | {r['threads']} | {r['encode_s']:.3f} s | {r['encode_rtf']:.2f} | "
+                    f"{r['decode_s']:.3f} s | {r['decode_rtf']:.2f} | {r['encode_cpu_per_wall']:.2f} / "
+                    f"{r['decode_cpu_per_wall']:.2f} | {r['load_s']:.2f} s |"
+                )
             else:
                 L.append(f"| {r['engine']} | {r['threads']} | error: {fmt_err(r)} | | | | | |")
         for eng, why in c.get("skipped", {}).items():
@@ -708,43 +906,58 @@ def render_markdown(res) -> str:
             L.append("| mimi_py vs | threads | encode speed ratio | decode speed ratio |")
             L.append("| --- | --- | --- | --- |")
             for q in c["speed_ratios"]:
-                L.append(f"| {q['peer']} | {q['threads']} | {fmt_x(q['encode_speed_ratio'])} | {fmt_x(q['decode_speed_ratio'])} |")
+                L.append(
+                    f"| {q['peer']} | {q['threads']} | {fmt_x(q['encode_speed_ratio'])} | {fmt_x(q['decode_speed_ratio'])} |"
+                )
             L.append("")
             L.append("(> 1×: mimi_py is faster.)")
         if c.get("parity"):
             L.append("")
             for p in c["parity"]:
-                L.append(f"Same weights, same work: {p['engine']}'s codes equal mimi_py's for "
-                         f"{100 * (p['codes_equal_fraction'] or 0):.1f}% of entries; decoded audio max abs diff "
-                         f"{fmt_num(p['audio_max_abs_diff'], 7) if p['audio_max_abs_diff'] is not None else '—'}.")
+                L.append(
+                    f"Same weights, same work: {p['engine']}'s codes equal mimi_py's for "
+                    f"{100 * (p['codes_equal_fraction'] or 0):.1f}% of entries; decoded audio max abs diff "
+                    f"{fmt_num(p['audio_max_abs_diff'], 7) if p['audio_max_abs_diff'] is not None else '—'}."
+                )
     L.append("")
 
     # streaming
     st = s["streaming"]
-    L.append(f"### Codec streaming: `encode_step` then `decode_step` per 1920-sample (80 ms) frame")
+    L.append("### Codec streaming: `encode_step` then `decode_step` per 1920-sample (80 ms) frame")
     L.append("")
     if st.get("skipped") and isinstance(st["skipped"], str):
         L.append(f"_skipped: {st['skipped']}_")
     else:
-        L.append(f"{st['threads']} threads; times per frame over {args['frames']} frames after {st['warmup']} warm-up frames "
-                 "(one encoder and one decoder stream, as a real-time loop runs them).")
+        L.append(
+            f"{st['threads']} threads; times per frame over {args['frames']} frames after {st['warmup']} warm-up frames "
+            "(one encoder and one decoder stream, as a real-time loop runs them)."
+        )
         L.append("")
-        L.append("| engine | encode_step median | p99 | decode_step median | p99 | encode+decode median | p99 |")
+        L.append(
+            "| engine | encode_step median | p99 | decode_step median | p99 | encode+decode median | p99 |"
+        )
         L.append("| --- | --- | --- | --- | --- | --- | --- |")
         for r in st["runs"]:
             if r.get("ok"):
                 e, d, t = r["encode_step"], r["decode_step"], r["frame_total"]
-                L.append(f"| {r['engine']} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
-                         f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} |")
+                L.append(
+                    f"| {r['engine']} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
+                    f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} |"
+                )
             else:
                 L.append(f"| {r['engine']} | error: {fmt_err(r)} | | | | | |")
         for eng, why in st.get("skipped", {}).items():
             L.append(f"| {eng} | {why} | | | | | |")
         if st.get("speed_ratios"):
             L.append("")
-            L.append("Peer ÷ mimi_py per-frame time (> 1×: mimi_py is faster): " + "; ".join(
-                f"{q['peer']} median {fmt_x(q['median_speed_ratio'])}, p99 {fmt_x(q['p99_speed_ratio'])}"
-                for q in st["speed_ratios"]) + ".")
+            L.append(
+                "Peer ÷ mimi_py per-frame time (> 1×: mimi_py is faster): "
+                + "; ".join(
+                    f"{q['peer']} median {fmt_x(q['median_speed_ratio'])}, p99 {fmt_x(q['p99_speed_ratio'])}"
+                    for q in st["speed_ratios"]
+                )
+                + "."
+            )
     L.append("")
 
     # rss
@@ -754,15 +967,19 @@ def render_markdown(res) -> str:
     if rs.get("skipped") and isinstance(rs["skipped"], str):
         L.append(f"_skipped: {rs['skipped']}_")
     else:
-        L.append(f"{rs['threads']} threads. Peak = VmHWM of the process (includes Python, numpy and the "
-                 "mapped weight file's touched pages).")
+        L.append(
+            f"{rs['threads']} threads. Peak = VmHWM of the process (includes Python, numpy and the "
+            "mapped weight file's touched pages)."
+        )
         L.append("")
         L.append("| engine | after import | after load | peak | minor page faults |")
         L.append("| --- | --- | --- | --- | --- |")
         for r in rs["runs"]:
             if r.get("ok"):
-                L.append(f"| {r['label']} | {fmt_bytes(r['rss_after_import_bytes'])} | {fmt_bytes(r['rss_after_load_bytes'])} | "
-                         f"{fmt_bytes(r['peak_rss_bytes'])} | {r['minor_faults']} |")
+                L.append(
+                    f"| {r['label']} | {fmt_bytes(r['rss_after_import_bytes'])} | {fmt_bytes(r['rss_after_load_bytes'])} | "
+                    f"{fmt_bytes(r['peak_rss_bytes'])} | {r['minor_faults']} |"
+                )
             else:
                 L.append(f"| {r['label']} | error: {fmt_err(r)} | | | |")
         for eng, why in rs.get("skipped", {}).items():
@@ -776,7 +993,7 @@ def write_readme(path: Path, table: str) -> None:
         text = path.read_text()
         i, j = text.find(MARK_START), text.find(MARK_END)
         if i != -1 and j > i:
-            text = text[:i] + block + text[j + len(MARK_END):]
+            text = text[:i] + block + text[j + len(MARK_END) :]
         else:
             text = text.rstrip() + "\n\n## Latest results\n\n" + block + "\n"
     else:
@@ -791,8 +1008,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    log(f"suites {args.suites}, threads {args.threads}, engines {args.engines}, "
-        f"{'tiny' if args.tiny else 'full'} sizes, out {args.out}")
+    log(
+        f"suites {args.suites}, threads {args.threads}, engines {args.engines}, "
+        f"{'tiny' if args.tiny else 'full'} sizes, out {args.out}"
+    )
     machine = machine_info(args)
     cpu0 = common.cpu_times()
 
@@ -800,11 +1019,19 @@ def main(argv=None) -> int:
     if any(x in args.suites for x in ("codec", "streaming", "rss")):
         log("random weights in the moshi checkpoint layout (cached in benches/.cache or $MIMI_BENCH_CACHE)")
         if args.tiny:
-            weights = {"path": str(common.small_moshi_weights()), "hf_config": str(common.SMALL_HF_CONFIG),
-                       "num_codebooks": 4, "architecture": "the fixtures' small Mimi codec"}
+            weights = {
+                "path": str(common.small_moshi_weights()),
+                "hf_config": str(common.SMALL_HF_CONFIG),
+                "num_codebooks": 4,
+                "architecture": "the fixtures' small Mimi codec",
+            }
         else:
-            weights = {"path": str(common.real_moshi_weights()), "hf_config": None, "num_codebooks": 8,
-                       "architecture": "real Mimi (kyutai_moshi_mimi_manifest.json)"}
+            weights = {
+                "path": str(common.real_moshi_weights()),
+                "hf_config": None,
+                "num_codebooks": 8,
+                "architecture": "real Mimi (kyutai_moshi_mimi_manifest.json)",
+            }
         weights["recipe"] = common.WEIGHTS_RECIPE
 
     suites = {}
@@ -827,9 +1054,17 @@ def main(argv=None) -> int:
     res = {
         "schema": 1,
         "command": "python benches/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "args": {"suites": args.suites, "repeats": args.repeats, "threads": args.threads,
-                 "engines": args.engines, "tiny": args.tiny, "steps": args.steps, "frames": args.frames,
-                 "seconds": args.seconds, "malloc_variants": args.malloc_variants},
+        "args": {
+            "suites": args.suites,
+            "repeats": args.repeats,
+            "threads": args.threads,
+            "engines": args.engines,
+            "tiny": args.tiny,
+            "steps": args.steps,
+            "frames": args.frames,
+            "seconds": args.seconds,
+            "malloc_variants": args.malloc_variants,
+        },
         "machine": machine,
         "weights": weights,
         "suites": suites,
@@ -847,8 +1082,10 @@ def main(argv=None) -> int:
 
     (args.out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
     write_readme(args.out / "README.md", render_markdown(res))
-    log(f"wrote {args.out / 'results.json'} and the table in {args.out / 'README.md'} "
-        f"({res['duration_s']:.0f} s)")
+    log(
+        f"wrote {args.out / 'results.json'} and the table in {args.out / 'README.md'} "
+        f"({res['duration_s']:.0f} s)"
+    )
     for f in failures:
         log(f"mimi_py measurement failed: {f}")
     return 1 if failures else 0

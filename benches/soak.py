@@ -52,8 +52,9 @@ def rss_kib() -> int:
     return peak // 1024 if sys.platform == "darwin" else peak
 
 
-def soak_transformer(t, steps: int, sample_every: int = 500, seed: int = 0, batch: int = 1,
-                     progress=None) -> list[dict]:
+def soak_transformer(
+    t, steps: int, sample_every: int = 500, seed: int = 0, batch: int = 1, progress=None
+) -> list[dict]:
     """Streams `steps` single time steps through transformer `t`; returns the samples."""
     rng = np.random.default_rng(seed)
     # A fixed pool of inputs, so the loop allocates nothing but the outputs.
@@ -61,9 +62,15 @@ def soak_transformer(t, steps: int, sample_every: int = 500, seed: int = 0, batc
     t0 = time.perf_counter()
 
     def sample(i):
-        return {"phase": "transformer", "step": i, "position": t.position,
-                "state_nbytes": t.state_nbytes, "frames": None, "rss_kib": rss_kib(),
-                "elapsed_s": round(time.perf_counter() - t0, 3)}
+        return {
+            "phase": "transformer",
+            "step": i,
+            "position": t.position,
+            "state_nbytes": t.state_nbytes,
+            "frames": None,
+            "rss_kib": rss_kib(),
+            "elapsed_s": round(time.perf_counter() - t0, 3),
+        }
 
     samples = [sample(0)]
     for i in range(1, steps + 1):
@@ -87,8 +94,14 @@ def chirp(start: int, n: int, sample_rate: int) -> np.ndarray:
     return (x + noise).astype(np.float32)
 
 
-def soak_codec(codec, seconds: float, sample_every: int = 125, decode: bool = True,
-               chunk: int | None = None, progress=None) -> list[dict]:
+def soak_codec(
+    codec,
+    seconds: float,
+    sample_every: int = 125,
+    decode: bool = True,
+    chunk: int | None = None,
+    progress=None,
+) -> list[dict]:
     """Streams `seconds` of audio through codec.encode_step (and the codes through
     decode_step) in chunks of `chunk` samples (default: one frame); returns the samples."""
     chunk = chunk or codec.frame_size
@@ -98,9 +111,15 @@ def soak_codec(codec, seconds: float, sample_every: int = 125, decode: bool = Tr
     t0 = time.perf_counter()
 
     def sample(i):
-        return {"phase": "codec", "step": i, "position": i * chunk, "state_nbytes": None,
-                "frames": frames, "rss_kib": rss_kib(),
-                "elapsed_s": round(time.perf_counter() - t0, 3)}
+        return {
+            "phase": "codec",
+            "step": i,
+            "position": i * chunk,
+            "state_nbytes": None,
+            "frames": frames,
+            "rss_kib": rss_kib(),
+            "elapsed_s": round(time.perf_counter() - t0, 3),
+        }
 
     samples = [sample(0)]
     for i in range(1, n_chunks + 1):
@@ -117,8 +136,9 @@ def soak_codec(codec, seconds: float, sample_every: int = 125, decode: bool = Tr
                 progress(samples[-1])
     expected = (n_chunks * chunk) // codec.frame_size
     if frames != expected:
-        raise RuntimeError(f"the stream gave {frames} frames for {n_chunks * chunk} samples, "
-                           f"expected {expected}")
+        raise RuntimeError(
+            f"the stream gave {frames} frames for {n_chunks * chunk} samples, expected {expected}"
+        )
     if decode and audio_out != frames * codec.frame_size:
         raise RuntimeError(f"decode_step gave {audio_out} samples for {frames} frames")
     return samples
@@ -136,7 +156,8 @@ def summarize(samples: list[dict]) -> dict:
         # growth after warm-up (the first sample after 10% of the run, at least the second
         # sample): what a leak would show; the state itself fills up during warm-up
         "rss_growth_after_warmup_mib": round((rss[-1] - rss[max(1, len(rss) // 10)]) / 1024, 1)
-        if len(rss) > 2 else 0.0,
+        if len(rss) > 2
+        else 0.0,
     }
     nb = [s["state_nbytes"] for s in samples if s["state_nbytes"] is not None]
     if nb:
@@ -150,36 +171,49 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=45_000, help="transformer steps (default 45000)")
     ap.add_argument("--seconds", type=float, default=600.0, help="seconds of codec audio (default 600)")
-    ap.add_argument("--sample-every", type=int, default=500,
-                    help="transformer steps between RSS samples (default 500); the codec is "
-                         "sampled every sample-every/4 chunks")
+    ap.add_argument(
+        "--sample-every",
+        type=int,
+        default=500,
+        help="transformer steps between RSS samples (default 500); the codec is "
+        "sampled every sample-every/4 chunks",
+    )
     ap.add_argument("--no-decode", action="store_true", help="codec: encode_step only")
     ap.add_argument("--skip-transformer", action="store_true")
     ap.add_argument("--skip-codec", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "mimi_soak"),
-                    help="output folder for soak.csv and soak.json")
+    ap.add_argument(
+        "--out",
+        default=os.path.join(tempfile.gettempdir(), "mimi_soak"),
+        help="output folder for soak.csv and soak.json",
+    )
     args = ap.parse_args(argv)
 
     rss_import0 = rss_kib()
     import mimi_py
 
-    print(f"mimi_py {mimi_py.__version__} (candle {mimi_py.candle_version}), pid {os.getpid()}, "
-          f"{os.cpu_count()} CPUs, RSS after importing numpy: {rss_import0 / 1024:.1f} MiB")
+    print(
+        f"mimi_py {mimi_py.__version__} (candle {mimi_py.candle_version}), pid {os.getpid()}, "
+        f"{os.cpu_count()} CPUs, RSS after importing numpy: {rss_import0 / 1024:.1f} MiB"
+    )
     samples: list[dict] = []
     summary: dict = {"args": vars(args)}
 
     def progress(s):
-        extra = (f"state {s['state_nbytes']} B" if s["state_nbytes"] is not None
-                 else f"{s['frames']} frames")
-        print(f"  {s['phase']:11s} step {s['step']:>7d}  RSS {s['rss_kib'] / 1024:8.1f} MiB  "
-              f"{extra}  {s['elapsed_s']:.0f} s", flush=True)
+        extra = f"state {s['state_nbytes']} B" if s["state_nbytes"] is not None else f"{s['frames']} frames"
+        print(
+            f"  {s['phase']:11s} step {s['step']:>7d}  RSS {s['rss_kib'] / 1024:8.1f} MiB  "
+            f"{extra}  {s['elapsed_s']:.0f} s",
+            flush=True,
+        )
 
     if not args.skip_transformer:
         cfg = mimi_py.TransformerConfig.mimi()
         t = mimi_py.StreamingTransformer(cfg, seed=args.seed)
-        print(f"transformer: {cfg.d_model} d_model, {cfg.num_layers} layers, context "
-              f"{cfg.context}, {args.steps} steps ({args.steps / 12.5 / 60:.1f} min of frames)")
+        print(
+            f"transformer: {cfg.d_model} d_model, {cfg.num_layers} layers, context "
+            f"{cfg.context}, {args.steps} steps ({args.steps / 12.5 / 60:.1f} min of frames)"
+        )
         s = soak_transformer(t, args.steps, args.sample_every, seed=args.seed, progress=progress)
         samples += s
         summary["transformer"] = summarize(s)
@@ -187,8 +221,10 @@ def main(argv=None) -> int:
     if not args.skip_codec:
         codec = mimi_py.MimiCodec(seed=args.seed)
         every = max(1, args.sample_every // 4)
-        print(f"codec: real architecture (seeded), {args.seconds:.0f} s of audio in "
-              f"{codec.frame_size}-sample chunks, encode_step{'' if args.no_decode else ' + decode_step'}")
+        print(
+            f"codec: real architecture (seeded), {args.seconds:.0f} s of audio in "
+            f"{codec.frame_size}-sample chunks, encode_step{'' if args.no_decode else ' + decode_step'}"
+        )
         s = soak_codec(codec, args.seconds, every, decode=not args.no_decode, progress=progress)
         samples += s
         summary["codec"] = summarize(s)
@@ -207,12 +243,16 @@ def main(argv=None) -> int:
     for phase in ("transformer", "codec"):
         if phase in summary:
             s = summary[phase]
-            line = (f"  {phase:11s} RSS start {s['rss_start_mib']} MiB, peak {s['rss_peak_mib']} MiB, "
-                    f"end {s['rss_end_mib']} MiB (growth after warm-up "
-                    f"{s['rss_growth_after_warmup_mib']} MiB), {s['steps']} steps in {s['elapsed_s']:.0f} s")
+            line = (
+                f"  {phase:11s} RSS start {s['rss_start_mib']} MiB, peak {s['rss_peak_mib']} MiB, "
+                f"end {s['rss_end_mib']} MiB (growth after warm-up "
+                f"{s['rss_growth_after_warmup_mib']} MiB), {s['steps']} steps in {s['elapsed_s']:.0f} s"
+            )
             if "state_nbytes_peak" in s:
-                line += (f"; state_nbytes start {s['state_nbytes_start']}, peak "
-                         f"{s['state_nbytes_peak']}, end {s['state_nbytes_end']}")
+                line += (
+                    f"; state_nbytes start {s['state_nbytes_start']}, peak "
+                    f"{s['state_nbytes_peak']}, end {s['state_nbytes_end']}"
+                )
             if "frames" in s:
                 line += f"; {s['frames']} frames"
             print(line)

@@ -29,8 +29,11 @@ def parse(argv=None):
     ap.add_argument("--steps", type=int, default=150, help="time steps per object (default 150)")
     ap.add_argument("--chunk", type=int, default=1, help="time steps per call (default 1)")
     ap.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
-    ap.add_argument("--rayon-threads", default=None,
-                    help="RAYON_NUM_THREADS for candle (default: $RAYON_NUM_THREADS or 1)")
+    ap.add_argument(
+        "--rayon-threads",
+        default=None,
+        help="RAYON_NUM_THREADS for candle (default: $RAYON_NUM_THREADS or 1)",
+    )
     ap.add_argument("--target", type=float, default=1.6)
     ap.add_argument("--check", action="store_true", help="exit with status 1 below --target")
     return ap.parse_args(argv)
@@ -95,11 +98,15 @@ def main(argv=None) -> int:
     s, p = min(t_serial), min(t_threads)
     speedup = s / p
     per_step = s / (2 * args.steps) * 1e3
-    print(f"mimi_py {mimi_py.__version__}, candle {mimi_py.candle_version}, {os.cpu_count()} CPUs, "
-          f"RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}")
-    print(f"Mimi-shape transformer (d_model {cfg.d_model}, {cfg.num_layers} layers, context "
-          f"{cfg.context}), 2 objects x {args.steps} steps, {args.chunk} step(s) per call, "
-          f"best of {args.repeats}")
+    print(
+        f"mimi_py {mimi_py.__version__}, candle {mimi_py.candle_version}, {os.cpu_count()} CPUs, "
+        f"RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}"
+    )
+    print(
+        f"Mimi-shape transformer (d_model {cfg.d_model}, {cfg.num_layers} layers, context "
+        f"{cfg.context}), 2 objects x {args.steps} steps, {args.chunk} step(s) per call, "
+        f"best of {args.repeats}"
+    )
     print(f"  serial      {s:7.3f} s   ({per_step:.2f} ms per step)")
     print(f"  2 threads   {p:7.3f} s")
     verdict = "meets" if speedup >= args.target else "BELOW"

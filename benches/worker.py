@@ -221,8 +221,11 @@ def make_engine(spec):
 
 
 def mem_info():
-    return {"rss_now_bytes": common.rss_now_bytes(), "rss_peak_bytes": common.rss_peak_bytes(),
-            "minor_faults": common.minor_faults()}
+    return {
+        "rss_now_bytes": common.rss_now_bytes(),
+        "rss_peak_bytes": common.rss_peak_bytes(),
+        "minor_faults": common.minor_faults(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +413,9 @@ def main(argv):
     core = sys.modules.get("mimi_py._core")
     if core is not None and getattr(core, "__file__", None):
         # which build of the extension this process ran (it may be rebuilt during a long run)
-        out["mimi_py_core_mtime"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(core.__file__)))
+        out["mimi_py_core_mtime"] = time.strftime(
+            "%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(core.__file__))
+        )
     sys.stdout.write(RESULT_MARK + json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0

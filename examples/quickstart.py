@@ -32,8 +32,10 @@ def main() -> None:
         outputs.append(model.step(frames[:, i : i + 1]))
         latencies.append((time.perf_counter() - t0) * 1e3)
     lat = np.array(latencies[5:])  # skip warm-up
-    print(f"streamed {model.position} steps: median {np.median(lat):.2f} ms/step, "
-          f"p99 {np.percentile(lat, 99):.2f} ms/step")
+    print(
+        f"streamed {model.position} steps: median {np.median(lat):.2f} ms/step, "
+        f"p99 {np.percentile(lat, 99):.2f} ms/step"
+    )
 
     # The stream is chunk-invariant: one call over everything gives the same answer.
     fresh = mimi_py.StreamingTransformer(cfg, seed=0)
@@ -44,8 +46,9 @@ def main() -> None:
     # Branch the stream: the fork continues exactly like the original would.
     fork = model.clone()
     nxt = rng.standard_normal((1, 1, cfg.d_model)).astype(np.float32)
-    print("fork == original on the same continuation:",
-          np.allclose(fork.step(nxt), model.step(nxt), atol=1e-6))
+    print(
+        "fork == original on the same continuation:", np.allclose(fork.step(nxt), model.step(nxt), atol=1e-6)
+    )
 
     # Typed errors instead of crashes.
     shallow = mimi_py.StreamingTransformer(cfg.replace(num_layers=4), seed=0)

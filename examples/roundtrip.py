@@ -31,8 +31,11 @@ def main() -> None:
 
     codec = mimi_py.MimiCodec(args.weights, num_codebooks=args.num_codebooks)
     if args.weights is None:
-        print("warning: seeded random weights: the decoded audio will be noise "
-              "(pass --weights model.safetensors for the real model)", file=sys.stderr)
+        print(
+            "warning: seeded random weights: the decoded audio will be noise "
+            "(pass --weights model.safetensors for the real model)",
+            file=sys.stderr,
+        )
     sr = codec.sample_rate
     if args.input:
         pcm, file_sr = sf.read(args.input, dtype="float32", always_2d=True)
@@ -46,15 +49,19 @@ def main() -> None:
         pcm = (0.3 * np.sin(2 * np.pi * (110 + 500 * t) * t)).astype(np.float32)
 
     t0 = time.perf_counter()
-    codes = codec.encode(pcm)                      # (1, num_codebooks, frames) uint32
+    codes = codec.encode(pcm)  # (1, num_codebooks, frames) uint32
     t1 = time.perf_counter()
-    audio = codec.decode(codes)                    # (1, 1, frames * frame_size) float32
+    audio = codec.decode(codes)  # (1, 1, frames * frame_size) float32
     t2 = time.perf_counter()
     seconds = len(pcm) / sr
-    print(f"{seconds:.2f} s of audio -> codes {codes.shape} ({codec.frame_rate} Hz, "
-          f"{codec.num_codebooks} codebooks of {codec.cardinality})")
-    print(f"encode {t1 - t0:.2f} s (x{seconds / (t1 - t0):.1f} real time), "
-          f"decode {t2 - t1:.2f} s (x{seconds / (t2 - t1):.1f} real time)")
+    print(
+        f"{seconds:.2f} s of audio -> codes {codes.shape} ({codec.frame_rate} Hz, "
+        f"{codec.num_codebooks} codebooks of {codec.cardinality})"
+    )
+    print(
+        f"encode {t1 - t0:.2f} s (x{seconds / (t1 - t0):.1f} real time), "
+        f"decode {t2 - t1:.2f} s (x{seconds / (t2 - t1):.1f} real time)"
+    )
     sf.write(args.output, audio[0, 0], sr, subtype="FLOAT")
     print(f"wrote {args.output}")
 

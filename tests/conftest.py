@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from fixtures import TRANSFORMER_DIR, load_case
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,14 +36,23 @@ def assert_close(actual, expected, atol=1e-4, rtol=1e-4, what=""):
 
 def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
     """A minimal safetensors writer (little-endian, C order), so tests need no extra package."""
-    codes = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("float64"): "F64",
-             np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("uint8"): "U8"}
+    codes = {
+        np.dtype("float32"): "F32",
+        np.dtype("float16"): "F16",
+        np.dtype("float64"): "F64",
+        np.dtype("int64"): "I64",
+        np.dtype("int32"): "I32",
+        np.dtype("uint8"): "U8",
+    }
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
         data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": codes[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": codes[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     raw = json.dumps(header, separators=(",", ":")).encode()

@@ -20,10 +20,27 @@ CODEC_DIR = DATA / "codec"
 
 # Every field of candle's mimi::transformer::Config, in its order; each case json lists them all.
 CONFIG_FIELDS = (
-    "d_model", "num_heads", "num_layers", "causal", "norm_first", "bias_ff", "bias_attn",
-    "layer_scale", "positional_embedding", "use_conv_block", "cross_attention",
-    "conv_kernel_size", "use_conv_bias", "gating", "norm", "context", "max_period",
-    "max_seq_len", "kv_repeat", "dim_feedforward", "conv_layout",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "causal",
+    "norm_first",
+    "bias_ff",
+    "bias_attn",
+    "layer_scale",
+    "positional_embedding",
+    "use_conv_block",
+    "cross_attention",
+    "conv_kernel_size",
+    "use_conv_bias",
+    "gating",
+    "norm",
+    "context",
+    "max_period",
+    "max_seq_len",
+    "kv_repeat",
+    "dim_feedforward",
+    "conv_layout",
 )
 
 
@@ -71,17 +88,25 @@ def weight_specs(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
             if cfg["bias_ff"]:
                 layer += [("mlp.fc1.bias", (ff,), "bias"), ("mlp.fc2.bias", (d,), "bias")]
         else:  # the gated MLP never has biases
-            layer += [("gating.linear_in.weight", (2 * hidden, d), "linear"),
-                      ("gating.linear_out.weight", (d, hidden), "linear")]
+            layer += [
+                ("gating.linear_in.weight", (2 * hidden, d), "linear"),
+                ("gating.linear_out.weight", (d, hidden), "linear"),
+            ]
         for norm in ("input", "post_attention"):
             if cfg["norm"] == "layer_norm":
-                layer += [(f"{norm}_layernorm.weight", (d,), "norm"), (f"{norm}_layernorm.bias", (d,), "bias")]
+                layer += [
+                    (f"{norm}_layernorm.weight", (d,), "norm"),
+                    (f"{norm}_layernorm.bias", (d,), "bias"),
+                ]
             elif cfg["norm"] == "rms_norm":
                 layer.append((f"{norm}_rmsnorm.alpha", (1, 1, d), "norm"))
             else:
                 raise ValueError(f"norm: {cfg['norm']!r}")
         if cfg["layer_scale"] is not None:
-            layer += [("self_attn_layer_scale.scale", (d,), "scale"), ("mlp_layer_scale.scale", (d,), "scale")]
+            layer += [
+                ("self_attn_layer_scale.scale", (d,), "scale"),
+                ("mlp_layer_scale.scale", (d,), "scale"),
+            ]
         for name, shape, kind in layer:
             specs[f"layers.{i}.{name}"] = (shape, kind)
     return specs

@@ -17,7 +17,10 @@ SUITES = ["transformer", "codec", "streaming", "rss"]
 def test_bench_suites_run_tiny(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(RUN), "--tiny", "--threads", "1", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(REPO),
         env={**os.environ, "MIMI_BENCH_CACHE": str(tmp_path / "cache")},
     )
     assert proc.returncode == 0, f"benches/run.py --tiny failed:\n{proc.stdout}\n{proc.stderr}"
@@ -62,5 +65,11 @@ def test_bench_suites_run_tiny(tmp_path):
 
     readme = (tmp_path / "README.md").read_text()
     assert "<!-- results:start -->" in readme and "<!-- results:end -->" in readme
-    for heading in ("### Targets", "### Transformer", "### Codec offline", "### Codec streaming", "### Peak RSS"):
+    for heading in (
+        "### Targets",
+        "### Transformer",
+        "### Codec offline",
+        "### Codec streaming",
+        "### Peak RSS",
+    ):
         assert heading in readme

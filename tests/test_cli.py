@@ -27,7 +27,9 @@ def small_dir(tmp_path_factory):
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "mimi_py", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mimi_py", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_encode_decode_round_trip(tmp_path, small_dir):

@@ -45,7 +45,12 @@ def test_config_accepts_the_candle_json_and_round_trips():
 def test_mimi_preset():
     c = mimi_py.CodecConfig.mimi(num_codebooks=16)
     assert (c.sample_rate, c.frame_rate, c.frame_size, c.quantizer_n_q) == (24000.0, 12.5, 1920, 16)
-    assert (c.quantizer_bins, c.quantizer_dim, c.seanet["dimension"], c.seanet["ratios"]) == (2048, 256, 512, [8, 6, 5, 4])
+    assert (c.quantizer_bins, c.quantizer_dim, c.seanet["dimension"], c.seanet["ratios"]) == (
+        2048,
+        256,
+        512,
+        [8, 6, 5, 4],
+    )
     assert c.transformer.d_model == 512 and c.transformer.context == 250
     assert mimi_py.CodecConfig() == mimi_py.CodecConfig.mimi()
     assert mimi_py.CodecConfig(**c.to_dict()) == c
@@ -80,7 +85,15 @@ def test_config_from_hf_config_json():
     for f in ("channels", "sample_rate", "frame_rate", "quantizer_n_q", "quantizer_bins", "quantizer_dim"):
         assert getattr(c, f) == getattr(ref, f), f
     t, r = c.transformer, ref.transformer
-    for f in ("d_model", "num_heads", "num_layers", "dim_feedforward", "context", "max_period", "layer_scale"):
+    for f in (
+        "d_model",
+        "num_heads",
+        "num_layers",
+        "dim_feedforward",
+        "context",
+        "max_period",
+        "layer_scale",
+    ):
         assert getattr(t, f) == getattr(r, f), f
 
 
@@ -164,7 +177,11 @@ def stream_encode(c, w, sizes):
     return np.concatenate(out, axis=-1) if out else np.zeros((w.shape[0], c.num_codebooks, 0), np.uint32)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(cuts=st.lists(st.integers(1, 35999), max_size=25))
 def test_streaming_encode_any_chunking_gives_offline_codes(codec, cuts):
     sizes = np.diff(sorted({0, 36000, *cuts})).tolist()
@@ -255,7 +272,7 @@ def test_many_clips_on_one_instance_and_a_stream_past_8192_transformer_steps():
     np.testing.assert_array_equal(fresh.encode(clip), first)
     # one stream of 340 s: 8500 steps of the encoder transformer (25 Hz), past max_seq_len=8192
     n = 0
-    for k in range(34):
+    for _ in range(34):
         chunk = (rng.standard_normal((1, 1, 240000)) * 0.1).astype(np.float32)
         n += c.encode_step(chunk).shape[-1]
     assert n == 34 * 240000 // 1920

@@ -11,10 +11,27 @@ import mimi_py
 from fixtures import case_json, case_names
 
 FIELDS = [
-    "d_model", "num_heads", "num_layers", "causal", "norm_first", "bias_ff", "bias_attn",
-    "layer_scale", "positional_embedding", "use_conv_block", "cross_attention",
-    "conv_kernel_size", "use_conv_bias", "gating", "norm", "context", "max_period",
-    "max_seq_len", "kv_repeat", "dim_feedforward", "conv_layout",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "causal",
+    "norm_first",
+    "bias_ff",
+    "bias_attn",
+    "layer_scale",
+    "positional_embedding",
+    "use_conv_block",
+    "cross_attention",
+    "conv_kernel_size",
+    "use_conv_bias",
+    "gating",
+    "norm",
+    "context",
+    "max_period",
+    "max_seq_len",
+    "kv_repeat",
+    "dim_feedforward",
+    "conv_layout",
 ]
 
 

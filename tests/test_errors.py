@@ -62,7 +62,9 @@ def test_copy_state_depth_mismatch_leaves_both_states_intact():
 
 
 def test_copy_state_other_incompatibilities():
-    a = mimi_py.StreamingTransformer(mimi_py.TransformerConfig(d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, context=8))
+    a = mimi_py.StreamingTransformer(
+        mimi_py.TransformerConfig(d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, context=8)
+    )
     b = mimi_py.StreamingTransformer(a.config.replace(context=9))
     c = mimi_py.StreamingTransformer(a.config, dtype="bfloat16")
     for other in (b, c):
@@ -84,7 +86,9 @@ def test_kv_repeat_refused_at_construction():
     [("use_conv_block", True), ("cross_attention", True), ("norm_first", False), ("causal", False)],
 )
 def test_unsupported_layouts_refused_at_construction(field, value):
-    cfg = mimi_py.TransformerConfig(d_model=32, num_heads=4, num_layers=1, dim_feedforward=64, **{field: value})
+    cfg = mimi_py.TransformerConfig(
+        d_model=32, num_heads=4, num_layers=1, dim_feedforward=64, **{field: value}
+    )
     with pytest.raises(mimi_py.ConfigError, match=field):
         mimi_py.StreamingTransformer(cfg)
 
@@ -189,7 +193,9 @@ def test_exception_classes_are_declared_once_and_every_list_agrees():
     from mimi_py import errors
 
     declared = set(errors.__all__)
-    assert declared == {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)}
+    assert declared == {
+        n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)
+    }
     assert set(mimi_py._core._error_class_names()) == declared - {"MimiError"}
     for name in declared:
         assert name in mimi_py.__all__
@@ -210,8 +216,9 @@ def _poisoned_transformer():
 
 
 def _poisoned_codec():
-    from fixtures import CODEC_DIR
     import json
+
+    from fixtures import CODEC_DIR
 
     cfg = mimi_py.CodecConfig(**json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text()))
     pcm = (np.random.default_rng(1).standard_normal((1, 1, 3000)) * 0.1).astype(np.float32)

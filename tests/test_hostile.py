@@ -62,11 +62,20 @@ _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filte
 # profile that it activates by itself on CI machines, and re-registering the active profile
 # would change the budget of every other test module. HYPOTHESIS_PROFILE=ci|dev selects them.
 settings.register_profile(
-    "mimi-ci", max_examples=50, derandomize=True, deadline=None, database=None,
-    suppress_health_check=_SUPPRESS, print_blob=True,
+    "mimi-ci",
+    max_examples=50,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=_SUPPRESS,
+    print_blob=True,
 )
 settings.register_profile(
-    "mimi-dev", max_examples=1000, deadline=None, suppress_health_check=_SUPPRESS, print_blob=True,
+    "mimi-dev",
+    max_examples=1000,
+    deadline=None,
+    suppress_health_check=_SUPPRESS,
+    print_blob=True,
 )
 PROFILE_NAME = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 if PROFILE_NAME in ("ci", "dev"):
@@ -76,8 +85,14 @@ PROFILE = settings(settings.get_profile(PROFILE_NAME))
 
 # ---------------------------------------------------------------- statistics
 
-STATS: dict = {"cases": Counter(), "errors": Counter(), "generated_errors": Counter(), "ok": 0,
-                "known_bug_cases": 0, "in_generated_test": False}
+STATS: dict = {
+    "cases": Counter(),
+    "errors": Counter(),
+    "generated_errors": Counter(),
+    "ok": 0,
+    "known_bug_cases": 0,
+    "in_generated_test": False,
+}
 
 
 def _count_case(test: str) -> None:
@@ -171,8 +186,19 @@ def assert_allowed(e: BaseException, allowed: tuple, what: str = "") -> None:
 # ---------------------------------------------------------------- array strategies
 
 FLOAT_DTYPES = ["float16", "float32", "float64", "longdouble", ">f4", ">f8"]
-BAD_DTYPES = ["int8", "int32", "int64", "uint8", "uint64", "bool", "complex64", "complex128",
-              "object", "datetime64[s]", "U3"]
+BAD_DTYPES = [
+    "int8",
+    "int32",
+    "int64",
+    "uint8",
+    "uint64",
+    "bool",
+    "complex64",
+    "complex128",
+    "object",
+    "datetime64[s]",
+    "U3",
+]
 INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i4"]
 LAYOUTS = ["C", "F", "neg", "slice", "transpose", "broadcast", "readonly", "unaligned"]
 
@@ -260,15 +286,27 @@ class ArrayLike:
 
 
 PY_OBJECTS = {
-    "None": lambda v: None, "str": lambda v: "hello", "bytes": lambda v: b"bytes",
-    "dict": lambda v: {"a": 1}, "empty dict": lambda v: {}, "int": lambda v: 3,
-    "float": lambda v: 2.5, "bool": lambda v: True, "object": lambda v: object(),
-    "tuple": lambda v: (1.0, 2.0), "ragged list": lambda v: [[1.0], [1.0, 2.0]],
-    "list of str": lambda v: ["a", "b"], "complex": lambda v: 1j, "set": lambda v: set(),
-    "slice": lambda v: slice(1), "nested list": lambda v: v.tolist(),
-    "flat tuple": lambda v: tuple(v.ravel().tolist()), "__array__": lambda v: ArrayLike(v),
+    "None": lambda v: None,
+    "str": lambda v: "hello",
+    "bytes": lambda v: b"bytes",
+    "dict": lambda v: {"a": 1},
+    "empty dict": lambda v: {},
+    "int": lambda v: 3,
+    "float": lambda v: 2.5,
+    "bool": lambda v: True,
+    "object": lambda v: object(),
+    "tuple": lambda v: (1.0, 2.0),
+    "ragged list": lambda v: [[1.0], [1.0, 2.0]],
+    "list of str": lambda v: ["a", "b"],
+    "complex": lambda v: 1j,
+    "set": lambda v: set(),
+    "slice": lambda v: slice(1),
+    "nested list": lambda v: v.tolist(),
+    "flat tuple": lambda v: tuple(v.ravel().tolist()),
+    "__array__": lambda v: ArrayLike(v),
     "memoryview": lambda v: memoryview(np.ascontiguousarray(v)),
-    "np.float32": lambda v: np.float32(1.0), "np.int64": lambda v: np.int64(3),
+    "np.float32": lambda v: np.float32(1.0),
+    "np.int64": lambda v: np.int64(3),
 }
 
 
@@ -466,8 +504,6 @@ def layout_params(shapes, axes):
     out = []
     for dt in FLOAT_DTYPES:
         for lay in LAYOUTS:
-            bug = any(read_in_memory_order(lay_out(np.zeros(shape, dt), lay, ax))
-                      for shape in shapes for ax in axes)
             # (the Fortran-order bug is fixed: every layout must give the right answer)
             out.append(pytest.param(dt, lay, id=f"{dt}-{lay}"))
     return out
@@ -533,23 +569,53 @@ def test_codec_weights_mapping_in_fortran_order_loads_the_same_model(codecs):
     same(M.MimiCodec(w, config=small_codec_config()).encode(pcm), codec.encode(pcm), "codes")
 
 
-INT_FIELDS = ["d_model", "num_heads", "num_layers", "conv_kernel_size", "context",
-              "max_period", "max_seq_len", "kv_repeat", "dim_feedforward"]
-BOOL_FIELDS = ["causal", "norm_first", "bias_ff", "bias_attn", "use_conv_block",
-               "cross_attention", "use_conv_bias", "conv_layout"]
+INT_FIELDS = [
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "conv_kernel_size",
+    "context",
+    "max_period",
+    "max_seq_len",
+    "kv_repeat",
+    "dim_feedforward",
+]
+BOOL_FIELDS = [
+    "causal",
+    "norm_first",
+    "bias_ff",
+    "bias_attn",
+    "use_conv_block",
+    "cross_attention",
+    "use_conv_bias",
+    "conv_layout",
+]
 HOSTILE_VALUES = st.one_of(
-    st.integers(-3, 600), st.sampled_from([2**31, 2**63, 2**64, -(2**63)]), st.booleans(),
-    st.floats(allow_nan=True, allow_infinity=True), st.none(), st.text(max_size=6),
+    st.integers(-3, 600),
+    st.sampled_from([2**31, 2**63, 2**64, -(2**63)]),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.text(max_size=6),
     st.sampled_from(["rope", "sin", "none", "layer_norm", "rms_norm", "silu", "gelu", "relu"]),
-    st.lists(st.integers(), max_size=2), st.just(np.int64(8)), st.just(np.float32(0.5)),
+    st.lists(st.integers(), max_size=2),
+    st.just(np.int64(8)),
+    st.just(np.float32(0.5)),
 )
 
 
 @PROFILE
-@given(kw=st.dictionaries(
-    st.sampled_from(INT_FIELDS + BOOL_FIELDS + ["layer_scale", "positional_embedding", "gating",
-                                                "norm", "foo", "D_MODEL"]),
-    HOSTILE_VALUES, max_size=4))
+@given(
+    kw=st.dictionaries(
+        st.sampled_from(
+            INT_FIELDS
+            + BOOL_FIELDS
+            + ["layer_scale", "positional_embedding", "gating", "norm", "foo", "D_MODEL"]
+        ),
+        HOSTILE_VALUES,
+        max_size=4,
+    )
+)
 def test_transformer_config_kwargs(kw):
     _count_case("transformer_config")
     kind, r = call(lambda: M.TransformerConfig(**kw))
@@ -566,21 +632,24 @@ def test_transformer_config_kwargs(kw):
     assert cfg.replace() == cfg
 
 
-SMALL_CFG = st.fixed_dictionaries({
-    "d_model": st.sampled_from([8, 12, 16, 24]),
-    "num_heads": st.sampled_from([1, 2, 3, 4]),
-    "num_layers": st.integers(1, 2),
-    "dim_feedforward": st.integers(1, 40),
-    "context": st.integers(1, 6),
-    "positional_embedding": st.sampled_from(["rope", "sin", "none"]),
-    "norm": st.sampled_from(["layer_norm", "rms_norm"]),
-    "gating": st.sampled_from([None, "silu", "gelu", "relu"]),
-    "bias_attn": st.booleans(), "bias_ff": st.booleans(),
-    "layer_scale": st.sampled_from([None, 0.01, 1.0]),
-    "kv_repeat": st.sampled_from([1, 1, 1, 2]),
-    "causal": st.sampled_from([True] * 6 + [False]),
-    "use_conv_block": st.sampled_from([False] * 6 + [True]),
-})
+SMALL_CFG = st.fixed_dictionaries(
+    {
+        "d_model": st.sampled_from([8, 12, 16, 24]),
+        "num_heads": st.sampled_from([1, 2, 3, 4]),
+        "num_layers": st.integers(1, 2),
+        "dim_feedforward": st.integers(1, 40),
+        "context": st.integers(1, 6),
+        "positional_embedding": st.sampled_from(["rope", "sin", "none"]),
+        "norm": st.sampled_from(["layer_norm", "rms_norm"]),
+        "gating": st.sampled_from([None, "silu", "gelu", "relu"]),
+        "bias_attn": st.booleans(),
+        "bias_ff": st.booleans(),
+        "layer_scale": st.sampled_from([None, 0.01, 1.0]),
+        "kv_repeat": st.sampled_from([1, 1, 1, 2]),
+        "causal": st.sampled_from([True] * 6 + [False]),
+        "use_conv_block": st.sampled_from([False] * 6 + [True]),
+    }
+)
 
 
 @PROFILE
@@ -598,8 +667,9 @@ def test_transformer_construction_and_chunking(kw, device, dtype, qk_layout, see
     if kind == "err":
         assert_allowed(cfg, (M.ConfigError,), f"TransformerConfig({kw})")
         return
-    kind, t = call(lambda: M.StreamingTransformer(cfg, seed=seed, device=device, dtype=dtype,
-                                                 qk_layout=qk_layout))
+    kind, t = call(
+        lambda: M.StreamingTransformer(cfg, seed=seed, device=device, dtype=dtype, qk_layout=qk_layout)
+    )
     if kind == "err":
         assert_allowed(t, (M.ConfigError, M.DeviceError), f"StreamingTransformer({kw}, {device}, {dtype})")
         return
@@ -617,15 +687,18 @@ def test_transformer_construction_and_chunking(kw, device, dtype, qk_layout, see
 @st.composite
 def copy_state_cfg(draw):
     return {
-        "d_model": draw(st.sampled_from([16, 32])), "num_heads": draw(st.sampled_from([2, 4])),
-        "num_layers": draw(st.integers(1, 2)), "context": draw(st.sampled_from([4, 8])),
+        "d_model": draw(st.sampled_from([16, 32])),
+        "num_heads": draw(st.sampled_from([2, 4])),
+        "num_layers": draw(st.integers(1, 2)),
+        "context": draw(st.sampled_from([4, 8])),
         "dim_feedforward": 32,
     }
 
 
 @PROFILE
 @given(
-    a_kw=copy_state_cfg(), b_kw=copy_state_cfg(),
+    a_kw=copy_state_cfg(),
+    b_kw=copy_state_cfg(),
     a_dtype=st.sampled_from(["float32", "float32", "bfloat16"]),
     b_dtype=st.sampled_from(["float32", "float32", "bfloat16"]),
     same_seed=st.booleans(),
@@ -640,20 +713,34 @@ def test_copy_state_hostile(a_kw, b_kw, a_dtype, b_dtype, same_seed, a_hist, b_h
         b_kw, b_dtype = a_kw, a_dtype  # often compatible
     ca, cb = M.TransformerConfig(**a_kw), M.TransformerConfig(**b_kw)
     sa, sb = 5, (5 if same_seed else 6)
-    dst, dst_ctl = M.StreamingTransformer(ca, seed=sa, dtype=a_dtype), M.StreamingTransformer(ca, seed=sa, dtype=a_dtype)
-    src, src_ctl = M.StreamingTransformer(cb, seed=sb, dtype=b_dtype), M.StreamingTransformer(cb, seed=sb, dtype=b_dtype)
+    dst, dst_ctl = (
+        M.StreamingTransformer(ca, seed=sa, dtype=a_dtype),
+        M.StreamingTransformer(ca, seed=sa, dtype=a_dtype),
+    )
+    src, src_ctl = (
+        M.StreamingTransformer(cb, seed=sb, dtype=b_dtype),
+        M.StreamingTransformer(cb, seed=sb, dtype=b_dtype),
+    )
     rng = np.random.default_rng(seed)
     for t, ctl, (bb, n) in ((dst, dst_ctl, a_hist), (src, src_ctl, b_hist)):
         if n:
             h = rng.standard_normal((bb, n, t.d_model)).astype(np.float32)
             same(t.forward(h), ctl.forward(h), "history")
     kind, r = call(dst.copy_state, src)
-    compatible = (a_kw["num_layers"] == b_kw["num_layers"] and a_kw["d_model"] == b_kw["d_model"]
-                  and a_kw["num_heads"] == b_kw["num_heads"] and a_kw["context"] == b_kw["context"]
-                  and a_dtype == b_dtype)
+    compatible = (
+        a_kw["num_layers"] == b_kw["num_layers"]
+        and a_kw["d_model"] == b_kw["d_model"]
+        and a_kw["num_heads"] == b_kw["num_heads"]
+        and a_kw["context"] == b_kw["context"]
+        and a_dtype == b_dtype
+    )
     if kind == "err":
         assert not compatible, f"compatible copy_state refused: {r}"
-        allowed = (M.DepthMismatchError,) if a_kw["num_layers"] != b_kw["num_layers"] else (M.IncompatibleStateError,)
+        allowed = (
+            (M.DepthMismatchError,)
+            if a_kw["num_layers"] != b_kw["num_layers"]
+            else (M.IncompatibleStateError,)
+        )
         assert_allowed(r, allowed, "copy_state")
         if a_kw["num_layers"] == b_kw["num_layers"]:
             assert not isinstance(r, M.DepthMismatchError), r
@@ -681,13 +768,20 @@ def test_copy_state_hostile(a_kw, b_kw, a_dtype, b_dtype, same_seed, a_hist, b_h
 def test_constructor_wrong_python_types():
     """Wrong argument types are TypeError or ConfigError; negative/huge ints are not OverflowError."""
     bad = [
-        dict(config=[1]), dict(config="mimi"), dict(weights=42), dict(weights=[1, 2]),
-        dict(device=None), dict(dtype=3), dict(prefix=None), dict(qk_layout=1.5),
-        dict(seed=1.5), dict(seed="0"),  # (seed=None means the default seed)
+        dict(config=[1]),
+        dict(config="mimi"),
+        dict(weights=42),
+        dict(weights=[1, 2]),
+        dict(device=None),
+        dict(dtype=3),
+        dict(prefix=None),
+        dict(qk_layout=1.5),
+        dict(seed=1.5),
+        dict(seed="0"),  # (seed=None means the default seed)
     ]
     for kw in bad:
         kw.setdefault("config", TF_CFG)
-        kind, e = call(lambda: M.StreamingTransformer(**kw))
+        kind, e = call(lambda kw=kw: M.StreamingTransformer(**kw))
         assert kind == "err", kw
         assert_allowed(e, (TypeError, M.ConfigError), f"StreamingTransformer({kw})")
 
@@ -696,8 +790,9 @@ OVERFLOW_CALLS = {
     "StreamingTransformer(seed=-1)": lambda: M.StreamingTransformer(TF_CFG, seed=-1),
     "StreamingTransformer(seed=2**64)": lambda: M.StreamingTransformer(TF_CFG, seed=2**64),
     "MimiCodec(seed=-1)": lambda: M.MimiCodec(CODEC_FILE, config=small_codec_config(), seed=-1),
-    "MimiCodec(num_codebooks=-1)": lambda: M.MimiCodec(CODEC_FILE, config=small_codec_config(),
-                                                       num_codebooks=-1),
+    "MimiCodec(num_codebooks=-1)": lambda: M.MimiCodec(
+        CODEC_FILE, config=small_codec_config(), num_codebooks=-1
+    ),
     "CodecConfig.mimi(-1)": lambda: M.CodecConfig.mimi(-1),
     "CodecConfig.from_hf(num_codebooks=-1)": lambda: M.CodecConfig.from_hf({}, num_codebooks=-1),
 }
@@ -822,7 +917,9 @@ def test_codec_offline_encode_hostile(codecs, data, method, py_object):
             assert r.shape == (b, K, -(-s // FRAME)) and r.dtype == np.uint32
             assert (r < BINS).all()
     else:
-        assert kind == "err", f"invalid pcm accepted: {getattr(arr, 'dtype', type(x))} {getattr(arr, 'shape', '')}"
+        assert kind == "err", (
+            f"invalid pcm accepted: {getattr(arr, 'dtype', type(x))} {getattr(arr, 'shape', '')}"
+        )
         if py_object:
             allowed += (TypeError,)
         assert_allowed(r, allowed, f"{method}({type(x).__name__})")
@@ -837,8 +934,11 @@ def codes_array(draw, shape):
     bad_value = None
     if dt.kind in "iu" and vals.size and draw(st.integers(0, 3)) == 0:
         info = np.iinfo(dt)
-        cands = [v for v in (BINS, 100, 2**31, 2**63, info.max, -1, info.min)
-                 if info.min <= v <= info.max and (v >= BINS or v < 0)]
+        cands = [
+            v
+            for v in (BINS, 100, 2**31, 2**63, info.max, -1, info.min)
+            if info.min <= v <= info.max and (v >= BINS or v < 0)
+        ]
         bad_value = draw(st.sampled_from(cands))
         flat = draw(st.integers(0, vals.size - 1))
         vals = vals.astype(object)
@@ -933,7 +1033,9 @@ def test_codec_encode_step_hostile(codecs, data, prime, py_object, seed):
         if ref.shape[-1]:
             stream_batch = 1 if ref.ndim == 1 else ref.shape[0]
     else:
-        assert kind == "err", f"invalid chunk accepted: {getattr(arr, 'dtype', type(x))} {getattr(arr, 'shape', '')}"
+        assert kind == "err", (
+            f"invalid chunk accepted: {getattr(arr, 'dtype', type(x))} {getattr(arr, 'shape', '')}"
+        )
         if py_object:
             allowed += (TypeError,)
         assert_allowed(r, allowed, "encode_step")
@@ -990,22 +1092,53 @@ def test_codec_decode_step_hostile(codecs, data, prime, seed):
     same(codec.decode_step(nxt), control.decode_step(nxt), "decode_step after a hostile call")
 
 
-SEANET_FIELDS = ["dimension", "channels", "causal", "n_filters", "n_residual_layers", "activation",
-                 "compress", "dilation_base", "disable_norm_outer_blocks", "final_activation",
-                 "kernel_size", "residual_kernel_size", "last_kernel_size", "lstm", "norm",
-                 "pad_mode", "ratios", "true_skip"]
+SEANET_FIELDS = [
+    "dimension",
+    "channels",
+    "causal",
+    "n_filters",
+    "n_residual_layers",
+    "activation",
+    "compress",
+    "dilation_base",
+    "disable_norm_outer_blocks",
+    "final_activation",
+    "kernel_size",
+    "residual_kernel_size",
+    "last_kernel_size",
+    "lstm",
+    "norm",
+    "pad_mode",
+    "ratios",
+    "true_skip",
+]
 
 
 @PROFILE
 @given(
     kw=st.dictionaries(
-        st.sampled_from(["channels", "sample_rate", "frame_rate", "renormalize", "resample_method",
-                         "quantizer_n_q", "quantizer_bins", "quantizer_dim", "bogus"]),
-        HOSTILE_VALUES, max_size=3),
-    seanet=st.one_of(st.none(), st.dictionaries(st.sampled_from(SEANET_FIELDS + ["nope"]),
-                                                 HOSTILE_VALUES, max_size=2)),
-    transformer=st.one_of(st.none(), st.dictionaries(st.sampled_from(INT_FIELDS + ["norm"]),
-                                                      HOSTILE_VALUES, max_size=2)),
+        st.sampled_from(
+            [
+                "channels",
+                "sample_rate",
+                "frame_rate",
+                "renormalize",
+                "resample_method",
+                "quantizer_n_q",
+                "quantizer_bins",
+                "quantizer_dim",
+                "bogus",
+            ]
+        ),
+        HOSTILE_VALUES,
+        max_size=3,
+    ),
+    seanet=st.one_of(
+        st.none(), st.dictionaries(st.sampled_from(SEANET_FIELDS + ["nope"]), HOSTILE_VALUES, max_size=2)
+    ),
+    transformer=st.one_of(
+        st.none(), st.dictionaries(st.sampled_from(INT_FIELDS + ["norm"]), HOSTILE_VALUES, max_size=2)
+    ),
 )
 def test_codec_config_kwargs(kw, seanet, transformer):
     _count_case("codec_config")
@@ -1025,27 +1158,45 @@ def test_codec_config_kwargs(kw, seanet, transformer):
 
 
 CODEC_VARIATIONS = {
-    "seanet.dimension": [16, 32, 63], "seanet.n_filters": [1, 2, 4],
-    "seanet.n_residual_layers": [0, 2], "seanet.kernel_size": [1, 2, 3],
-    "seanet.residual_kernel_size": [1, 2], "seanet.last_kernel_size": [1, 2],
-    "seanet.compress": [1, 3], "seanet.dilation_base": [1, 3],
-    "seanet.ratios": [[4, 4, 4], [6, 5, 4]], "seanet.lstm": [0, 1],
-    "seanet.true_skip": [False], "seanet.pad_mode": ["replicate"],
-    "seanet.norm": ["none", "time_group_norm"], "seanet.disable_norm_outer_blocks": [1, 2],
+    "seanet.dimension": [16, 32, 63],
+    "seanet.n_filters": [1, 2, 4],
+    "seanet.n_residual_layers": [0, 2],
+    "seanet.kernel_size": [1, 2, 3],
+    "seanet.residual_kernel_size": [1, 2],
+    "seanet.last_kernel_size": [1, 2],
+    "seanet.compress": [1, 3],
+    "seanet.dilation_base": [1, 3],
+    "seanet.ratios": [[4, 4, 4], [6, 5, 4]],
+    "seanet.lstm": [0, 1],
+    "seanet.true_skip": [False],
+    "seanet.pad_mode": ["replicate"],
+    "seanet.norm": ["none", "time_group_norm"],
+    "seanet.disable_norm_outer_blocks": [1, 2],
     "seanet.final_activation": ["tanh"],
-    "transformer.d_model": [16, 32], "transformer.num_heads": [1, 2],
-    "transformer.num_layers": [0, 1], "transformer.context": [1, 4],
-    "transformer.dim_feedforward": [8], "transformer.conv_layout": [False],
-    "transformer.gating": ["silu"], "transformer.layer_scale": [None],
-    "quantizer_n_q": [1, 2], "quantizer_bins": [1, 2], "quantizer_dim": [1, 8],
-    "frame_rate": [25.0, 50.0], "sample_rate": [16000.0, 12000.0], "channels": [2],
+    "transformer.d_model": [16, 32],
+    "transformer.num_heads": [1, 2],
+    "transformer.num_layers": [0, 1],
+    "transformer.context": [1, 4],
+    "transformer.dim_feedforward": [8],
+    "transformer.conv_layout": [False],
+    "transformer.gating": ["silu"],
+    "transformer.layer_scale": [None],
+    "quantizer_n_q": [1, 2],
+    "quantizer_bins": [1, 2],
+    "quantizer_dim": [1, 8],
+    "frame_rate": [25.0, 50.0],
+    "sample_rate": [16000.0, 12000.0],
+    "channels": [2],
 }
 
 
 # Building and running a codec costs more than other cases: half the budget.
 @settings(PROFILE, max_examples=max(1, PROFILE.max_examples // 2))
-@given(changes=st.dictionaries(st.sampled_from(sorted(CODEC_VARIATIONS)), st.integers(0, 3),
-                               min_size=1, max_size=3))
+@given(
+    changes=st.dictionaries(
+        st.sampled_from(sorted(CODEC_VARIATIONS)), st.integers(0, 3), min_size=1, max_size=3
+    )
+)
 def test_codec_construction_from_generated_configs(changes):
     """A config that CodecConfig accepts either builds a codec that encodes and decodes, or is
     refused with a ConfigError at construction; never a ComputeError at the first encode."""
@@ -1059,7 +1210,9 @@ def test_codec_construction_from_generated_configs(changes):
             d[a][b] = v
         else:
             d[key] = v
-    note(f"config changes: { {k: CODEC_VARIATIONS[k][i % len(CODEC_VARIATIONS[k])] for k, i in changes.items()} }")
+    note(
+        f"config changes: { {k: CODEC_VARIATIONS[k][i % len(CODEC_VARIATIONS[k])] for k, i in changes.items()} }"
+    )
     kind, cfg = call(lambda: M.CodecConfig(**d))
     if kind == "err":
         assert_allowed(cfg, (M.ConfigError,), "CodecConfig")
@@ -1068,7 +1221,9 @@ def test_codec_construction_from_generated_configs(changes):
     if kind == "err":
         assert_allowed(codec, (M.ConfigError,), "MimiCodec(config)")
         return
-    x = (np.random.default_rng(0).standard_normal((1, cfg.channels, 2 * cfg.frame_size + 5)) * 0.1).astype(np.float32)
+    x = (np.random.default_rng(0).standard_normal((1, cfg.channels, 2 * cfg.frame_size + 5)) * 0.1).astype(
+        np.float32
+    )
     kind, codes = call(codec.encode, x)
     assert kind == "ok", f"encode failed on a codec that was built: {type(codes).__name__}: {codes}"
     assert codes.shape == (1, cfg.quantizer_n_q, 3) and int(codes.max()) < cfg.quantizer_bins
@@ -1103,10 +1258,18 @@ def test_non_causal_seanet_streams_like_offline_or_is_refused():
 
 
 def test_codec_wrong_python_types():
-    for kw in (dict(config=[1]), dict(config="mimi"), dict(weights=3), dict(weights=[1]),
-               dict(device=None), dict(dtype=1), dict(seed="x"), dict(num_codebooks="8"),
-               dict(num_codebooks=0)):
-        kind, e = call(lambda: M.MimiCodec(**kw))
+    for kw in (
+        dict(config=[1]),
+        dict(config="mimi"),
+        dict(weights=3),
+        dict(weights=[1]),
+        dict(device=None),
+        dict(dtype=1),
+        dict(seed="x"),
+        dict(num_codebooks="8"),
+        dict(num_codebooks=0),
+    ):
+        kind, e = call(lambda kw=kw: M.MimiCodec(**kw))
         assert kind == "err", kw
         assert_allowed(e, (TypeError, M.ConfigError), f"MimiCodec({kw})")
 
@@ -1179,20 +1342,24 @@ HUGE_SCRIPT = textwrap.dedent(
     """
 )
 
-@pytest.mark.parametrize("case", [
-    "forward_f32",
-    "step_f64",
-    "forward_f16",
-    "forward_batch",
-    "forward_8GB",
-    "encode",
-    "encode_latents",
-    "encode_step",
-    "decode",
-    "decode_step",
-    "transformer_config",
-    "codec_config",
-])
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "forward_f32",
+        "step_f64",
+        "forward_f16",
+        "forward_batch",
+        "forward_8GB",
+        "encode",
+        "encode_latents",
+        "encode_step",
+        "decode",
+        "decode_step",
+        "transformer_config",
+        "codec_config",
+    ],
+)
 def test_huge_sizes_are_a_clear_error_not_a_crash(case):
     """Zero-stride views of shapes that would not fit in memory (and oversized models), in a
     subprocess limited to 4 GiB of address space: a clear error (MimiError, or numpy's own
@@ -1201,7 +1368,11 @@ def test_huge_sizes_are_a_clear_error_not_a_crash(case):
     env = dict(os.environ, RAYON_NUM_THREADS="1", MALLOC_ARENA_MAX="2", RUST_BACKTRACE="0")
     p = subprocess.run(
         [sys.executable, "-c", HUGE_SCRIPT.replace("__LIMIT__", str(limit)), case, str(CODEC_DIR)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=str(REPO),
     )
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"process died (rc={p.returncode}): {out[-600:]}"
@@ -1280,9 +1451,23 @@ def corrupt(kind: str, tensors: dict, path: Path, first: str) -> tuple[Path, lis
     return path, words
 
 
-CORRUPTIONS = ["truncated", "truncated_header", "empty", "bad_json", "header_len_gt_file",
-               "header_len_huge", "not_safetensors", "pickle", "offsets_out_of_range",
-               "directory", "nonexistent", "int32", "missing", "wrong_shape", "float64"]
+CORRUPTIONS = [
+    "truncated",
+    "truncated_header",
+    "empty",
+    "bad_json",
+    "header_len_gt_file",
+    "header_len_huge",
+    "not_safetensors",
+    "pickle",
+    "offsets_out_of_range",
+    "directory",
+    "nonexistent",
+    "int32",
+    "missing",
+    "wrong_shape",
+    "float64",
+]
 
 
 @pytest.mark.parametrize("kind", CORRUPTIONS + ["extra"])

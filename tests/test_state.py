@@ -64,7 +64,11 @@ def test_chunks_longer_than_context():
     meta, cfg, weights, arrays = case("small_rope")
     x, tol = arrays["x"], meta["tolerance"]
     c = cfg.context
-    for sizes in ([c + 1, x.shape[1] - c - 1], [2 * c + 5, x.shape[1] - 2 * c - 5], [5, c, c, x.shape[1] - 5 - 2 * c]):
+    for sizes in (
+        [c + 1, x.shape[1] - c - 1],
+        [2 * c + 5, x.shape[1] - 2 * c - 5],
+        [5, c, c, x.shape[1] - 5 - 2 * c],
+    ):
         y = run_chunks(model("small_rope"), x, sizes)
         assert_close(y, arrays["y_full"], tol["atol"], tol["rtol"], f"chunks={sizes}")
 

@@ -103,10 +103,25 @@ def test_8_threads_hammer_one_transformer_with_mixed_calls():
 
     def work(seed):
         r = random.Random(seed)
-        for i in range(40):
-            op = r.choice(["step", "step", "forward", "reset", "copy_from_other", "copy_into_other",
-                           "clone", "deepcopy", "position", "state_dict", "nbytes", "batch",
-                           "other_step", "step_none"])
+        for _ in range(40):
+            op = r.choice(
+                [
+                    "step",
+                    "step",
+                    "forward",
+                    "reset",
+                    "copy_from_other",
+                    "copy_into_other",
+                    "clone",
+                    "deepcopy",
+                    "position",
+                    "state_dict",
+                    "nbytes",
+                    "batch",
+                    "other_step",
+                    "step_none",
+                ]
+            )
             x = xs[r.randrange(16)]
             if op == "step":
                 y = t.step(x[:, :1])
@@ -216,8 +231,9 @@ def test_one_codec_shared_by_8_threads_offline_and_streaming():
     def dec_offline():
         return [codec.decode(serial_enc[0]) for _ in range(2)]
 
-    res = run_threads([offline(0), offline(1), offline(2), enc_stream, enc_stream,
-                       dec_stream, dec_stream, dec_offline])
+    res = run_threads(
+        [offline(0), offline(1), offline(2), enc_stream, enc_stream, dec_stream, dec_stream, dec_offline]
+    )
     for i in range(3):
         for r in res[i]:
             np.testing.assert_array_equal(r, serial_enc[i])
@@ -236,8 +252,18 @@ def test_one_codec_hammered_with_resets():
     def work(seed):
         r = random.Random(seed)
         for _ in range(12):
-            op = r.choice(["encode_step", "encode_step", "decode_step", "decode_step", "reset",
-                           "encode", "decode", "props"])
+            op = r.choice(
+                [
+                    "encode_step",
+                    "encode_step",
+                    "decode_step",
+                    "decode_step",
+                    "reset",
+                    "encode",
+                    "decode",
+                    "props",
+                ]
+            )
             k = r.randrange(8)
             if op == "encode_step":
                 out = codec.encode_step(pcm[k])
@@ -331,8 +357,14 @@ INTERRUPT_CHILD = textwrap.dedent(
 def test_ctrl_c_interrupts_a_long_offline_encode():
     """SIGINT 1 s into a 60 s encode: KeyboardInterrupt within 3 s, and the codec still works."""
     env = dict(os.environ, RUST_BACKTRACE="0")
-    p = subprocess.Popen([sys.executable, "-c", INTERRUPT_CHILD], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO))
+    p = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPT_CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+    )
     try:
         lines = []
         deadline = time.monotonic() + 120

@@ -81,7 +81,9 @@ def test_prefix_selects_a_subtree(tmp_path, small):
 def test_hf_layout_is_converted_at_load(tmp_path, small):
     meta, cfg, weights, arrays = small
     hf = to_hf_layout(weights, cfg)
-    assert not np.array_equal(hf["layers.0.self_attn.q_proj.weight"], weights["layers.0.self_attn.q_proj.weight"])
+    assert not np.array_equal(
+        hf["layers.0.self_attn.q_proj.weight"], weights["layers.0.self_attn.q_proj.weight"]
+    )
     config = mimi_py.TransformerConfig(**cfg)
     path = tmp_path / "hf.safetensors"
     write_safetensors(path, hf)
@@ -90,7 +92,9 @@ def test_hf_layout_is_converted_at_load(tmp_path, small):
         assert_close(t.forward(arrays["x"]), arrays["y_full"], what="hf layout converted")
         # state_dict gives back the interleaved layout
         sd = t.state_dict()
-        np.testing.assert_array_equal(sd["layers.1.self_attn.k_proj.weight"], weights["layers.1.self_attn.k_proj.weight"])
+        np.testing.assert_array_equal(
+            sd["layers.1.self_attn.k_proj.weight"], weights["layers.1.self_attn.k_proj.weight"]
+        )
     # Loading HF weights as if interleaved is the bug candle users hit: wrong outputs.
     wrong = mimi_py.StreamingTransformer(config, hf).forward(arrays["x"])
     assert np.abs(wrong - arrays["y_full"]).max() > 1e-2
@@ -102,7 +106,9 @@ def test_hf_layout_with_attention_biases(small):
     hf = to_hf_layout(weights, cfg)
     t = mimi_py.StreamingTransformer(mimi_py.TransformerConfig(**cfg), hf, qk_layout="hf")
     sd = t.state_dict()
-    np.testing.assert_array_equal(sd["layers.0.self_attn.q_proj.bias"], weights["layers.0.self_attn.q_proj.bias"])
+    np.testing.assert_array_equal(
+        sd["layers.0.self_attn.q_proj.bias"], weights["layers.0.self_attn.q_proj.bias"]
+    )
 
 
 def test_missing_and_misshaped_tensors_are_named(small, tmp_path):

@@ -5,11 +5,23 @@ The exception classes are not here: they are declared in ``mimi_py/errors.py``.
 
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
 
+__all__ = [
+    "CodecConfig",
+    "MimiCodec",
+    "StreamingTransformer",
+    "TransformerConfig",
+    "__version__",
+    "_error_class_names",
+    "_panic_for_tests",
+    "_poison_for_tests",
+    "candle_version",
+    "features",
+]
 __version__: str
 candle_version: str
 features: frozenset[str]
@@ -19,11 +31,12 @@ PositionalEmbedding = Literal["rope", "sin", "none"]
 NormName = Literal["layer_norm", "rms_norm"]
 Gating = Literal["silu", "gelu", "gelu_pytorch_tanh", "relu", "sigmoid", "swish"]
 
+@final
 class TransformerConfig:
     """Configuration of a Mimi streaming transformer (candle's ``mimi::transformer::Config``)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         d_model: int = 512,
         num_heads: int = 8,
@@ -46,7 +59,7 @@ class TransformerConfig:
         kv_repeat: int = 1,
         dim_feedforward: int = 2048,
         conv_layout: bool = False,
-    ) -> None: ...
+    ) -> TransformerConfig: ...
     @staticmethod
     def mimi() -> TransformerConfig:
         """The real Mimi encoder/decoder transformer."""
@@ -96,13 +109,15 @@ class TransformerConfig:
     def dim_feedforward(self) -> int: ...
     @property
     def conv_layout(self) -> bool: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]: ...
 
+@final
 class StreamingTransformer:
     """Kyutai's Mimi streaming transformer with an exact streaming state."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         config: TransformerConfig | Mapping[str, Any] | None = None,
         weights: str | os.PathLike[str] | Mapping[str, npt.ArrayLike] | None = None,
         *,
@@ -111,7 +126,7 @@ class StreamingTransformer:
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         prefix: str = "",
         qk_layout: Literal["interleaved", "hf"] = "interleaved",
-    ) -> None: ...
+    ) -> StreamingTransformer: ...
     def forward(self, x: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """(batch, time, d_model) -> (batch, time, d_model) float32, continuing the stream."""
     def step(self, x: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None:
@@ -146,11 +161,12 @@ class StreamingTransformer:
     def state_nbytes(self) -> int:
         """Bytes held by the streaming state."""
 
+@final
 class CodecConfig:
     """Configuration of the Mimi codec (candle's ``mimi::Config``)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         channels: int = 1,
         sample_rate: float = 24000.0,
@@ -162,9 +178,9 @@ class CodecConfig:
         quantizer_n_q: int = 8,
         quantizer_bins: int = 2048,
         quantizer_dim: int = 256,
-    ) -> None: ...
+    ) -> CodecConfig: ...
     @staticmethod
-    def mimi(num_codebooks: int | None = 8) -> CodecConfig:
+    def mimi(num_codebooks: int | None = None) -> CodecConfig:
         """The real Mimi codec (kyutai/mimi) with num_codebooks of its 32 codebooks."""
     @staticmethod
     def from_hf(config: Mapping[str, Any], num_codebooks: int | None = None) -> CodecConfig:
@@ -194,13 +210,15 @@ class CodecConfig:
     @property
     def frame_size(self) -> int:
         """Samples per code frame (1920 for the real model)."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]: ...
 
+@final
 class MimiCodec:
     """The Mimi audio codec: audio <-> codes, offline and streaming."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         weights: str | os.PathLike[str] | Mapping[str, npt.ArrayLike] | None = None,
         *,
         config: CodecConfig | Mapping[str, Any] | None = None,
@@ -208,7 +226,7 @@ class MimiCodec:
         seed: int | None = None,  # None means 0
         device: str = "cpu",
         dtype: Literal["float32"] = "float32",  # half precision is refused (ConfigError) for now
-    ) -> None: ...
+    ) -> MimiCodec: ...
     def encode(self, pcm: npt.ArrayLike) -> npt.NDArray[np.uint32]:
         """(batch, channels, samples) or (samples,) -> (batch, num_codebooks, frames) uint32."""
     def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:

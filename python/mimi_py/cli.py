@@ -36,7 +36,9 @@ def _resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
     try:
         import soxr
     except ImportError as e:  # pragma: no cover
-        raise CliError(f"the file is at {sr_in} Hz and needs resampling to {sr_out} Hz: pip install 'mimi_py[audio]'") from e
+        raise CliError(
+            f"the file is at {sr_in} Hz and needs resampling to {sr_out} Hz: pip install 'mimi_py[audio]'"
+        ) from e
     return soxr.resample(x, sr_in, sr_out).astype(np.float32)
 
 
@@ -66,8 +68,11 @@ def _codec(args) -> MimiCodec:
     if getattr(args, "num_codebooks", None):
         kw["num_codebooks"] = args.num_codebooks
     if args.weights is None:
-        print("note: no --weights given: using seeded random weights (the output is noise); "
-              "pass --weights PATH to kyutai/mimi's model.safetensors for real use", file=sys.stderr)
+        print(
+            "note: no --weights given: using seeded random weights (the output is noise); "
+            "pass --weights PATH to kyutai/mimi's model.safetensors for real use",
+            file=sys.stderr,
+        )
         return MimiCodec(None, seed=0, **kw)
     return MimiCodec(args.weights, **kw)
 
@@ -103,7 +108,10 @@ def encode(args) -> None:
     bar.close()
     codes = np.concatenate(out, axis=-1) if out else np.zeros((1, codec.num_codebooks, 0), np.uint32)
     np.save(args.output, codes)
-    print(f"{args.output}: codes {codes.shape} uint32 ({codes.shape[-1] / codec.frame_rate:.2f} s)", file=sys.stderr)
+    print(
+        f"{args.output}: codes {codes.shape} uint32 ({codes.shape[-1] / codec.frame_rate:.2f} s)",
+        file=sys.stderr,
+    )
 
 
 def decode(args) -> None:
@@ -115,7 +123,9 @@ def decode(args) -> None:
     if codes.ndim == 2:
         codes = codes[None]
     if codes.ndim != 3 or codes.shape[0] != 1:
-        raise CliError(f"{args.input}: expected codes of shape (num_codebooks, frames) or (1, num_codebooks, frames), got {codes.shape}")
+        raise CliError(
+            f"{args.input}: expected codes of shape (num_codebooks, frames) or (1, num_codebooks, frames), got {codes.shape}"
+        )
     args.num_codebooks = codes.shape[1]
     codec = _codec(args)
     step = int(CHUNK_SECONDS * codec.frame_rate)
@@ -142,9 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("decode", help="codes (.npy) -> audio file")
     d.add_argument("input")
     d.add_argument("output")
-    d.add_argument("--subtype", default="FLOAT", help="soundfile subtype of the output (default FLOAT; PCM_16 clips)")
+    d.add_argument(
+        "--subtype", default="FLOAT", help="soundfile subtype of the output (default FLOAT; PCM_16 clips)"
+    )
     for q in (e, d):
-        q.add_argument("--weights", default=None, help="kyutai/mimi model.safetensors, its directory, or a moshi checkpoint")
+        q.add_argument(
+            "--weights",
+            default=None,
+            help="kyutai/mimi model.safetensors, its directory, or a moshi checkpoint",
+        )
         q.add_argument("--device", default="cpu")
         q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
     args = p.parse_args(argv)
