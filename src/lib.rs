@@ -10,7 +10,7 @@ mod py;
 pub mod bench {
     pub use crate::core::config::TransformerConfig;
     pub use crate::core::transformer::{State, Transformer};
-    pub use crate::core::weights::{QkLayout, TensorSource};
+    pub use crate::core::weights::{LoadSpec, QkLayout, TensorSource};
 }
 
 use pyo3::prelude::*;

@@ -12,7 +12,7 @@
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use candle::{DType, Device, StreamingModule, Tensor};
-use mimi_py::bench::{QkLayout, State, TensorSource, Transformer, TransformerConfig};
+use mimi_py::bench::{LoadSpec, QkLayout, State, TensorSource, Transformer, TransformerConfig};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -45,8 +45,14 @@ fn main() -> candle::Result<()> {
     let cfg = TransformerConfig::default();
     let dev = Device::Cpu;
     let seeded = TensorSource::seeded(0, cfg.layer_scale);
-    let model = Transformer::load(&cfg, &seeded, "", QkLayout::Interleaved, &dev, DType::F32)
-        .map_err(|e| candle::Error::Msg(e.to_string()))?;
+    let spec = LoadSpec {
+        prefix: "",
+        layout: QkLayout::Interleaved,
+        device: &dev,
+        dtype: DType::F32,
+    };
+    let model =
+        Transformer::load(&cfg, &seeded, &spec).map_err(|e| candle::Error::Msg(e.to_string()))?;
     let map: HashMap<String, Tensor> = model
         .weights()
         .iter()

@@ -495,19 +495,20 @@ impl Codec {
         dtype: DType,
     ) -> Result<[BTreeMap<String, Tensor>; 2]> {
         let tcfg = &cfg.transformer;
-        let load = |i: u64, prefix: &str| match source.seed() {
-            Some(seed) => {
-                let own = TensorSource::seeded(seed.wrapping_add(1 + i), tcfg.layer_scale);
-                weights::load_transformer(tcfg, &own, "", QkLayout::Interleaved, device, dtype)
-            }
-            None => weights::load_transformer(
-                tcfg,
-                source,
+        let load = |i: u64, prefix| {
+            let spec = weights::LoadSpec {
                 prefix,
-                QkLayout::Interleaved,
+                layout: QkLayout::Interleaved,
                 device,
                 dtype,
-            ),
+            };
+            match source.seed() {
+                Some(seed) => {
+                    let own = TensorSource::seeded(seed.wrapping_add(1 + i), tcfg.layer_scale);
+                    weights::load_transformer(tcfg, &own, &weights::LoadSpec { prefix: "", ..spec })
+                }
+                None => weights::load_transformer(tcfg, source, &spec),
+            }
         };
         Ok([
             load(0, "encoder_transformer.")?,

@@ -96,6 +96,56 @@ struct Layer {
     ls2: Option<LayerScale>,
 }
 
+impl Attention {
+    /// q, k and v as one product (`q_proj`, `k_proj`, `v_proj` stacked), then `o_proj`.
+    fn load(cfg: &TransformerConfig, vb: VarBuilder) -> Result<Self> {
+        let d = cfg.d_model;
+        let get = |name: &str, shape: &[usize]| vb.get(shape, name);
+        let stacked = |suffix: &str, shape: &[usize]| -> Result<Tensor> {
+            let parts = ["q_proj", "k_proj", "v_proj"]
+                .iter()
+                .map(|p| get(&format!("{p}.{suffix}"), shape))
+                .collect::<Result<Vec<_>>>()?;
+            Tensor::cat(&parts, 0)
+        };
+        let (qkv_b, out_b) = match cfg.bias_attn {
+            true => (
+                Some(stacked("bias", &[d])?),
+                Some(get("o_proj.bias", &[d])?),
+            ),
+            false => (None, None),
+        };
+        Ok(Self {
+            qkv: Linear::new(stacked("weight", &[d, d])?, qkv_b)?,
+            out: Linear::new(get("o_proj.weight", &[d, d])?, out_b)?,
+        })
+    }
+}
+
+impl Layer {
+    /// Layer `vb` (`layers.{i}`) with candle's names.
+    fn load(cfg: &TransformerConfig, vb: VarBuilder) -> Result<Self> {
+        let ccfg = cfg.to_candle();
+        let d = cfg.d_model;
+        let (n1, n2) = match cfg.norm {
+            NormKind::RmsNorm => ("input_rmsnorm", "post_attention_rmsnorm"),
+            NormKind::LayerNorm => ("input_layernorm", "post_attention_layernorm"),
+        };
+        let scale = |name: &str| match cfg.layer_scale {
+            Some(init) => LayerScale::new(d, init, vb.pp(name)).map(Some),
+            None => Ok(None),
+        };
+        Ok(Self {
+            norm1: Norm::new(d, &ccfg, vb.pp(n1))?,
+            norm2: Norm::new(d, &ccfg, vb.pp(n2))?,
+            attn: Attention::load(cfg, vb.pp("self_attn"))?,
+            mlp: FeedForward::from_candle(&Mlp::new(&ccfg, vb.clone())?)?,
+            ls1: scale("self_attn_layer_scale")?,
+            ls2: scale("mlp_layer_scale")?,
+        })
+    }
+}
+
 /// Weights and shapes of a transformer; immutable once built.
 pub struct Transformer {
     cfg: TransformerConfig,
@@ -173,19 +223,15 @@ impl State {
 }
 
 impl Transformer {
-    /// Reads this transformer's weights from `src` (under `prefix`, q/k rows in `layout`),
+    /// Reads this transformer's weights from `src` (as `spec` says),
     /// refusing any problem, and builds it.
     pub fn load(
         cfg: &TransformerConfig,
         src: &crate::core::weights::TensorSource,
-        prefix: &str,
-        layout: crate::core::weights::QkLayout,
-        device: &Device,
-        dtype: DType,
+        spec: &crate::core::weights::LoadSpec,
     ) -> crate::core::error::Result<Self> {
-        let w =
-            crate::core::weights::load_transformer_only(cfg, src, prefix, layout, device, dtype)?;
-        Ok(Self::new(cfg, w, device, dtype)?)
+        let w = crate::core::weights::load_transformer_only(cfg, src, spec)?;
+        Ok(Self::new(cfg, w, spec.device, spec.dtype)?)
     }
 
     /// Builds the model from checked weights (names without prefix, interleaved q/k layout,
@@ -196,75 +242,14 @@ impl Transformer {
         device: &Device,
         dtype: DType,
     ) -> Result<Self> {
-        let ccfg = cfg.to_candle();
         let map: HashMap<String, Tensor> = weights
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let vb = VarBuilder::from_tensors(map, dtype, device);
-        let d = cfg.d_model;
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
-            let vb = vb.pp("layers").pp(i);
-            let (n1, n2) = if cfg.norm == NormKind::RmsNorm {
-                ("input_rmsnorm", "post_attention_rmsnorm")
-            } else {
-                ("input_layernorm", "post_attention_layernorm")
-            };
-            let norm1 = Norm::new(d, &ccfg, vb.pp(n1))?;
-            let norm2 = Norm::new(d, &ccfg, vb.pp(n2))?;
-            let (ls1, ls2) = match cfg.layer_scale {
-                Some(init) => (
-                    Some(LayerScale::new(d, init, vb.pp("self_attn_layer_scale"))?),
-                    Some(LayerScale::new(d, init, vb.pp("mlp_layer_scale"))?),
-                ),
-                None => (None, None),
-            };
-            let mlp = FeedForward::from_candle(&Mlp::new(&ccfg, vb.clone())?)?;
-            let get = |name: &str| -> Result<Tensor> {
-                weights
-                    .get(&format!("layers.{i}.self_attn.{name}"))
-                    .cloned()
-                    .ok_or_else(|| candle::Error::Msg(format!("missing self_attn.{name}")))
-            };
-            let qkv_w = Tensor::cat(
-                &[
-                    get("q_proj.weight")?,
-                    get("k_proj.weight")?,
-                    get("v_proj.weight")?,
-                ],
-                0,
-            )?;
-            let qkv_b = if cfg.bias_attn {
-                Some(Tensor::cat(
-                    &[
-                        get("q_proj.bias")?,
-                        get("k_proj.bias")?,
-                        get("v_proj.bias")?,
-                    ],
-                    0,
-                )?)
-            } else {
-                None
-            };
-            let out_b = if cfg.bias_attn {
-                Some(get("o_proj.bias")?)
-            } else {
-                None
-            };
-            let attn = Attention {
-                qkv: Linear::new(qkv_w, qkv_b)?,
-                out: Linear::new(get("o_proj.weight")?, out_b)?,
-            };
-            layers.push(Layer {
-                norm1,
-                norm2,
-                attn,
-                mlp,
-                ls1,
-                ls2,
-            });
-        }
+        let layers = (0..cfg.num_layers)
+            .map(|i| Layer::load(cfg, vb.pp("layers").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg: cfg.clone(),
             layers,
@@ -560,6 +545,15 @@ mod tests {
         c
     }
 
+    fn spec(dev: &Device) -> weights::LoadSpec<'_> {
+        weights::LoadSpec {
+            prefix: "",
+            layout: QkLayout::Interleaved,
+            device: dev,
+            dtype: DType::F32,
+        }
+    }
+
     /// Inverse of the loader's conversion: interleaved -> half-split rows, per head.
     fn to_halves(t: &Tensor, head_dim: usize) -> Tensor {
         let rows = t.dim(0).unwrap();
@@ -587,10 +581,7 @@ mod tests {
             let w = weights::load_transformer_only(
                 &cfg,
                 &TensorSource::seeded(7, cfg.layer_scale),
-                "",
-                QkLayout::Interleaved,
-                &dev,
-                DType::F32,
+                &spec(&dev),
             )
             .unwrap();
             let hd = cfg.head_dim();
@@ -643,10 +634,7 @@ mod tests {
         let w = weights::load_transformer_only(
             &cfg,
             &TensorSource::seeded(1, cfg.layer_scale),
-            "",
-            QkLayout::Interleaved,
-            &dev,
-            DType::F32,
+            &spec(&dev),
         )
         .unwrap();
         let model = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();

@@ -409,17 +409,31 @@ fn is_qk(name: &str) -> bool {
     .any(|s| name.ends_with(&format!("self_attn.{s}")))
 }
 
+/// Where a transformer's tensors are read from and where they go.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadSpec<'a> {
+    /// Prefix of the tensor names in the source (`encoder_transformer.`).
+    pub prefix: &'a str,
+    /// How the source orders the q/k rows.
+    pub layout: QkLayout,
+    pub device: &'a Device,
+    pub dtype: DType,
+}
+
 /// Reads every tensor a transformer with `cfg` reads from `src` under `prefix`, converts
 /// the q/k layout if needed, and returns them under their names without prefix, in `dtype`
 /// on `device`. Problems are recorded in `src`; call [`TensorSource::finish`] before use.
 pub fn load_transformer(
     cfg: &TransformerConfig,
     src: &TensorSource,
-    prefix: &str,
-    layout: QkLayout,
-    device: &Device,
-    dtype: DType,
+    spec: &LoadSpec,
 ) -> Result<BTreeMap<String, Tensor>> {
+    let LoadSpec {
+        prefix,
+        layout,
+        device,
+        dtype,
+    } = *spec;
     let mut out = BTreeMap::new();
     for (name, shape) in expected_tensors(cfg) {
         let Some(t) = src.get(&format!("{prefix}{name}"), &shape) else {
@@ -439,13 +453,10 @@ pub fn load_transformer(
 pub fn load_transformer_only(
     cfg: &TransformerConfig,
     src: &TensorSource,
-    prefix: &str,
-    layout: QkLayout,
-    device: &Device,
-    dtype: DType,
+    spec: &LoadSpec,
 ) -> Result<BTreeMap<String, Tensor>> {
-    let out = load_transformer(cfg, src, prefix, layout, device, dtype)?;
-    let layers = format!("{prefix}layers.");
+    let out = load_transformer(cfg, src, spec)?;
+    let layers = format!("{}layers.", spec.prefix);
     src.report_unread(
         |n| n.starts_with(&layers),
         "the config does not read it: check num_layers, gating, norm, bias_attn, bias_ff and \

@@ -8,7 +8,7 @@ use crate::core::config::TransformerConfig;
 use crate::core::device;
 use crate::core::error::{Error, Result};
 use crate::core::transformer::{State, Transformer};
-use crate::core::weights::{self, QkLayout, TensorSource};
+use crate::core::weights::{self, LoadSpec, QkLayout, TensorSource};
 use crate::py::config::{self as pyconfig, PyTransformerConfig};
 use crate::py::convert;
 use crate::py::guard::{self, Detached, Reset, Shared};
@@ -179,7 +179,13 @@ impl PyStreamingTransformer {
                 WeightsArg::Path(path) => TensorSource::file(&path)?,
                 WeightsArg::Mapping(m) => TensorSource::tensors(m, "weights mapping"),
             };
-            let model = Transformer::load(&cfg, &src, &prefix, layout, &dev, dtype)?;
+            let spec = LoadSpec {
+                prefix: &prefix,
+                layout,
+                device: &dev,
+                dtype,
+            };
+            let model = Transformer::load(&cfg, &src, &spec)?;
             Ok((model, device_name))
         })?;
         Ok(Self {
