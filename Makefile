@@ -1,8 +1,19 @@
-# The one check command: `make check` runs everything CI runs, against the mimi_py that the
-# current Python imports (build it first: `make dev` for a fast build, or install a wheel).
+# `make test` installs the package and runs `make check`: everything CI runs (fmt, clippy, ruff,
+# stubtest, cargo test, pytest), against the mimi_py the current Python imports. For iteration:
+# `make dev` (a fast build into the current virtualenv), then `make check`.
 PYTHON ?= python
 
-.PHONY: check dev core-free lint stubtest test-rust test-python
+# What `make test` installs: the source tree (built by pip through maturin), or a wheel.
+PKG ?= .
+# pytest runs without Rust on PATH: the installed package must not need a toolchain.
+NO_RUST_PATH := $(shell printf '%s' "$$PATH" | tr ':' '\n' | grep -v -e '\.cargo' -e rustup | paste -sd: -)
+
+.PHONY: test check dev core-free lint stubtest test-rust test-python
+
+# The README's test command: install the package with its test tools, then check everything.
+test:
+	$(PYTHON) -m pip install --quiet "$(PKG)[test,dev]"
+	$(MAKE) check PYTHON=$(PYTHON)
 
 check: core-free lint stubtest test-rust test-python
 
@@ -29,4 +40,4 @@ test-rust:
 	cargo test
 
 test-python:
-	$(PYTHON) -m pytest -q
+	PATH="$(NO_RUST_PATH)" $(PYTHON) -m pytest -q

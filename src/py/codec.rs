@@ -336,6 +336,36 @@ impl PyMimiCodec {
         })
     }
 
+    /// The real checkpoint by name, through the Hugging Face cache (needs the `hub` extra):
+    /// ``config.json`` + ``model.safetensors`` of ``repo_id`` (Hugging Face layout), or the
+    /// named ``filename`` (for example Kyutai's moshi-layout tokenizer file). Works offline
+    /// from the cache. See ``mimi_py.hub.from_pretrained``.
+    #[classmethod]
+    #[pyo3(signature = (repo_id="kyutai/mimi", *, revision=None, filename=None, num_codebooks=None, device="cpu", dtype="float32", cache_dir=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_pretrained<'py>(
+        cls: &Bound<'py, pyo3::types::PyType>,
+        repo_id: &str,
+        revision: Option<&Bound<'py, PyAny>>,
+        filename: Option<&Bound<'py, PyAny>>,
+        num_codebooks: Option<&Bound<'py, PyAny>>,
+        device: &str,
+        dtype: &str,
+        cache_dir: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = cls.py();
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("revision", revision)?;
+        kwargs.set_item("filename", filename)?;
+        kwargs.set_item("num_codebooks", num_codebooks)?;
+        kwargs.set_item("device", device)?;
+        kwargs.set_item("dtype", dtype)?;
+        kwargs.set_item("cache_dir", cache_dir)?;
+        py.import("mimi_py.hub")?
+            .getattr("from_pretrained")?
+            .call((repo_id,), Some(&kwargs))
+    }
+
     /// Audio to codes. ``pcm``: (batch, channels, samples) or (samples,), any real float
     /// dtype, at ``sample_rate``. Returns uint32 codes of shape (batch, num_codebooks,
     /// ceil(samples / frame_size)); a last partial frame is zero-padded.
