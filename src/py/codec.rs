@@ -10,10 +10,8 @@ use crate::py::convert::{self, HostArray};
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
 use crate::py::weights::WeightsArg;
 use candle::{DType, Tensor};
-use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{
-    IntoPyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,
-    PyUntypedArrayMethods,
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -194,16 +192,6 @@ fn read_codes(a: &Bound<'_, PyUntypedArray>, bins: usize) -> PyResult<Vec<u32>> 
     Ok(out)
 }
 
-fn u32_to_numpy<'py>(
-    py: Python<'py>,
-    data: Vec<u32>,
-    shape: &[usize],
-) -> PyResult<Bound<'py, PyAny>> {
-    let arr = ArrayD::from_shape_vec(IxDyn(shape), data)
-        .map_err(|e| Error::Shape(format!("internal shape error: {e}")))?;
-    Ok(arr.into_pyarray(py).into_any())
-}
-
 fn tensor_f32(t: &Tensor) -> Result<(Vec<f32>, Vec<usize>)> {
     Ok((
         t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
@@ -373,7 +361,7 @@ impl PyMimiCodec {
         let host = self.read_pcm(pcm)?;
         let (b, k) = (host.shape[0], self.codec.config().quantizer_n_q);
         if host.shape[2] == 0 {
-            return u32_to_numpy(py, vec![], &[b, k, 0]);
+            return Ok(convert::to_numpy(py, Vec::<u32>::new(), &[b, k, 0])?);
         }
         let codec = self.codec.clone();
         let (data, shape) = interruptible(py, move |cancel| {
@@ -381,7 +369,7 @@ impl PyMimiCodec {
                 .to_dtype(codec.dtype())?;
             tensor_u32(&codec.encode(&x, Some(cancel))?)
         })?;
-        u32_to_numpy(py, data, &shape)
+        Ok(convert::to_numpy(py, data, &shape)?)
     }
 
     /// Pre-quantization latents: (batch, dimension, frames) float32.
@@ -393,7 +381,11 @@ impl PyMimiCodec {
         let host = self.read_pcm(pcm)?;
         if host.shape[2] == 0 {
             let dim = self.codec.config().seanet.dimension;
-            return Ok(convert::to_numpy(py, vec![], &[host.shape[0], dim, 0])?);
+            return Ok(convert::to_numpy(
+                py,
+                Vec::<f32>::new(),
+                &[host.shape[0], dim, 0],
+            )?);
         }
         let codec = self.codec.clone();
         let (data, shape) = interruptible(py, move |cancel| {
@@ -431,7 +423,7 @@ impl PyMimiCodec {
         if shape[2] == 0 {
             return Ok(convert::to_numpy(
                 py,
-                vec![],
+                Vec::<f32>::new(),
                 &[shape[0], self.n_channels(), 0],
             )?);
         }
@@ -481,7 +473,7 @@ impl PyMimiCodec {
         })?;
         match out {
             None => Ok(None),
-            Some((d, s)) => Ok(Some(u32_to_numpy(py, d, &s)?)),
+            Some((d, s)) => Ok(Some(convert::to_numpy(py, d, &s)?)),
         }
     }
 

@@ -157,10 +157,10 @@ pub fn read_f32_finite(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Ho
     Ok(host)
 }
 
-/// Moves a C-ordered `Vec<f32>` into a new numpy array.
-pub fn to_numpy<'py>(
+/// Moves a C-ordered vector (float32 audio, uint32 codes) into a new numpy array, no copy.
+pub fn to_numpy<'py, T: numpy::Element>(
     py: Python<'py>,
-    data: Vec<f32>,
+    data: Vec<T>,
     shape: &[usize],
 ) -> Result<Bound<'py, PyAny>> {
     let arr = ArrayD::from_shape_vec(IxDyn(shape), data)
