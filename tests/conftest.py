@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -65,7 +68,7 @@ def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
 
 
 def read_safetensors(path) -> dict[str, np.ndarray]:
-    """The float32 tensors of a safetensors file (the fixtures' files are all float32)."""
+    """The floating tensors of a safetensors file as float32 (F32, F16, or BF16 upcast exactly)."""
     raw = Path(path).read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8 : 8 + n])
@@ -74,8 +77,43 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
         if k == "__metadata__":
             continue
         a, b = v["data_offsets"]
-        out[k] = np.frombuffer(raw[8 + n + a : 8 + n + b], dtype="<f4").reshape(v["shape"]).copy()
+        data = raw[8 + n + a : 8 + n + b]
+        if v["dtype"] == "BF16":  # the upper 16 bits of a float32
+            x = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            x = np.frombuffer(data, dtype={"F32": "<f4", "F16": "<f2"}[v["dtype"]]).astype(np.float32)
+        out[k] = x.reshape(v["shape"])
     return out
+
+
+def make_hf_cache(cache, repo_id, snapshots, refs=None) -> Path:
+    """Lay out ``repo_id`` in the Hugging Face cache folder ``cache`` as huggingface_hub does.
+
+    ``snapshots`` maps a commit hash (40 hex digits) to ``{name in the repo: source}``, where a
+    source is a file to copy or a function that writes the file at the path it is given.
+    ``refs`` maps a branch or tag to a commit hash (default: ``main`` -> the first snapshot).
+    Each file is stored once as ``blobs/<sha256>``, and ``snapshots/<hash>/<name>`` is a
+    relative symlink to it. Returns the repository's folder (``models--ORG--NAME``).
+    """
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    for commit, files in snapshots.items():
+        for name, src in files.items():
+            part = repo / "blobs" / "download.incomplete"
+            src(part) if callable(src) else shutil.copyfile(src, part)
+            digest = hashlib.sha256()
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            blob = repo / "blobs" / digest.hexdigest()
+            os.replace(part, blob)
+            link = repo / "snapshots" / commit / name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    for ref, commit in (refs or {"main": next(iter(snapshots))}).items():
+        (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)  # no newline, as huggingface_hub writes it
+    return repo
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_close
+from conftest import assert_close, make_hf_cache
 from fixtures import CODEC_DIR
 
 sf = pytest.importorskip("soundfile")  # part of the test extra; present in CI
@@ -26,9 +27,13 @@ def small_dir(tmp_path_factory):
     return d
 
 
-def run(*args):
+def run(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "mimi_py", *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "mimi_py", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -37,7 +42,7 @@ def test_encode_decode_round_trip(tmp_path, small_dir):
     sf.write(wav, IO["waveform"][0, 0], 24000, subtype="FLOAT")
     r = run("encode", wav, tmp_path / "codes.npy", "--weights", small_dir, "--progress")
     assert r.returncode == 0, r.stderr
-    assert "encode [" in r.stderr  # progress bar
+    assert "encode: 100%" in r.stderr and "frame" in r.stderr  # tqdm's progress bar
     codes = np.load(tmp_path / "codes.npy")
     assert codes.dtype == np.uint32
     np.testing.assert_array_equal(codes, IO["codes"])  # whole-frame padding keeps the codes
@@ -69,3 +74,23 @@ def test_errors_are_one_line_and_nonzero(tmp_path, small_dir):
     notwav.write_text("not audio")
     r = run("encode", notwav, tmp_path / "c.npy", "--weights", small_dir)
     assert r.returncode == 1 and "cannot read audio" in r.stderr
+
+
+def test_weights_from_the_hugging_face_cache_offline(tmp_path):
+    pytest.importorskip("huggingface_hub")  # the hub extra; part of the test extra
+    files = {
+        "model.safetensors": CODEC / "mimi_small.safetensors",
+        "config.json": CODEC / "mimi_small_hf_config.json",
+    }
+    make_hf_cache(tmp_path / "hub", "kyutai/mimi", {"c" * 40: files})
+    env = {"HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    wav = tmp_path / "in.wav"
+    sf.write(wav, IO["waveform"][0, 0], 24000, subtype="FLOAT")
+    r = run("encode", wav, tmp_path / "codes.npy", "--weights", "hf:kyutai/mimi@main", env=env)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "codes.npy"), IO["codes"])
+    r = run("encode", wav, tmp_path / "c.npy", "--weights", "hf:kyutai/absent", env=env)
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0
+    assert r.stderr.startswith("error: kyutai/absent: cannot get") and "hf download kyutai/absent" in r.stderr
+    r = run("encode", wav, tmp_path / "c.npy", "--weights", "hf:kyutai/mimi@", env=env)
+    assert r.returncode == 1 and "malformed weights spec" in r.stderr

@@ -227,6 +227,25 @@ class MimiCodec:
         device: str = "cpu",
         dtype: Literal["float32"] = "float32",  # half precision is refused (ConfigError) for now
     ) -> MimiCodec: ...
+    @classmethod
+    def from_pretrained(
+        cls,
+        repo_id: str = "kyutai/mimi",
+        *,
+        revision: str | None = None,
+        filename: str | None = None,
+        num_codebooks: int | None = None,
+        device: str = "cpu",
+        dtype: Literal["float32"] = "float32",
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> MimiCodec:
+        """A codec with weights from the Hugging Face Hub or its cache (``mimi_py.hub.from_pretrained``).
+
+        Without ``filename``: ``config.json`` + ``model.safetensors`` of ``repo_id`` (kyutai/mimi's
+        layout); with it, that one checkpoint (e.g. Kyutai's moshi-format tokenizer file). Needs the
+        ``hub`` extra; ``HF_HUB_OFFLINE=1`` reads the cache only. Raises WeightsError when the files
+        can be neither downloaded nor found in the cache, or huggingface_hub is not installed.
+        """
     def encode(self, pcm: npt.ArrayLike) -> npt.NDArray[np.uint32]:
         """(batch, channels, samples) or (samples,) -> (batch, num_codebooks, frames) uint32."""
     def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:

@@ -1,21 +1,23 @@
 """Command line: ``python -m mimi_py encode IN.wav OUT.npy`` / ``decode IN.npy OUT.wav``.
 
 Audio is read and written with ``soundfile``; other sample rates are resampled to the
-codec's rate with ``soxr`` (install both with ``pip install 'mimi_py[audio]'``). Long files
-are processed in chunks through the streaming encoder/decoder, so memory stays bounded, with
-a progress bar on stderr. Errors are one line on stderr and a non-zero exit code.
+codec's rate with ``soxr`` (install both, and ``tqdm``, with ``pip install 'mimi_py[audio]'``).
+Long files are processed in chunks through the streaming encoder/decoder, so memory stays
+bounded, with a tqdm progress bar on stderr. ``--weights`` is a path or an
+``hf:REPO_ID[@REVISION][:FILENAME]`` spec (``mimi_py.hub``). Errors are one line on stderr and a
+non-zero exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 from . import MimiCodec, MimiError
+from .hub import load_codec
 
 CHUNK_SECONDS = 10.0
 
@@ -42,39 +44,23 @@ def _resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
     return soxr.resample(x, sr_in, sr_out).astype(np.float32)
 
 
-class Progress:
-    """A minimal progress bar on stderr (silent when stderr is not a terminal, unless forced)."""
-
-    def __init__(self, total: int, label: str, enabled: bool) -> None:
-        self.total, self.label, self.enabled = max(total, 1), label, enabled
-        self.t0 = time.perf_counter()
-
-    def update(self, done: int) -> None:
-        if not self.enabled:
-            return
-        frac = min(done / self.total, 1.0)
-        bar = "#" * int(frac * 30)
-        rate = done / max(time.perf_counter() - self.t0, 1e-9)
-        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac * 100:5.1f}% ({rate:,.0f}/s)")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+def _progress(total: int, desc: str, enabled: bool):
+    """A tqdm progress bar over ``total`` code frames, on stderr."""
+    try:
+        from tqdm import tqdm
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise CliError("the progress bar needs tqdm: pip install 'mimi_py[audio]'") from e
+    return tqdm(total=total, desc=desc, unit="frame", disable=not enabled, file=sys.stderr, leave=True)
 
 
 def _codec(args) -> MimiCodec:
-    kw = {"device": args.device}
-    if getattr(args, "num_codebooks", None):
-        kw["num_codebooks"] = args.num_codebooks
     if args.weights is None:
         print(
             "note: no --weights given: using seeded random weights (the output is noise); "
-            "pass --weights PATH to kyutai/mimi's model.safetensors for real use",
+            "pass --weights hf:kyutai/mimi (or a path to kyutai/mimi's files) for real use",
             file=sys.stderr,
         )
-        return MimiCodec(None, seed=0, **kw)
-    return MimiCodec(args.weights, **kw)
+    return load_codec(args.weights, num_codebooks=getattr(args, "num_codebooks", None), device=args.device)
 
 
 def encode(args) -> None:
@@ -98,14 +84,13 @@ def encode(args) -> None:
     n = -(-len(mono) // fs) * fs
     mono = np.pad(mono, (0, n - len(mono)))
     chunk = int(CHUNK_SECONDS * codec.sample_rate) // fs * fs
-    bar = Progress(n, "encode", args.progress)
     out = []
-    for s in range(0, n, chunk):
-        codes = codec.encode_step(mono[None, None, s : s + chunk])
-        if codes is not None:
-            out.append(codes)
-        bar.update(min(s + chunk, n))
-    bar.close()
+    with _progress(n // fs, "encode", args.progress) as bar:
+        for s in range(0, n, chunk):
+            codes = codec.encode_step(mono[None, None, s : s + chunk])
+            if codes is not None:
+                out.append(codes)
+                bar.update(codes.shape[-1])
     codes = np.concatenate(out, axis=-1) if out else np.zeros((1, codec.num_codebooks, 0), np.uint32)
     np.save(args.output, codes)
     print(
@@ -129,14 +114,13 @@ def decode(args) -> None:
     args.num_codebooks = codes.shape[1]
     codec = _codec(args)
     step = int(CHUNK_SECONDS * codec.frame_rate)
-    bar = Progress(codes.shape[-1], "decode", args.progress)
     out = []
-    for s in range(0, codes.shape[-1], step):
-        pcm = codec.decode_step(codes[..., s : s + step])
-        if pcm is not None:
-            out.append(pcm[0, 0])
-        bar.update(min(s + step, codes.shape[-1]))
-    bar.close()
+    with _progress(codes.shape[-1], "decode", args.progress) as bar:
+        for s in range(0, codes.shape[-1], step):
+            pcm = codec.decode_step(codes[..., s : s + step])
+            if pcm is not None:
+                out.append(pcm[0, 0])
+            bar.update(min(step, codes.shape[-1] - s))
     pcm = np.concatenate(out) if out else np.zeros(0, np.float32)
     sf.write(args.output, pcm, codec.sample_rate, subtype=args.subtype)
     print(f"{args.output}: {len(pcm) / codec.sample_rate:.2f} s at {codec.sample_rate} Hz", file=sys.stderr)
@@ -159,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument(
             "--weights",
             default=None,
-            help="kyutai/mimi model.safetensors, its directory, or a moshi checkpoint",
+            help="hf:REPO_ID[@REVISION][:FILENAME] (e.g. hf:kyutai/mimi, from the Hugging Face Hub or its "
+            "cache; needs mimi_py[hub]), or a path: kyutai/mimi's model.safetensors, its directory, or a "
+            "moshi checkpoint (default: seeded random weights)",
         )
         q.add_argument("--device", default="cpu")
         q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
