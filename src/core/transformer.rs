@@ -27,6 +27,18 @@ fn block_len(context: usize) -> usize {
     context.max(64)
 }
 
+/// Maximal runs of adjacent batch rows in sorted `rows`: `(index in rows, first row, length)`.
+fn adjacent_runs(rows: &[usize]) -> Vec<(usize, usize, usize)> {
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        match runs.last_mut() {
+            Some((_, r0, len)) if *r0 + *len == r => *len += 1,
+            _ => runs.push((i, r, 1)),
+        }
+    }
+    runs
+}
+
 struct Attention {
     /// q, k and v projections fused into one `(3d, d)` matmul.
     qkv: Linear,
@@ -163,24 +175,41 @@ struct LayerCache {
     v: Tensor,
 }
 
-/// The streaming state: the absolute position and the last `context` keys/values of each
-/// layer (allocated at the first call, when the batch size is known).
+impl LayerCache {
+    /// The buffers of batch row `r` alone: views of the same storage, so writes land in it.
+    fn row(&self, r: usize) -> Result<LayerCache> {
+        Ok(LayerCache {
+            k: self.k.narrow(0, r, 1)?,
+            v: self.v.narrow(0, r, 1)?,
+        })
+    }
+}
+
+/// The streaming state: each row's position (steps since its own start or reset) and the last
+/// `context` keys/values of each layer (allocated at the first call, when the batch size is
+/// known). A row's ring slots past its position hold stale values that no query reads, so a
+/// per-row reset only sets that row's position to 0.
 #[derive(Clone, Default)]
 pub struct State {
-    pos: u64,
-    batch: usize,
+    pos: Vec<u64>,
     caches: Vec<LayerCache>,
 }
 
 impl State {
-    /// Time steps consumed since the start of the stream.
+    /// The stream's position: its rows' largest (all rows share it unless some were reset
+    /// on their own or stepped with an `active` mask).
     pub fn position(&self) -> u64 {
-        self.pos
+        self.pos.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Each row's steps since its own start or reset (empty before the first call).
+    pub fn positions(&self) -> &[u64] {
+        &self.pos
     }
 
     /// The batch size of the current stream, if one was started.
     pub fn batch(&self) -> Option<usize> {
-        (!self.caches.is_empty()).then_some(self.batch)
+        (!self.caches.is_empty()).then_some(self.pos.len())
     }
 
     /// Bytes held by the key/value buffers.
@@ -191,11 +220,22 @@ impl State {
             .sum()
     }
 
+    /// A fresh stream: any batch size may follow.
     pub fn reset(&mut self) {
         *self = State::default();
     }
 
-    /// An independent copy: new buffers, same contents and position.
+    /// Returns `rows` (indices below the batch size) to the start of a stream; the other
+    /// rows continue untouched.
+    pub fn reset_rows(&mut self, rows: &[usize]) {
+        for &r in rows {
+            if let Some(p) = self.pos.get_mut(r) {
+                *p = 0;
+            }
+        }
+    }
+
+    /// An independent copy: new buffers, same contents and positions.
     pub fn deep_copy(&self) -> Result<State> {
         let caches = self
             .caches
@@ -208,8 +248,7 @@ impl State {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(State {
-            pos: self.pos,
-            batch: self.batch,
+            pos: self.pos.clone(),
             caches,
         })
     }
@@ -300,6 +339,42 @@ impl Transformer {
         crate::core::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
     }
 
+    /// Runs `xs` (rows.len(), time, d_model) for the batch rows `rows` only (sorted, distinct,
+    /// below the batch size), each continuing its own stream; the other rows are untouched.
+    pub fn forward_rows(&self, state: &mut State, xs: &Tensor, rows: &[usize]) -> Result<Tensor> {
+        crate::core::kernels::in_pool(|| {
+            let (b, t, _) = xs.dims3()?;
+            if t == 0 || b == 0 {
+                return Ok(xs.clone());
+            }
+            match state.batch() {
+                Some(batch) if rows.len() == batch => self.forward_cancellable(state, xs, None),
+                Some(_) if t == 1 => self.step_rows(state, xs, rows),
+                Some(_) => self.per_row(state, xs, rows, None),
+                None => candle::bail!("forward_rows needs a started stream"),
+            }
+        })
+    }
+
+    /// Allocates the buffers for batch size `b` at the first call (no-op afterwards).
+    pub fn start(&self, state: &mut State, b: usize) -> Result<()> {
+        if !state.caches.is_empty() {
+            return Ok(());
+        }
+        let c = &self.cfg;
+        let shape = (b, c.num_heads, c.context, c.head_dim());
+        state.caches = (0..self.layers.len())
+            .map(|_| {
+                Ok(LayerCache {
+                    k: Tensor::zeros(shape, self.dtype, &self.device)?,
+                    v: Tensor::zeros(shape, self.dtype, &self.device)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        state.pos = vec![0; b];
+        Ok(())
+    }
+
     /// `forward`, stopping between blocks of `block_len` steps once `cancel` is set.
     pub fn forward_cancellable(
         &self,
@@ -311,30 +386,64 @@ impl Transformer {
         if t == 0 {
             return Ok(xs.clone());
         }
-        if state.caches.is_empty() {
-            let c = &self.cfg;
-            let shape = (b, c.num_heads, c.context, c.head_dim());
-            state.caches = (0..self.layers.len())
-                .map(|_| {
-                    Ok(LayerCache {
-                        k: Tensor::zeros(shape, self.dtype, &self.device)?,
-                        v: Tensor::zeros(shape, self.dtype, &self.device)?,
-                    })
-                })
+        self.start(state, b)?;
+        let pos = state.pos[0];
+        if state.pos.iter().any(|&p| p != pos) {
+            let rows: Vec<usize> = (0..b).collect();
+            return match t {
+                1 => self.step_rows(state, xs, &rows),
+                _ => self.per_row(state, xs, &rows, cancel),
+            };
+        }
+        let ys = self.blocks(pos, &state.caches, xs, cancel)?;
+        state.pos.iter_mut().for_each(|p| *p += t as u64);
+        Ok(ys)
+    }
+
+    /// Rows at different positions, one at a time (each a batch of one over its own view of
+    /// the buffers). Used for chunks of several steps; single steps are batched.
+    fn per_row(
+        &self,
+        state: &mut State,
+        xs: &Tensor,
+        rows: &[usize],
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Tensor> {
+        let t = xs.dim(1)?;
+        let mut ys = Vec::with_capacity(rows.len());
+        for (i, &r) in rows.iter().enumerate() {
+            let views = state
+                .caches
+                .iter()
+                .map(|c| c.row(r))
                 .collect::<Result<Vec<_>>>()?;
-            state.batch = b;
+            ys.push(self.blocks(state.pos[r], &views, &xs.narrow(0, i, 1)?, cancel)?);
+            state.pos[r] += t as u64;
         }
+        Tensor::cat(&ys, 0)
+    }
+
+    /// All rows at position `pos`: the input in blocks of `block_len` steps.
+    fn blocks(
+        &self,
+        pos: u64,
+        caches: &[LayerCache],
+        xs: &Tensor,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Tensor> {
+        let t = xs.dim(1)?;
         let block = block_len(self.cfg.context);
-        if t <= block {
-            return self.forward_block(state, xs);
-        }
         let mut outs = Vec::with_capacity(t.div_ceil(block));
         let mut start = 0;
         while start < t {
             crate::core::error::check_cancel(cancel)?;
             let len = block.min(t - start);
-            outs.push(self.forward_block(state, &xs.narrow(1, start, len)?)?);
+            let p = pos + start as u64;
+            outs.push(self.forward_block(p, caches, &xs.narrow(1, start, len)?)?);
             start += len;
+        }
+        if outs.len() == 1 {
+            return Ok(outs.remove(0));
         }
         Tensor::cat(&outs, 1)
     }
@@ -418,11 +527,152 @@ impl Transformer {
         }
     }
 
-    fn forward_block(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+    /// Scaled queries, keys and values of `xs` (b, t, d) as (b, heads, t, head_dim), with
+    /// the rotary angles `rope` applied.
+    fn project(
+        &self,
+        layer: &Layer,
+        xs: &Tensor,
+        rope: Option<&(Tensor, Tensor)>,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t, _) = xs.dims3()?;
+        let (h, hd) = (self.cfg.num_heads, self.cfg.head_dim());
+        let qkv = xs
+            .apply(&layer.norm1)?
+            .apply(&layer.attn.qkv)?
+            .reshape((b, t, 3, h, hd))?
+            .permute((2, 0, 3, 1, 4))?
+            .contiguous()?;
+        let (mut q, mut k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
+        if let Some((cos, sin)) = rope {
+            q = self.rope(&q, cos, sin)?;
+            k = self.rope(&k, cos, sin)?;
+        }
+        Ok(((q * (hd as f64).powf(-0.5))?, k, v))
+    }
+
+    /// The rest of a layer once attention gave `attn` (b, heads, t, head_dim): the output
+    /// projection, layer scale and residual, then the MLP block with its own.
+    fn finish_layer(&self, layer: &Layer, xs: Tensor, attn: &Tensor) -> Result<Tensor> {
+        let (b, _, t, _) = attn.dims4()?;
+        let attn = attn
+            .transpose(1, 2)?
+            .reshape((b, t, self.cfg.d_model))?
+            .apply(&layer.attn.out)?;
+        let attn = match &layer.ls1 {
+            Some(ls) => ls.forward(&attn)?,
+            None => attn,
+        };
+        let xs = (xs + attn)?;
+        let ff = xs.apply(&layer.norm2)?.apply(&layer.mlp)?;
+        let ff = match &layer.ls2 {
+            Some(ls) => ls.forward(&ff)?,
+            None => ff,
+        };
+        xs + ff
+    }
+
+    /// Positions for one step of rows at `pos` (one each): the rotary tables (n, 1, hd/2), or
+    /// `xs` (n, 1, d) with its sinusoidal embeddings added.
+    fn embed_rows(&self, pos: &[u64], xs: &Tensor) -> Result<(Option<(Tensor, Tensor)>, Tensor)> {
+        match self.cfg.positional_embedding {
+            PositionalEmbedding::Rope => {
+                let tables = pos
+                    .iter()
+                    .map(|&p| self.rope_tables(p, 1))
+                    .collect::<Result<Vec<_>>>()?;
+                let (cos, sin): (Vec<_>, Vec<_>) = tables.into_iter().unzip();
+                let rope = (Tensor::stack(&cos, 0)?, Tensor::stack(&sin, 0)?);
+                Ok((Some(rope), xs.clone()))
+            }
+            PositionalEmbedding::Sin => {
+                let e = pos
+                    .iter()
+                    .map(|&p| self.sin_embedding(p, 1))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((None, xs.broadcast_add(&Tensor::stack(&e, 0)?)?))
+            }
+            PositionalEmbedding::None => Ok((None, xs.clone())),
+        }
+    }
+
+    /// Additive mask (n, 1, 1, context) over whole rings for rows that just wrote position
+    /// `p` at slot `p % context`: a row younger than the ring sees only slots `0..=p` (the
+    /// others hold nothing, or stale values from before a reset). `None` if all rings are
+    /// full.
+    fn ring_mask(&self, pos: &[u64]) -> Result<Option<Tensor>> {
+        let c = self.cfg.context as u64;
+        if pos.iter().all(|&p| p + 1 >= c) {
+            return Ok(None);
+        }
+        let mask: Vec<f32> = pos
+            .iter()
+            .flat_map(|&p| {
+                (0..c).map(move |j| {
+                    if p + 1 >= c || j <= p {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (pos.len(), 1, 1, c as usize), &self.device)?;
+        Some(mask.to_dtype(self.dtype)).transpose()
+    }
+
+    /// One step (t = 1) for the batch rows `rows`, each at its own position. The products
+    /// are batched over the rows; attention runs over each run of adjacent rows' whole rings,
+    /// masked to the slots that hold each row's last `context` positions.
+    fn step_rows(&self, state: &mut State, xs: &Tensor, rows: &[usize]) -> Result<Tensor> {
+        let c = self.cfg.context as u64;
+        let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
+        let (rope, mut xs) = self.embed_rows(&pos, xs)?;
+        let runs = adjacent_runs(rows);
+        let masks = runs
+            .iter()
+            .map(|&(i0, _, len)| self.ring_mask(&pos[i0..i0 + len]))
+            .collect::<Result<Vec<_>>>()?;
+        for (layer, cache) in self.layers.iter().zip(&state.caches) {
+            let (q, k, v) = self.project(layer, &xs, rope.as_ref())?;
+            for (i, (&r, &p)) in rows.iter().zip(&pos).enumerate() {
+                let slot = (p % c) as usize;
+                cache
+                    .k
+                    .narrow(0, r, 1)?
+                    .slice_set(&k.narrow(0, i, 1)?, 2, slot)?;
+                cache
+                    .v
+                    .narrow(0, r, 1)?
+                    .slice_set(&v.narrow(0, i, 1)?, 2, slot)?;
+            }
+            let mut outs = Vec::with_capacity(runs.len());
+            for (&(i0, r0, len), mask) in runs.iter().zip(&masks) {
+                let keys = cache.k.narrow(0, r0, len)?;
+                let vals = cache.v.narrow(0, r0, len)?;
+                let scores = q.narrow(0, i0, len)?.matmul(&keys.t()?)?;
+                let scores = match mask {
+                    Some(m) => scores.broadcast_add(m)?,
+                    None => scores,
+                };
+                outs.push(candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?);
+            }
+            let attn = match outs.len() {
+                1 => outs.remove(0),
+                _ => Tensor::cat(&outs, 0)?,
+            };
+            xs = self.finish_layer(layer, xs, &attn)?;
+        }
+        rows.iter().for_each(|&r| state.pos[r] += 1);
+        Ok(xs)
+    }
+
+    /// One block of `t` steps for rows that all stand at `pos`, over their buffers `caches`
+    /// (written in place).
+    fn forward_block(&self, pos: u64, caches: &[LayerCache], xs: &Tensor) -> Result<Tensor> {
         let cfg = &self.cfg;
-        let (b, t, d) = xs.dims3()?;
-        let (h, hd, c) = (cfg.num_heads, cfg.head_dim(), cfg.context);
-        let pos = state.pos;
+        let t = xs.dim(1)?;
+        let c = cfg.context;
         let cpos = c as u64;
         let rope = match cfg.positional_embedding {
             PositionalEmbedding::Rope => Some(self.rope_tables(pos, t)?),
@@ -438,22 +688,10 @@ impl Transformer {
         } else {
             None
         };
-        let scale = (hd as f64).powf(-0.5);
         // New keys/values to write into the rings once every layer succeeded (t > 1).
         let mut pending: Vec<(Tensor, Tensor)> = Vec::new();
-        for (layer, cache) in self.layers.iter().zip(state.caches.iter()) {
-            let normed = xs.apply(&layer.norm1)?;
-            let qkv = normed
-                .apply(&layer.attn.qkv)?
-                .reshape((b, t, 3, h, hd))?
-                .permute((2, 0, 3, 1, 4))?
-                .contiguous()?;
-            let (mut q, mut k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
-            if let Some((cos, sin)) = &rope {
-                q = self.rope(&q, cos, sin)?;
-                k = self.rope(&k, cos, sin)?;
-            }
-            let q = (q * scale)?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter()) {
+            let (q, k, v) = self.project(layer, &xs, rope.as_ref())?;
             let attn = if t == 1 {
                 // Slot pos % C holds position pos - C, which no query from pos on needs,
                 // so writing before the other layers ran is safe.
@@ -484,24 +722,10 @@ impl Transformer {
                 pending.push((k.narrow(2, t - m, m)?, v.narrow(2, t - m, m)?));
                 w.matmul(&vals)?
             };
-            let attn = attn
-                .transpose(1, 2)?
-                .reshape((b, t, d))?
-                .apply(&layer.attn.out)?;
-            let attn = match &layer.ls1 {
-                Some(ls) => ls.forward(&attn)?,
-                None => attn,
-            };
-            xs = (xs + attn)?;
-            let ff = xs.apply(&layer.norm2)?.apply(&layer.mlp)?;
-            let ff = match &layer.ls2 {
-                Some(ls) => ls.forward(&ff)?,
-                None => ff,
-            };
-            xs = (xs + ff)?;
+            xs = self.finish_layer(layer, xs, &attn)?;
         }
         // Commit the new keys/values: positions pos+t-m .. pos+t-1 into their slots.
-        for (cache, (k, v)) in state.caches.iter().zip(pending) {
+        for (cache, (k, v)) in caches.iter().zip(pending) {
             let m = k.dim(2)?;
             let start = ((pos + (t - m) as u64) % cpos) as usize;
             let first = m.min(c - start);
@@ -512,7 +736,6 @@ impl Transformer {
                 }
             }
         }
-        state.pos += t as u64;
         Ok(xs)
     }
 }
@@ -666,6 +889,62 @@ mod tests {
             let y = Tensor::cat(&outs, 1).unwrap();
             let diff = max_abs_diff(&y, &steps);
             assert!(diff < 1e-5, "chunks {chunks:?}: max abs diff {diff}");
+        }
+    }
+
+    /// Rows stepped with masks, reset on their own and fed chunks of several steps behave
+    /// exactly like independent single-row streams fed only their own inputs.
+    #[test]
+    fn rows_are_independent_streams() {
+        for pe in ["rope", "sin"] {
+            let cfg = small_cfg(pe, "layer_norm", None, 4);
+            let dev = Device::Cpu;
+            let w = weights::load_transformer_only(
+                &cfg,
+                &TensorSource::seeded(3, cfg.layer_scale),
+                &spec(&dev),
+            )
+            .unwrap();
+            let model = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();
+            let (b, d) = (3, cfg.d_model);
+            let mut batched = State::default();
+            let mut single: Vec<State> = (0..b).map(|_| State::default()).collect();
+            // (active rows, steps, rows reset before the call)
+            let schedule: [(&[usize], usize, &[usize]); 9] = [
+                (&[0, 1, 2], 2, &[]),
+                (&[0, 2], 1, &[]),
+                (&[1], 3, &[]),
+                (&[0, 1, 2], 1, &[1]),
+                (&[0, 2], 1, &[2]),
+                (&[0, 1, 2], 5, &[]),
+                (&[1, 2], 1, &[0]),
+                (&[0, 1, 2], 1, &[]),
+                (&[0, 1], 2, &[2]),
+            ];
+            for (call, &(rows, t, resets)) in schedule.iter().enumerate() {
+                batched.reset_rows(resets);
+                for &r in resets {
+                    single[r].reset();
+                }
+                let x =
+                    Tensor::from_vec(test_input(b, t, d, call as u64), (b, t, d), &dev).unwrap();
+                let idx =
+                    Tensor::new(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), &dev).unwrap();
+                let xs = x.index_select(&idx, 0).unwrap();
+                let ys = if call == 0 {
+                    model.forward(&mut batched, &xs).unwrap()
+                } else {
+                    model.forward_rows(&mut batched, &xs, rows).unwrap()
+                };
+                for (i, &r) in rows.iter().enumerate() {
+                    let alone = model
+                        .forward(&mut single[r], &x.narrow(0, r, 1).unwrap())
+                        .unwrap();
+                    let diff = max_abs_diff(&ys.narrow(0, i, 1).unwrap(), &alone);
+                    assert!(diff < 1e-5, "{pe} call {call} row {r}: max abs diff {diff}");
+                    assert_eq!(batched.positions()[r], single[r].position());
+                }
+            }
         }
     }
 }

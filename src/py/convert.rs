@@ -147,14 +147,48 @@ pub fn read_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray
 /// `read_f32`, refusing NaN and Inf.
 pub fn read_f32_finite(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
     let host = read_f32(a, what)?;
-    if let Some(i) = host.data.iter().position(|v| !v.is_finite()) {
-        return Err(Error::InvalidInput(format!(
+    check_finite(&host, None, what)?;
+    Ok(host)
+}
+
+/// Refuses NaN and Inf in the batch rows `rows` of `host` (all rows if `None`): inactive
+/// rows of a masked step may hold anything.
+pub fn check_finite(host: &HostArray, rows: Option<&[usize]>, what: &str) -> Result<()> {
+    let row_len = host.shape[1..].iter().product::<usize>();
+    let bad = |r: usize| {
+        let row = &host.data[r * row_len..(r + 1) * row_len];
+        row.iter()
+            .position(|v| !v.is_finite())
+            .map(|i| r * row_len + i)
+    };
+    let first = match rows {
+        Some(rows) => rows.iter().find_map(|&r| bad(r)),
+        None => (0..host.shape.first().copied().unwrap_or(0)).find_map(bad),
+    };
+    match first {
+        Some(i) => Err(Error::InvalidInput(format!(
             "{what} contains NaN or Inf (first at flat index {i}); mimi_py refuses non-finite \
              inputs because they would silently poison the stream"
-        ))
-        .into());
+        ))),
+        None => Ok(()),
     }
-    Ok(host)
+}
+
+/// The batch rows `rows` of a C-ordered `(batch, ...)` buffer, in that order.
+pub fn select_rows(data: &[f32], row_len: usize, rows: &[usize]) -> Vec<f32> {
+    rows.iter()
+        .flat_map(|&r| data[r * row_len..(r + 1) * row_len].iter().copied())
+        .collect()
+}
+
+/// A `(batch, ...)` buffer of zeros with the rows `rows` taken from `data` (their rows in
+/// order): the output of a masked step.
+pub fn scatter_rows(data: &[f32], row_len: usize, rows: &[usize], batch: usize) -> Vec<f32> {
+    let mut out = vec![0f32; batch * row_len];
+    for (i, &r) in rows.iter().enumerate() {
+        out[r * row_len..(r + 1) * row_len].copy_from_slice(&data[i * row_len..(i + 1) * row_len]);
+    }
+    out
 }
 
 /// Moves a C-ordered vector (float32 audio, uint32 codes) into a new numpy array, no copy.

@@ -12,6 +12,7 @@ use crate::core::weights::{self, LoadSpec, QkLayout, TensorSource};
 use crate::py::config::{self as pyconfig, PyTransformerConfig};
 use crate::py::convert;
 use crate::py::guard::{self, Detached, Reset, Shared};
+use crate::py::rows;
 use crate::py::weights::WeightsArg;
 use candle::{DType, Tensor};
 use pyo3::exceptions::PyTypeError;
@@ -56,6 +57,26 @@ fn call_memory(cfg: &TransformerConfig, shape: &[usize]) -> u64 {
     )
 }
 
+/// A masked step: the rows `rows` of `data` (shape `(b, t, d)`) continue their streams; the
+/// output holds zeros in the other rows.
+fn step_rows(
+    model: &Transformer,
+    st: &mut State,
+    data: &[f32],
+    (b, t, d): (usize, usize, usize),
+    rows: &[usize],
+) -> Result<Vec<f32>> {
+    model.start(st, b)?;
+    if rows.is_empty() || t == 0 {
+        return Ok(vec![0.0; b * t * d]);
+    }
+    let picked = convert::select_rows(data, t * d, rows);
+    let xs = Tensor::from_vec(picked, (rows.len(), t, d), model.device())?;
+    let ys = model.forward_rows(st, &xs.to_dtype(model.dtype())?, rows)?;
+    let ys = ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(convert::scatter_rows(&ys, t * d, rows, b))
+}
+
 impl PyStreamingTransformer {
     fn check_input(&self, shape: &[usize]) -> Result<()> {
         let d = self.config.d_model;
@@ -68,18 +89,25 @@ impl PyStreamingTransformer {
         Ok(())
     }
 
-    /// Converts, validates and runs one call.
-    fn run<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// Converts, validates and runs one call; with `active`, only those rows step.
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        active: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let arr = convert::as_ndarray(x, "x")?;
         convert::check_float(&arr, "x")?;
         let shape = convert::shape_of(&arr);
         self.check_input(&shape)?;
+        let active = rows::active(active, shape[0])?;
         device::check_memory(
             call_memory(&self.config, &shape),
             "this call",
             "split the input into shorter chunks (results do not depend on chunking)",
         )?;
-        let host = convert::read_f32_finite(&arr, "x")?;
+        let host = convert::read_f32(&arr, "x")?;
+        convert::check_finite(&host, active.as_deref(), "x")?;
         let (model, state) = (self.model.clone(), &self.state);
         let (data, shape) = guard::detached(py, move |d| {
             let mut st = state.lock(d)?;
@@ -90,11 +118,14 @@ impl PyStreamingTransformer {
                      size {b}; call reset_state() before streaming another batch size"
                 )));
             }
-            let xs =
-                Tensor::from_vec(host.data, (b, t, dm), model.device())?.to_dtype(model.dtype())?;
-            let ys = model.forward(&mut st, &xs)?;
-            drop(st);
-            let data = ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let data = match active {
+                None => {
+                    let xs = Tensor::from_vec(host.data, (b, t, dm), model.device())?;
+                    let ys = model.forward(&mut st, &xs.to_dtype(model.dtype())?)?;
+                    ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?
+                }
+                Some(rows) => step_rows(&model, &mut st, &host.data, (b, t, dm), &rows)?,
+            };
             Ok((data, vec![b, t, dm]))
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
@@ -201,29 +232,47 @@ impl PyStreamingTransformer {
     /// stream; returns a new float32 array of the same shape. Any real floating dtype and
     /// any memory layout is accepted.
     fn forward<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        self.run(py, x)
+        self.run(py, x, None)
     }
 
     /// Like ``forward``; ``step(None)`` returns ``None`` (an empty stream step).
-    #[pyo3(signature = (x))]
+    ///
+    /// ``active``: a boolean array of shape ``(batch,)``. Only the rows where it is True step;
+    /// the others keep their state bit for bit, whatever ``x`` holds there, and their output
+    /// rows are zeros. Each row continues its own stream at its own position.
+    #[pyo3(signature = (x, *, active=None))]
     fn step<'py>(
         &self,
         py: Python<'py>,
         x: Option<&Bound<'py, PyAny>>,
+        active: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match x {
             None => Ok(None),
-            Some(x) => self.run(py, x).map(Some),
+            Some(x) => self.run(py, x, active).map(Some),
         }
     }
 
     /// Starts a fresh stream: afterwards the transformer behaves exactly like a newly built
     /// one with the same weights (position 0, empty history, any batch size).
-    fn reset_state(&self, py: Python<'_>) -> PyResult<()> {
+    ///
+    /// ``rows`` (row indices or a boolean mask over the batch) resets only those rows: each
+    /// starts a fresh stream at position 0, and the other rows continue untouched.
+    #[pyo3(signature = (rows=None))]
+    fn reset_state(&self, py: Python<'_>, rows: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let rows = rows::rows(rows)?;
         let state = &self.state;
-        guard::detached(py, |d| {
-            state.reset(d);
-            Ok(())
+        guard::detached(py, |d| match rows {
+            None => {
+                state.reset(d);
+                Ok(())
+            }
+            Some(rows) => {
+                let mut st = state.lock(d)?;
+                let rows = rows::resolve(&rows, st.batch())?;
+                st.reset_rows(&rows);
+                Ok(())
+            }
         })
     }
 
@@ -333,11 +382,23 @@ impl PyStreamingTransformer {
         self.dtype_name
     }
 
-    /// Time steps consumed since construction or the last ``reset_state()``.
+    /// Time steps consumed since construction or the last ``reset_state()``. For a batch whose
+    /// rows were reset or masked on their own, the largest of ``positions``.
     #[getter]
     fn position(&self, py: Python<'_>) -> PyResult<u64> {
         let state = &self.state;
         guard::detached(py, |d| Ok(state.lock(d)?.position()))
+    }
+
+    /// Each row's steps since its own start or ``reset_state``, int64 of shape ``(batch,)``
+    /// (empty before the first call).
+    #[getter]
+    fn positions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let state = &self.state;
+        let pos = guard::detached(py, |d| Ok(state.lock(d)?.positions().to_vec()))?;
+        let pos: Vec<i64> = pos.into_iter().map(|p| p as i64).collect();
+        let n = pos.len();
+        Ok(convert::to_numpy(py, pos, &[n])?)
     }
 
     /// Batch size of the current stream, or ``None`` before the first call.
