@@ -113,3 +113,137 @@ def test_positions_start_empty_and_count_each_rows_steps():
     assert t.position == 2
     t.reset_state()
     assert t.positions.shape == (0,) and t.batch_size is None
+
+
+# ---------------------------------------------------------------- codec
+
+
+def small_codec():
+    import json
+
+    from fixtures import CODEC_DIR
+
+    cfg = mimi_py.CodecConfig(**json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text()))
+    return mimi_py.MimiCodec(CODEC_DIR / "mimi_small.safetensors", config=cfg)
+
+
+@pytest.fixture(scope="module")
+def codecs():
+    return [small_codec() for _ in range(6)]
+
+
+def codec_ops(batch, frame):
+    mask = st.lists(st.booleans(), min_size=batch, max_size=batch)
+    frames = st.integers(0, 2).map(lambda n: n * frame)
+    step = st.tuples(st.just("step"), mask, frames)
+    reset = st.tuples(st.just("reset"), mask, st.just(0))
+    return st.lists(st.one_of(step, step, step, reset), min_size=1, max_size=6)
+
+
+@SETTINGS
+@given(data=st.data(), batch=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_each_codec_row_is_an_independent_stream(codecs, data, batch, seed):
+    batched, alone = codecs[0], codecs[1 : 1 + batch]
+    for c in codecs:
+        c.reset_state()
+    rng = np.random.default_rng(seed)
+    f, k = batched.frame_size, batched.num_codebooks
+    for kind, mask, n in data.draw(codec_ops(batch, f), "ops"):
+        active = np.array(mask, dtype=bool)
+        if kind == "reset":
+            batched.reset_state(rows=np.flatnonzero(active))
+            for r in np.flatnonzero(active):
+                alone[r].reset_state()
+            continue
+        pcm = (rng.standard_normal((batch, 1, n)) * 0.1).astype(np.float32)
+        pcm[~active] = np.nan  # inactive rows may hold anything
+        codes = batched.encode_step(pcm, active=active)
+        bad = rng.integers(-5, 10**6, size=(batch, k, n // f))
+        fed = np.where(active[:, None, None], codes if codes is not None else bad, bad)
+        audio = batched.decode_step(fed, active=active)
+        assert (codes is None) == (audio is None) == (n == 0)
+        for r in range(batch):
+            if not active[r]:
+                assert codes is None or not codes[r].any()
+                assert audio is None or not audio[r].any()
+                continue
+            ref = alone[r].encode_step(pcm[r : r + 1])
+            if codes is None:
+                assert ref is None
+                continue
+            np.testing.assert_array_equal(codes[r : r + 1], ref)
+            np.testing.assert_allclose(audio[r : r + 1], alone[r].decode_step(ref), atol=1e-5, rtol=1e-5)
+    frames = [a.positions[0] if a.positions.size else 0 for a in alone]
+    assert list(batched.positions) == frames or batched.positions.size == 0
+
+
+def test_masked_codec_steps_take_whole_frames_and_rejected_calls_change_nothing():
+    c, control = small_codec(), small_codec()
+    f = c.frame_size
+    pcm = (np.random.default_rng(3).standard_normal((2, 1, 2 * f)) * 0.1).astype(np.float32)
+    c.encode_step(pcm)
+    control.encode_step(pcm)
+    with pytest.raises(mimi_py.ShapeError, match="whole number of frames"):
+        c.encode_step(pcm[:, :, :100], active=np.array([True, False]))
+    with pytest.raises(mimi_py.ShapeError, match="active"):
+        c.encode_step(pcm, active=np.array([True]))
+    bad = np.full((2, c.num_codebooks, 1), 7)
+    bad[0, 0, 0] = 10**9
+    with pytest.raises(mimi_py.InvalidInputError):
+        c.decode_step(bad, active=np.array([True, True]))
+    np.testing.assert_array_equal(c.encode_step(pcm), control.encode_step(pcm))
+
+
+def test_after_a_row_reset_uneven_partial_frames_need_whole_frame_chunks():
+    c = small_codec()
+    f = c.frame_size
+    pcm = (np.random.default_rng(4).standard_normal((2, 1, f + 100)) * 0.1).astype(np.float32)
+    c.encode_step(pcm)
+    c.reset_state(rows=[1])
+    with pytest.raises(mimi_py.ShapeError, match="partial frames"):
+        c.encode_step(pcm)
+    assert list(c.positions) == [1, 0]
+    c.encode_step(pcm[:, :, :f])
+    assert list(c.positions) == [2, 1]
+
+
+# ---------------------------------------------------------------- codec forks
+
+
+def test_a_codec_fork_continues_exactly_and_independently():
+    c = small_codec()
+    rng = np.random.default_rng(5)
+    f = c.frame_size
+    first = (rng.standard_normal((2, 1, f + 700)) * 0.1).astype(np.float32)
+    c.encode_step(first)
+    c.decode_step(c.encode(first))
+    fork = c.clone()
+    other = small_codec()
+    other.copy_state(c)
+    more = (rng.standard_normal((2, 1, 3 * f)) * 0.1).astype(np.float32)
+    codes = rng.integers(0, c.cardinality, size=(2, c.num_codebooks, 2))
+    expect = (c.encode_step(more), c.decode_step(codes))
+    for copy in (fork, other):
+        got = (copy.encode_step(more), copy.decode_step(codes))
+        np.testing.assert_array_equal(got[0], expect[0])
+        np.testing.assert_array_equal(got[1], expect[1])
+    # independent: stepping the original again does not move the fork
+    c.encode_step(more)
+    assert list(fork.positions) == list(c.positions - 3)
+
+
+def test_copying_a_codec_state_checks_config_and_batch():
+    c = small_codec()
+    seeded = mimi_py.MimiCodec(config=c.config, seed=1)
+    other = mimi_py.MimiCodec(config=c.config.replace(quantizer_n_q=2), seed=1)
+    with pytest.raises(mimi_py.IncompatibleStateError, match="config"):
+        seeded.copy_state(other)
+    with pytest.raises(mimi_py.IncompatibleStateError, match="layout"):
+        seeded.copy_state(c)
+    a, b = small_codec(), small_codec()
+    f = a.frame_size
+    a.encode_step(np.zeros((2, 1, f), np.float32))
+    b.encode_step(np.zeros((3, 1, f), np.float32))
+    with pytest.raises(mimi_py.IncompatibleStateError, match="batch"):
+        a.copy_state(b)
+    assert list(a.positions) == [1, 1]

@@ -315,11 +315,13 @@ enum EncodeConvs {
     Candle(SeaNetEncoder, ConvDownsample1d),
 }
 
-/// Streaming encoder state: SEANet and downsampling buffers, and the transformer's state.
+/// Streaming encoder state: SEANet and downsampling buffers, the transformer's state, and
+/// each row's samples since its own start or reset.
 pub struct EncodeStream {
     convs: EncodeConvs,
     tr: State,
     batch: Option<usize>,
+    samples: Vec<u64>,
 }
 
 enum DecodeConvs {
@@ -331,22 +333,121 @@ enum DecodeConvs {
     Candle(Vec<(ConvTrUpsample1d, SeaNetDecoder)>),
 }
 
-/// Streaming decoder state.
+/// Streaming decoder state, with each row's frames since its own start or reset.
 pub struct DecodeStream {
     convs: DecodeConvs,
     tr: State,
     batch: Option<usize>,
+    frames: Vec<u64>,
+}
+
+/// Per-row streaming (`active` masks, per-row resets) keeps one state per batch item, which
+/// the native engine does and candle's batched modules do not.
+fn rows_need_native() -> Error {
+    Error::Device(
+        "per-row streaming (active=, reset_state(rows=)) needs the native CPU engine \
+         (device=\"cpu\", float32)"
+            .into(),
+    )
 }
 
 impl EncodeStream {
+    /// The batch size, once the stream has started.
     pub fn batch(&self) -> Option<usize> {
         self.batch
+    }
+
+    /// Each row's audio samples since its own start or reset.
+    pub fn samples(&self) -> &[u64] {
+        &self.samples
+    }
+
+    /// Starts the stream at batch size `b` (no-op once started).
+    pub fn start(&mut self, b: usize) {
+        if self.batch.is_none() {
+            self.batch = Some(b);
+            self.samples = vec![0; b];
+        }
+    }
+
+    /// Returns `rows` to a fresh stream; the other rows continue untouched.
+    pub fn reset_rows(&mut self, rows: &[usize]) -> Result<()> {
+        let EncodeConvs::Native(items) = &mut self.convs else {
+            return Err(rows_need_native());
+        };
+        let n = self.samples.len();
+        for &r in rows.iter().filter(|&&r| r < n) {
+            if let Some(item) = items.get_mut(r) {
+                *item = Default::default();
+            }
+            self.samples[r] = 0;
+        }
+        self.tr.reset_rows(rows);
+        Ok(())
+    }
+
+    /// An independent copy (new buffers, same contents).
+    pub fn deep_copy(&self) -> Result<Self> {
+        let convs = match &self.convs {
+            EncodeConvs::Native(items) => EncodeConvs::Native(items.clone()),
+            EncodeConvs::Candle(e, d) => EncodeConvs::Candle(e.clone(), d.clone()),
+        };
+        Ok(Self {
+            convs,
+            tr: self.tr.deep_copy()?,
+            batch: self.batch,
+            samples: self.samples.clone(),
+        })
     }
 }
 
 impl DecodeStream {
+    /// The batch size, once the stream has started.
     pub fn batch(&self) -> Option<usize> {
         self.batch
+    }
+
+    /// Each row's code frames since its own start or reset.
+    pub fn frames(&self) -> &[u64] {
+        &self.frames
+    }
+
+    /// Starts the stream at batch size `b` (no-op once started).
+    pub fn start(&mut self, b: usize) {
+        if self.batch.is_none() {
+            self.batch = Some(b);
+            self.frames = vec![0; b];
+        }
+    }
+
+    /// Returns `rows` to a fresh stream; the other rows continue untouched.
+    pub fn reset_rows(&mut self, rows: &[usize]) -> Result<()> {
+        let DecodeConvs::Native(items) = &mut self.convs else {
+            return Err(rows_need_native());
+        };
+        let n = self.frames.len();
+        for &r in rows.iter().filter(|&&r| r < n) {
+            if let Some(item) = items.get_mut(r) {
+                *item = Default::default();
+            }
+            self.frames[r] = 0;
+        }
+        self.tr.reset_rows(rows);
+        Ok(())
+    }
+
+    /// An independent copy (new buffers, same contents).
+    pub fn deep_copy(&self) -> Result<Self> {
+        let convs = match &self.convs {
+            DecodeConvs::Native(items) => DecodeConvs::Native(items.clone()),
+            DecodeConvs::Candle(items) => DecodeConvs::Candle(items.clone()),
+        };
+        Ok(Self {
+            convs,
+            tr: self.tr.deep_copy()?,
+            batch: self.batch,
+            frames: self.frames.clone(),
+        })
     }
 }
 
@@ -363,6 +464,23 @@ fn run_transformer_c(
 ) -> Result<Tensor> {
     let x = xs.transpose(1, 2)?.contiguous()?;
     let y = model.forward_cancellable(state, &x, cancel)?;
+    Ok(y.transpose(1, 2)?.contiguous()?)
+}
+
+/// [`run_transformer`] for the batch rows `rows` of a stream of `batch` rows (all rows if
+/// `None`).
+fn run_transformer_rows(
+    model: &Transformer,
+    state: &mut State,
+    xs: &Tensor,
+    rows: Option<(&[usize], usize)>,
+) -> Result<Tensor> {
+    let Some((rows, batch)) = rows else {
+        return run_transformer(model, state, xs);
+    };
+    model.start(state, batch)?;
+    let x = xs.transpose(1, 2)?.contiguous()?;
+    let y = model.forward_rows(state, &x, rows)?;
     Ok(y.transpose(1, 2)?.contiguous()?)
 }
 
@@ -666,6 +784,7 @@ impl Codec {
             convs,
             tr: State::default(),
             batch: None,
+            samples: Vec::new(),
         }
     }
 
@@ -678,16 +797,65 @@ impl Codec {
             convs,
             tr: State::default(),
             batch: None,
+            frames: Vec::new(),
         }
     }
 
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
     /// completed by this chunk (possibly none).
     pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        crate::core::kernels::in_pool(|| match self.latents_step(s, pcm, false)? {
-            Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
-            None => Ok(None),
-        })
+        self.encode_step_rows(s, pcm, None)
+    }
+
+    /// [`Self::encode_step`] for the batch rows `rows` only (sorted, distinct, below the
+    /// batch size `s` was started with; `pcm` holds those rows): each continues its own
+    /// stream, the others are untouched. With `rows`, chunks must be whole frames.
+    pub fn encode_step_rows(
+        &self,
+        s: &mut EncodeStream,
+        pcm: &Tensor,
+        rows: Option<&[usize]>,
+    ) -> Result<Option<Tensor>> {
+        let n = pcm.dim(2)?;
+        self.check_encode_rows(s, n, rows)?;
+        if rows.is_some_and(|r| r.is_empty()) {
+            return Ok(None);
+        }
+        let out = crate::core::kernels::in_pool(|| -> Result<Option<Tensor>> {
+            match self.latents_step_rows(s, pcm, false, rows)? {
+                Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
+                None => Ok(None),
+            }
+        })?;
+        let all: Vec<usize> = (0..s.samples.len()).collect();
+        for &r in rows.unwrap_or(&all) {
+            s.samples[r] += n as u64;
+        }
+        Ok(out)
+    }
+
+    /// Refuses a chunk of `n` samples that would make rows emit different numbers of frames:
+    /// masked steps take whole frames, and so does any step once rows hold different
+    /// partial frames (after a per-row reset).
+    fn check_encode_rows(&self, s: &EncodeStream, n: usize, rows: Option<&[usize]>) -> Result<()> {
+        let f = self.cfg.frame_size();
+        if rows.is_some() && !matches!(self.convs, Convs::Native { .. }) {
+            return Err(rows_need_native());
+        }
+        let mut partial = s.samples.iter().map(|&x| x % f as u64);
+        let uneven = partial.next().is_some_and(|p0| partial.any(|p| p != p0));
+        if n % f != 0 && (rows.is_some() || uneven) {
+            return Err(Error::Shape(format!(
+                "chunks must be a whole number of frames (multiples of frame_size={f} samples) \
+                 {}, got {n} samples",
+                if rows.is_some() {
+                    "when active= is given"
+                } else {
+                    "while rows hold different partial frames (after a per-row reset)"
+                }
+            )));
+        }
+        Ok(())
     }
 
     /// The latents (before quantization) of the frames this chunk completes. With `last`
@@ -698,8 +866,22 @@ impl Codec {
         pcm: &Tensor,
         last: bool,
     ) -> Result<Option<Tensor>> {
+        s.start(pcm.dim(0)?);
+        self.latents_step_rows(s, pcm, last, None)
+    }
+
+    /// [`Self::latents_step`] for the batch rows `rows` (all if `None`).
+    fn latents_step_rows(
+        &self,
+        s: &mut EncodeStream,
+        pcm: &Tensor,
+        last: bool,
+        rows: Option<&[usize]>,
+    ) -> Result<Option<Tensor>> {
         let b = pcm.dim(0)?;
-        s.batch = Some(b);
+        s.start(b);
+        let all: Vec<usize> = (0..b).collect();
+        let rows_or_all = rows.unwrap_or(&all);
         match (&self.convs, &mut s.convs) {
             (
                 Convs::Native {
@@ -709,13 +891,16 @@ impl Codec {
                 },
                 EncodeConvs::Native(items),
             ) => {
-                items.resize_with(b, Default::default);
+                items.resize_with(s.samples.len(), Default::default);
                 let mut xs = Vec::with_capacity(b);
-                for (item, (st, _)) in to_frames(pcm)?.iter().zip(items.iter_mut()) {
-                    xs.push(encoder.apply(st, item, last, None)?);
+                for (item, &r) in to_frames(pcm)?.iter().zip(rows_or_all) {
+                    xs.push(encoder.apply(&mut items[r].0, item, last, None)?);
                 }
                 let x = match from_frames(xs, &self.device)? {
-                    Some(x) => run_transformer(&self.enc_tr, &mut s.tr, &x)?,
+                    Some(x) => {
+                        let rows = rows.map(|r| (r, s.samples.len()));
+                        run_transformer_rows(&self.enc_tr, &mut s.tr, &x, rows)?
+                    }
                     // Nothing new for the transformer, but the last chunk still flushes the
                     // downsampling's padding.
                     None if last => {
@@ -725,8 +910,8 @@ impl Codec {
                 };
                 let ys = to_frames(&x)?
                     .iter()
-                    .zip(items.iter_mut())
-                    .map(|(f, (_, st))| downsample.step(st, f, None, None, last))
+                    .zip(rows_or_all)
+                    .map(|(f, &r)| downsample.step(&mut items[r].1, f, None, None, last))
                     .collect();
                 from_frames(ys, &self.device)
             }
@@ -743,16 +928,50 @@ impl Codec {
 
     /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
     pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
-        crate::core::kernels::in_pool(|| {
+        self.decode_step_rows(s, codes, None)
+    }
+
+    /// [`Self::decode_step`] for the batch rows `rows` only (see [`Self::encode_step_rows`]).
+    pub fn decode_step_rows(
+        &self,
+        s: &mut DecodeStream,
+        codes: &Tensor,
+        rows: Option<&[usize]>,
+    ) -> Result<Option<Tensor>> {
+        if rows.is_some() && !matches!(self.convs, Convs::Native { .. }) {
+            return Err(rows_need_native());
+        }
+        if rows.is_some_and(|r| r.is_empty()) {
+            return Ok(None);
+        }
+        let t = codes.dim(2)?;
+        let out = crate::core::kernels::in_pool(|| {
             let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
-            self.latents_decode_step(s, &x)
-        })
+            self.latents_decode_step_rows(s, &x, rows)
+        })?;
+        let all: Vec<usize> = (0..s.frames.len()).collect();
+        for &r in rows.unwrap_or(&all) {
+            s.frames[r] += t as u64;
+        }
+        Ok(out)
     }
 
     /// [`Self::decode_step`] from the quantizer's latents (B, dimension, T).
     fn latents_decode_step(&self, s: &mut DecodeStream, x: &Tensor) -> Result<Option<Tensor>> {
+        self.latents_decode_step_rows(s, x, None)
+    }
+
+    /// [`Self::latents_decode_step`] for the batch rows `rows` (all if `None`).
+    fn latents_decode_step_rows(
+        &self,
+        s: &mut DecodeStream,
+        x: &Tensor,
+        rows: Option<&[usize]>,
+    ) -> Result<Option<Tensor>> {
         let b = x.dim(0)?;
-        s.batch = Some(b);
+        s.start(b);
+        let all: Vec<usize> = (0..b).collect();
+        let rows_or_all = rows.unwrap_or(&all);
         match (&self.convs, &mut s.convs) {
             (
                 Convs::Native {
@@ -760,19 +979,20 @@ impl Codec {
                 },
                 DecodeConvs::Native(items),
             ) => {
-                items.resize_with(b, Default::default);
+                items.resize_with(s.frames.len(), Default::default);
                 let ups = to_frames(x)?
                     .iter()
-                    .zip(items.iter_mut())
-                    .map(|(f, (st, _))| upsample.step(st, f, None))
+                    .zip(rows_or_all)
+                    .map(|(f, &r)| upsample.step(&mut items[r].0, f, None))
                     .collect();
                 let Some(x) = from_frames(ups, &self.device)? else {
                     return Ok(None);
                 };
-                let x = run_transformer(&self.dec_tr, &mut s.tr, &x)?;
+                let rows = rows.map(|r| (r, s.frames.len()));
+                let x = run_transformer_rows(&self.dec_tr, &mut s.tr, &x, rows)?;
                 let mut ys = Vec::with_capacity(b);
-                for (item, (_, st)) in to_frames(&x)?.iter().zip(items.iter_mut()) {
-                    ys.push(decoder.apply(st, item, None)?);
+                for (item, &r) in to_frames(&x)?.iter().zip(rows_or_all) {
+                    ys.push(decoder.apply(&mut items[r].1, item, None)?);
                 }
                 from_frames(ys, &self.device)
             }

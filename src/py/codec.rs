@@ -8,6 +8,7 @@ use crate::core::weights::{self, TensorSource};
 use crate::py::config::{self as pyconfig, value_of, PyCodecConfig};
 use crate::py::convert::{self, HostArray};
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
+use crate::py::rows;
 use crate::py::weights::WeightsArg;
 use candle::{DType, Tensor};
 use numpy::{
@@ -157,35 +158,38 @@ fn check_codes_dtype(a: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
     Ok(())
 }
 
-/// Reads integer codes into u32, checking the range.
-fn read_codes(a: &Bound<'_, PyUntypedArray>, bins: usize) -> PyResult<Vec<u32>> {
+/// Reads integer codes into u32, checking the range. With `rows`, only those batch rows are
+/// read and checked (an inactive row of a masked step may hold anything); the others are 0.
+fn read_codes(
+    a: &Bound<'_, PyUntypedArray>,
+    bins: usize,
+    rows: Option<&[usize]>,
+) -> PyResult<Vec<u32>> {
     check_codes_dtype(a)?;
     convert::check_size(a.shape(), "codes")?;
-    let out_of_range = |v: &dyn std::fmt::Display| -> PyErr {
-        Error::InvalidInput(format!(
-            "code {v} is out of range: codes must be in [0, {bins}) (the codebook size)"
-        ))
-        .into()
-    };
-    let mut out = Vec::with_capacity(a.len());
-    if a.dtype().kind() == b'u' {
+    let values: Vec<i128> = if a.dtype().kind() == b'u' {
         let conv = a.call_method1("astype", ("uint64", "C"))?;
         let arr = conv.cast_into::<PyArrayDyn<u64>>().map_err(PyErr::from)?;
         let ro = arr.try_readonly()?;
-        for &v in ro.as_array().iter() {
-            if v >= bins as u64 {
-                return Err(out_of_range(&v));
-            }
-            out.push(v as u32);
-        }
+        ro.as_array().iter().map(|&v| v as i128).collect()
     } else {
         let conv = a.call_method1("astype", ("int64", "C"))?;
         let arr = conv.cast_into::<PyArrayDyn<i64>>().map_err(PyErr::from)?;
         let ro = arr.try_readonly()?;
-        for &v in ro.as_array().iter() {
-            if v < 0 || v as u64 >= bins as u64 {
-                return Err(out_of_range(&v));
-            }
+        ro.as_array().iter().map(|&v| v as i128).collect()
+    };
+    let row_len = a.shape()[1..].iter().product::<usize>().max(1);
+    let read = |r: usize| rows.is_none_or(|rows| rows.binary_search(&r).is_ok());
+    let mut out = Vec::with_capacity(values.len());
+    for (i, &v) in values.iter().enumerate() {
+        if !read(i / row_len) {
+            out.push(0);
+        } else if v < 0 || v >= bins as i128 {
+            return Err(Error::InvalidInput(format!(
+                "code {v} is out of range: codes must be in [0, {bins}) (the codebook size)"
+            ))
+            .into());
+        } else {
             out.push(v as u32);
         }
     }
@@ -203,7 +207,148 @@ fn tensor_u32(t: &Tensor) -> Result<(Vec<u32>, Vec<usize>)> {
     Ok((t.flatten_all()?.to_vec1::<u32>()?, t.dims().to_vec()))
 }
 
+/// Refuses an input whose batch is not the stream's.
+fn check_stream_batch(stream: Option<usize>, b: usize, which: &str) -> Result<()> {
+    match stream {
+        Some(sb) if sb != b => Err(Error::Shape(format!(
+            "this {which} stream holds state for batch size {sb}, got batch size {b}; \
+             call reset_state() before streaming another batch size"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// One encoder step of the rows `rows` (all if `None`); inactive rows' codes are zeros.
+#[allow(clippy::type_complexity)]
+fn encode_rows(
+    codec: &Codec,
+    stream: &mut EncodeStream,
+    host: HostArray,
+    rows: Option<&[usize]>,
+) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
+    let (b, c, n) = (host.shape[0], host.shape[1], host.shape[2]);
+    stream.start(b);
+    let Some(rows) = rows else {
+        if n == 0 {
+            return Ok(None);
+        }
+        let x = Tensor::from_vec(host.data, (b, c, n), codec.device())?.to_dtype(codec.dtype())?;
+        return codec
+            .encode_step(stream, &x)?
+            .map(|c| tensor_u32(&c))
+            .transpose();
+    };
+    let k = codec.config().quantizer_n_q;
+    let frames = n / codec.config().frame_size();
+    let x = convert::select_rows(&host.data, c * n, rows);
+    let x = Tensor::from_vec(x, (rows.len(), c, n), codec.device())?.to_dtype(codec.dtype())?;
+    let codes = match codec.encode_step_rows(stream, &x, Some(rows))? {
+        Some(codes) => tensor_u32(&codes)?.0,
+        None => vec![0; rows.len() * k * frames],
+    };
+    if frames == 0 {
+        return Ok(None);
+    }
+    let out = convert::scatter_rows(&codes, k * frames, rows, b);
+    Ok(Some((out, vec![b, k, frames])))
+}
+
+/// One decoder step of the rows `rows` (all if `None`); inactive rows' audio is zeros.
+#[allow(clippy::type_complexity)]
+fn decode_rows(
+    codec: &Codec,
+    stream: &mut DecodeStream,
+    data: Vec<u32>,
+    shape: &[usize],
+    rows: Option<&[usize]>,
+) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
+    let (b, k, t) = (shape[0], shape[1], shape[2]);
+    stream.start(b);
+    if t == 0 {
+        return Ok(None);
+    }
+    let Some(rows) = rows else {
+        let c = Tensor::from_vec(data, shape, codec.device())?;
+        return codec
+            .decode_step(stream, &c)?
+            .map(|a| tensor_f32(&a))
+            .transpose();
+    };
+    let (ch, len) = (codec.config().channels, t * codec.config().frame_size());
+    let audio = if rows.is_empty() {
+        Vec::new()
+    } else {
+        let c = convert::select_rows(&data, k * t, rows);
+        let c = Tensor::from_vec(c, (rows.len(), k, t), codec.device())?;
+        match codec.decode_step_rows(stream, &c, Some(rows))? {
+            Some(a) => tensor_f32(&a)?.0,
+            None => vec![0.0; rows.len() * ch * len],
+        }
+    };
+    Ok(Some((
+        convert::scatter_rows(&audio, ch * len, rows, b),
+        vec![b, ch, len],
+    )))
+}
+
 impl PyMimiCodec {
+    /// Copies of both streams, taken one lock at a time.
+    #[allow(clippy::type_complexity)]
+    fn snapshot(&self, d: &Detached) -> Result<(Option<EncodeStream>, Option<DecodeStream>)> {
+        let enc = self
+            .enc
+            .lock(d)?
+            .as_ref()
+            .map(EncodeStream::deep_copy)
+            .transpose()?;
+        let dec = self
+            .dec
+            .lock(d)?
+            .as_ref()
+            .map(DecodeStream::deep_copy)
+            .transpose()?;
+        Ok((enc, dec))
+    }
+
+    fn fork(&self, py: Python<'_>) -> PyResult<Self> {
+        let (enc, dec) = guard::detached(py, |d| self.snapshot(d))?;
+        Ok(Self {
+            codec: self.codec.clone(),
+            enc: Shared::new(enc),
+            dec: Shared::new(dec),
+            device_name: self.device_name.clone(),
+            dtype_name: self.dtype_name,
+            layout: self.layout,
+        })
+    }
+
+    /// Refuses a state copy between codecs of other shapes.
+    fn check_compatible(&self, other: &Self) -> Result<()> {
+        let describe = |c: &Self| {
+            format!(
+                "layout={}, device={}, dtype={}",
+                c.layout.map_or("seeded", |l| l.name()),
+                c.device_name,
+                c.dtype_name
+            )
+        };
+        if self.codec.config() != other.codec.config() {
+            return Err(Error::IncompatibleState(
+                "cannot copy the streaming state between codecs of different configs; build \
+                 both from the same config"
+                    .into(),
+            ));
+        }
+        if describe(self) != describe(other) {
+            return Err(Error::IncompatibleState(format!(
+                "cannot copy the streaming state: the source has {} and this codec has {}",
+                describe(other),
+                describe(self)
+            )));
+        }
+        Ok(())
+    }
+
     /// Test hook: panics while holding the encoder stream's lock (see `_poison_for_tests`).
     pub(crate) fn poison(&self, d: &Detached) -> Result<()> {
         let _held = self.enc.lock(d)?;
@@ -216,6 +361,15 @@ impl PyMimiCodec {
 
     /// pcm: (batch, channels, samples) or (samples,) -> checked host array (B, C, S).
     fn read_pcm(&self, x: &Bound<'_, PyAny>) -> PyResult<HostArray> {
+        Ok(self.read_pcm_rows(x, None)?.0)
+    }
+
+    /// [`Self::read_pcm`] with an `active=` mask: its rows (NaN is refused only there).
+    fn read_pcm_rows(
+        &self,
+        x: &Bound<'_, PyAny>,
+        active: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(HostArray, Option<Vec<usize>>)> {
         let arr = convert::as_ndarray(x, "pcm")?;
         convert::check_float(&arr, "pcm")?;
         let shape = convert::shape_of(&arr);
@@ -243,9 +397,11 @@ impl PyMimiCodec {
             "this call",
             "encode long audio in chunks with encode_step (or the CLI, which streams)",
         )?;
-        let mut host = convert::read_f32_finite(&arr, "pcm")?;
+        let rows = rows::active(active, shape3[0])?;
+        let mut host = convert::read_f32(&arr, "pcm")?;
         host.shape = shape3;
-        Ok(host)
+        convert::check_finite(&host, rows.as_deref(), "pcm")?;
+        Ok((host, rows))
     }
 
     /// Refuses decodes whose audio, or the decoder's activations, cannot fit in memory.
@@ -262,6 +418,17 @@ impl PyMimiCodec {
 
     /// codes: (batch, num_codebooks, frames) integers -> (data, shape).
     fn read_codes_arg(&self, x: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, Vec<usize>)> {
+        let (data, shape, _) = self.read_codes_rows(x, None)?;
+        Ok((data, shape))
+    }
+
+    /// [`Self::read_codes_arg`] with an `active=` mask: its rows (checked only there).
+    #[allow(clippy::type_complexity)]
+    fn read_codes_rows(
+        &self,
+        x: &Bound<'_, PyAny>,
+        active: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(Vec<u32>, Vec<usize>, Option<Vec<usize>>)> {
         let arr = convert::as_ndarray(x, "codes")?;
         check_codes_dtype(&arr)?;
         let shape = convert::shape_of(&arr);
@@ -275,8 +442,9 @@ impl PyMimiCodec {
                 .into())
             }
         }
-        let data = read_codes(&arr, self.codec.config().quantizer_bins)?;
-        Ok((data, shape))
+        let rows = rows::active(active, shape[0])?;
+        let data = read_codes(&arr, self.codec.config().quantizer_bins, rows.as_deref())?;
+        Ok((data, shape, rows))
     }
 }
 
@@ -439,37 +607,25 @@ impl PyMimiCodec {
     /// chunk completes, or ``None`` if it completes none. Chunks may have any length; the
     /// remainder is buffered. Frames are emitted as soon as they are complete, so a stream
     /// gives ``floor(samples / frame_size)`` frames, each equal to the offline codes.
-    #[pyo3(signature = (pcm))]
+    ///
+    /// ``active``: a boolean array of shape ``(batch,)``; only those rows step (the others
+    /// keep their state bit for bit, whatever ``pcm`` holds there, and their codes are zeros).
+    /// With ``active``, chunks must be a whole number of frames.
+    #[pyo3(signature = (pcm, *, active=None))]
     fn encode_step<'py>(
         &self,
         py: Python<'py>,
         pcm: Option<&Bound<'py, PyAny>>,
+        active: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(pcm) = pcm else { return Ok(None) };
-        let host = self.read_pcm(pcm)?;
-        let codec = self.codec.clone();
-        let enc = &self.enc;
+        let (host, rows) = self.read_pcm_rows(pcm, active)?;
+        let (codec, enc) = (self.codec.clone(), &self.enc);
         let out = guard::detached(py, move |d| {
             let mut g = enc.lock(d)?;
             let stream = g.get_or_insert_with(|| codec.encode_stream());
-            if let Some(sb) = stream.batch() {
-                if sb != host.shape[0] {
-                    return Err(Error::Shape(format!(
-                        "this encoder stream holds state for batch size {sb}, got batch size {}; \
-                             call reset_state() before streaming another batch size",
-                        host.shape[0]
-                    )));
-                }
-            }
-            if host.shape[2] == 0 {
-                return Ok(None);
-            }
-            let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
-                .to_dtype(codec.dtype())?;
-            match codec.encode_step(stream, &x)? {
-                None => Ok(None),
-                Some(c) => Ok(Some(tensor_u32(&c)?)),
-            }
+            check_stream_batch(stream.batch(), host.shape[0], "encoder")?;
+            encode_rows(&codec, stream, host, rows.as_deref())
         })?;
         match out {
             None => Ok(None),
@@ -478,38 +634,24 @@ impl PyMimiCodec {
     }
 
     /// Streams codes in: returns the float32 audio (batch, channels, n * frame_size) they
-    /// complete, or ``None``. ``decode_step(None)`` returns ``None``.
-    #[pyo3(signature = (codes))]
+    /// complete, or ``None``. ``decode_step(None)`` returns ``None``. ``active``: as in
+    /// ``encode_step`` (inactive rows' codes are not read; their audio is zeros).
+    #[pyo3(signature = (codes, *, active=None))]
     fn decode_step<'py>(
         &self,
         py: Python<'py>,
         codes: Option<&Bound<'py, PyAny>>,
+        active: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(codes) = codes else { return Ok(None) };
-        let (data, shape) = self.read_codes_arg(codes)?;
+        let (data, shape, rows) = self.read_codes_rows(codes, active)?;
         self.check_decode_size(&shape)?;
-        let codec = self.codec.clone();
-        let dec = &self.dec;
+        let (codec, dec) = (self.codec.clone(), &self.dec);
         let out = guard::detached(py, move |d| {
             let mut g = dec.lock(d)?;
             let stream = g.get_or_insert_with(|| codec.decode_stream());
-            if let Some(sb) = stream.batch() {
-                if sb != shape[0] {
-                    return Err(Error::Shape(format!(
-                        "this decoder stream holds state for batch size {sb}, got batch size {}; \
-                             call reset_state() before streaming another batch size",
-                        shape[0]
-                    )));
-                }
-            }
-            if shape[2] == 0 {
-                return Ok(None);
-            }
-            let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-            match codec.decode_step(stream, &c)? {
-                None => Ok(None),
-                Some(a) => Ok(Some(tensor_f32(&a)?)),
-            }
+            check_stream_batch(stream.batch(), shape[0], "decoder")?;
+            decode_rows(&codec, stream, data, &shape, rows.as_deref())
         })?;
         match out {
             None => Ok(None),
@@ -517,14 +659,114 @@ impl PyMimiCodec {
         }
     }
 
-    /// Starts fresh encoder and decoder streams.
-    fn reset_state(&self, py: Python<'_>) -> PyResult<()> {
+    /// Starts fresh encoder and decoder streams. ``rows`` (row indices or a boolean mask
+    /// over the batch) resets only those rows of both streams; the others continue untouched.
+    #[pyo3(signature = (rows=None))]
+    fn reset_state(&self, py: Python<'_>, rows: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let rows = rows::rows(rows)?;
         let (enc, dec) = (&self.enc, &self.dec);
         guard::detached(py, |d| {
-            enc.reset(d);
-            dec.reset(d);
+            let Some(rows) = rows else {
+                enc.reset(d);
+                dec.reset(d);
+                return Ok(());
+            };
+            let (mut e, mut de) = (enc.lock(d)?, dec.lock(d)?);
+            let batch = e
+                .as_ref()
+                .and_then(|s| s.batch())
+                .or(de.as_ref().and_then(|s| s.batch()));
+            let rows = rows::resolve(&rows, batch)?;
+            if let Some(s) = e.as_mut() {
+                s.reset_rows(&rows)?;
+            }
+            if let Some(s) = de.as_mut() {
+                s.reset_rows(&rows)?;
+            }
             Ok(())
         })
+    }
+
+    /// Each row's code frames emitted by the encoder stream since its own start or reset,
+    /// int64 of shape ``(batch,)`` (empty before the first call).
+    #[getter]
+    fn positions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (enc, f) = (&self.enc, self.codec.config().frame_size() as u64);
+        let pos = guard::detached(py, |d| {
+            Ok(enc.lock(d)?.as_ref().map_or_else(Vec::new, |s| {
+                s.samples().iter().map(|&n| (n / f) as i64).collect()
+            }))
+        })?;
+        let n = pos.len();
+        Ok(convert::to_numpy(py, pos, &[n])?)
+    }
+
+    /// Each row's code frames consumed by the decoder stream since its own start or reset,
+    /// int64 of shape ``(batch,)`` (empty before the first call).
+    #[getter]
+    fn decode_positions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let dec = &self.dec;
+        let pos = guard::detached(py, |d| {
+            Ok(dec
+                .lock(d)?
+                .as_ref()
+                .map_or_else(Vec::new, |s| s.frames().iter().map(|&n| n as i64).collect()))
+        })?;
+        let n = pos.len();
+        Ok(convert::to_numpy(py, pos, &[n])?)
+    }
+
+    /// Makes this codec continue exactly as ``other`` would: copies both of ``other``'s
+    /// streams (buffered samples, convolution and transformer states) into this one. A copy,
+    /// O(state), independent afterwards; the weights are not copied. Raises
+    /// ``IncompatibleStateError`` for another config, checkpoint layout, batch size, device or
+    /// dtype; neither codec changes then.
+    fn copy_state(&self, py: Python<'_>, other: &Bound<'_, PyMimiCodec>) -> PyResult<()> {
+        let other = other.get();
+        if std::ptr::eq(other, self) {
+            return Ok(());
+        }
+        self.check_compatible(other)?;
+        let (src, dst) = (other, self);
+        guard::detached(py, move |d| {
+            let (enc, dec) = src.snapshot(d)?;
+            let (mut de, mut dd) = (dst.enc.lock(d)?, dst.dec.lock(d)?);
+            for (theirs, ours) in [
+                (
+                    enc.as_ref().and_then(|s| s.batch()),
+                    de.as_ref().and_then(|s| s.batch()),
+                ),
+                (
+                    dec.as_ref().and_then(|s| s.batch()),
+                    dd.as_ref().and_then(|s| s.batch()),
+                ),
+            ] {
+                if let (Some(t), Some(o)) = (theirs, ours) {
+                    if t != o {
+                        return Err(Error::IncompatibleState(format!(
+                            "cannot copy the streaming state: the source streams a batch of {t} \
+                             rows and this codec a batch of {o}; reset_state() first"
+                        )));
+                    }
+                }
+            }
+            (*de, *dd) = (enc, dec);
+            Ok(())
+        })
+    }
+
+    /// A new codec sharing these (immutable) weights, with a copy of both streams; the two
+    /// are independent afterwards.
+    fn clone(&self, py: Python<'_>) -> PyResult<Self> {
+        self.fork(py)
+    }
+
+    fn __copy__(&self, py: Python<'_>) -> PyResult<Self> {
+        self.fork(py)
+    }
+
+    fn __deepcopy__(&self, py: Python<'_>, _memo: &Bound<'_, PyAny>) -> PyResult<Self> {
+        self.fork(py)
     }
 
     #[getter]

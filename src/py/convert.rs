@@ -144,13 +144,6 @@ pub fn read_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray
     Ok(HostArray { data, shape })
 }
 
-/// `read_f32`, refusing NaN and Inf.
-pub fn read_f32_finite(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
-    let host = read_f32(a, what)?;
-    check_finite(&host, None, what)?;
-    Ok(host)
-}
-
 /// Refuses NaN and Inf in the batch rows `rows` of `host` (all rows if `None`): inactive
 /// rows of a masked step may hold anything.
 pub fn check_finite(host: &HostArray, rows: Option<&[usize]>, what: &str) -> Result<()> {
@@ -175,7 +168,7 @@ pub fn check_finite(host: &HostArray, rows: Option<&[usize]>, what: &str) -> Res
 }
 
 /// The batch rows `rows` of a C-ordered `(batch, ...)` buffer, in that order.
-pub fn select_rows(data: &[f32], row_len: usize, rows: &[usize]) -> Vec<f32> {
+pub fn select_rows<T: Copy>(data: &[T], row_len: usize, rows: &[usize]) -> Vec<T> {
     rows.iter()
         .flat_map(|&r| data[r * row_len..(r + 1) * row_len].iter().copied())
         .collect()
@@ -183,8 +176,13 @@ pub fn select_rows(data: &[f32], row_len: usize, rows: &[usize]) -> Vec<f32> {
 
 /// A `(batch, ...)` buffer of zeros with the rows `rows` taken from `data` (their rows in
 /// order): the output of a masked step.
-pub fn scatter_rows(data: &[f32], row_len: usize, rows: &[usize], batch: usize) -> Vec<f32> {
-    let mut out = vec![0f32; batch * row_len];
+pub fn scatter_rows<T: Copy + Default>(
+    data: &[T],
+    row_len: usize,
+    rows: &[usize],
+    batch: usize,
+) -> Vec<T> {
+    let mut out = vec![T::default(); batch * row_len];
     for (i, &r) in rows.iter().enumerate() {
         out[r * row_len..(r + 1) * row_len].copy_from_slice(&data[i * row_len..(i + 1) * row_len]);
     }
