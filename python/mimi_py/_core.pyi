@@ -129,9 +129,13 @@ class StreamingTransformer:
     ) -> StreamingTransformer: ...
     def forward(self, x: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """(batch, time, d_model) -> (batch, time, d_model) float32, continuing the stream."""
-    def step(self, x: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None:
-        """Like forward; step(None) returns None."""
-    def reset_state(self) -> None: ...
+    def step(
+        self, x: npt.ArrayLike | None, *, active: npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.float32] | None:
+        """Like forward; step(None) returns None. With active (bool, (batch,)), only those
+        rows step; the others keep their state and their output rows are zeros."""
+    def reset_state(self, rows: npt.ArrayLike | None = None) -> None:
+        """A fresh stream; with rows (indices or a bool mask), only those rows restart."""
     def copy_state(self, other: StreamingTransformer) -> None:
         """Copy other's whole streaming state into this transformer (a copy, not shared)."""
     def clone(self) -> StreamingTransformer:
@@ -155,6 +159,9 @@ class StreamingTransformer:
     @property
     def position(self) -> int:
         """Time steps consumed since construction or the last reset_state()."""
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """Each row's steps since its own start or reset, (batch,) (empty before the first call)."""
     @property
     def batch_size(self) -> int | None: ...
     @property
@@ -252,9 +259,28 @@ class MimiCodec:
         """(batch, num_codebooks, frames) integers -> (batch, channels, frames * frame_size) float32."""
     def encode_latents(self, pcm: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
     def decode_latents(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
-    def encode_step(self, pcm: npt.ArrayLike | None) -> npt.NDArray[np.uint32] | None: ...
-    def decode_step(self, codes: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None: ...
-    def reset_state(self) -> None: ...
+    def encode_step(
+        self, pcm: npt.ArrayLike | None, *, active: npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.uint32] | None:
+        """Stream audio in; with active (bool, (batch,)), only those rows step (whole frames)."""
+    def decode_step(
+        self, codes: npt.ArrayLike | None, *, active: npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.float32] | None:
+        """Stream codes in; with active (bool, (batch,)), only those rows step."""
+    def reset_state(self, rows: npt.ArrayLike | None = None) -> None:
+        """Fresh encoder and decoder streams; with rows, only those rows restart."""
+    def copy_state(self, other: MimiCodec) -> None:
+        """Copy both of other's streams into this codec (a copy, not shared)."""
+    def clone(self) -> MimiCodec:
+        """Same weights (shared), copy of both streams."""
+    def __copy__(self) -> MimiCodec: ...
+    def __deepcopy__(self, memo: Any) -> MimiCodec: ...
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """Each row's code frames emitted by the encoder stream since its start or reset."""
+    @property
+    def decode_positions(self) -> npt.NDArray[np.int64]:
+        """Each row's code frames consumed by the decoder stream since its start or reset."""
     @property
     def sample_rate(self) -> int: ...
     @property
