@@ -247,3 +247,11 @@ def test_copying_a_codec_state_checks_config_and_batch():
     with pytest.raises(mimi_py.IncompatibleStateError, match="batch"):
         a.copy_state(b)
     assert list(a.positions) == [1, 1]
+
+
+def test_a_rejected_first_masked_step_does_not_fix_the_batch_size():
+    c = small_codec()
+    with pytest.raises(mimi_py.ShapeError, match="whole number of frames"):
+        c.encode_step(np.zeros((2, 1, 100), np.float32), active=np.array([True, False]))
+    assert c.positions.size == 0
+    assert c.encode_step(np.zeros((3, 1, c.frame_size), np.float32)).shape[0] == 3

@@ -807,20 +807,27 @@ impl Codec {
         self.encode_step_rows(s, pcm, None)
     }
 
-    /// [`Self::encode_step`] for the batch rows `rows` only (sorted, distinct, below the
-    /// batch size `s` was started with; `pcm` holds those rows): each continues its own
-    /// stream, the others are untouched. With `rows`, chunks must be whole frames.
+    /// [`Self::encode_step`] for the batch rows `rows` only of a stream of `batch` rows
+    /// (`rows` sorted, distinct, below `batch`; `pcm` holds those rows): each continues its
+    /// own stream, the others are untouched. With `rows`, chunks must be whole frames.
     pub fn encode_step_rows(
         &self,
         s: &mut EncodeStream,
         pcm: &Tensor,
-        rows: Option<&[usize]>,
+        rows: Option<(&[usize], usize)>,
     ) -> Result<Option<Tensor>> {
         let n = pcm.dim(2)?;
-        self.check_encode_rows(s, n, rows)?;
-        if rows.is_some_and(|r| r.is_empty()) {
-            return Ok(None);
-        }
+        self.check_encode_rows(s, n, rows.map(|r| r.0))?;
+        let rows = match rows {
+            Some((rows, batch)) => {
+                s.start(batch);
+                if rows.is_empty() {
+                    return Ok(None);
+                }
+                Some(rows)
+            }
+            None => None,
+        };
         let out = crate::core::kernels::in_pool(|| -> Result<Option<Tensor>> {
             match self.latents_step_rows(s, pcm, false, rows)? {
                 Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
@@ -931,19 +938,27 @@ impl Codec {
         self.decode_step_rows(s, codes, None)
     }
 
-    /// [`Self::decode_step`] for the batch rows `rows` only (see [`Self::encode_step_rows`]).
+    /// [`Self::decode_step`] for the batch rows `rows` only of a stream of `batch` rows (see
+    /// [`Self::encode_step_rows`]).
     pub fn decode_step_rows(
         &self,
         s: &mut DecodeStream,
         codes: &Tensor,
-        rows: Option<&[usize]>,
+        rows: Option<(&[usize], usize)>,
     ) -> Result<Option<Tensor>> {
         if rows.is_some() && !matches!(self.convs, Convs::Native { .. }) {
             return Err(rows_need_native());
         }
-        if rows.is_some_and(|r| r.is_empty()) {
-            return Ok(None);
-        }
+        let rows = match rows {
+            Some((rows, batch)) => {
+                s.start(batch);
+                if rows.is_empty() {
+                    return Ok(None);
+                }
+                Some(rows)
+            }
+            None => None,
+        };
         let t = codes.dim(2)?;
         let out = crate::core::kernels::in_pool(|| {
             let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;

@@ -227,7 +227,6 @@ fn encode_rows(
     rows: Option<&[usize]>,
 ) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
     let (b, c, n) = (host.shape[0], host.shape[1], host.shape[2]);
-    stream.start(b);
     let Some(rows) = rows else {
         if n == 0 {
             return Ok(None);
@@ -242,7 +241,7 @@ fn encode_rows(
     let frames = n / codec.config().frame_size();
     let x = convert::select_rows(&host.data, c * n, rows);
     let x = Tensor::from_vec(x, (rows.len(), c, n), codec.device())?.to_dtype(codec.dtype())?;
-    let codes = match codec.encode_step_rows(stream, &x, Some(rows))? {
+    let codes = match codec.encode_step_rows(stream, &x, Some((rows, b)))? {
         Some(codes) => tensor_u32(&codes)?.0,
         None => vec![0; rows.len() * k * frames],
     };
@@ -263,8 +262,8 @@ fn decode_rows(
     rows: Option<&[usize]>,
 ) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
     let (b, k, t) = (shape[0], shape[1], shape[2]);
-    stream.start(b);
     if t == 0 {
+        stream.start(b);
         return Ok(None);
     }
     let Some(rows) = rows else {
@@ -275,15 +274,11 @@ fn decode_rows(
             .transpose();
     };
     let (ch, len) = (codec.config().channels, t * codec.config().frame_size());
-    let audio = if rows.is_empty() {
-        Vec::new()
-    } else {
-        let c = convert::select_rows(&data, k * t, rows);
-        let c = Tensor::from_vec(c, (rows.len(), k, t), codec.device())?;
-        match codec.decode_step_rows(stream, &c, Some(rows))? {
-            Some(a) => tensor_f32(&a)?.0,
-            None => vec![0.0; rows.len() * ch * len],
-        }
+    let c = convert::select_rows(&data, k * t, rows);
+    let c = Tensor::from_vec(c, (rows.len(), k, t), codec.device())?;
+    let audio = match codec.decode_step_rows(stream, &c, Some((rows, b)))? {
+        Some(a) => tensor_f32(&a)?.0,
+        None => vec![0.0; rows.len() * ch * len],
     };
     Ok(Some((
         convert::scatter_rows(&audio, ch * len, rows, b),
