@@ -349,8 +349,7 @@ impl Transformer {
             }
             match state.batch() {
                 Some(batch) if rows.len() == batch => self.forward_cancellable(state, xs, None),
-                Some(_) if t == 1 => self.step_rows(state, xs, rows),
-                Some(_) => self.per_row(state, xs, rows, None),
+                Some(_) => self.uneven(state, xs, rows, None),
                 None => candle::bail!("forward_rows needs a started stream"),
             }
         })
@@ -390,18 +389,39 @@ impl Transformer {
         let pos = state.pos[0];
         if state.pos.iter().any(|&p| p != pos) {
             let rows: Vec<usize> = (0..b).collect();
-            return match t {
-                1 => self.step_rows(state, xs, &rows),
-                _ => self.per_row(state, xs, &rows, cancel),
-            };
+            return self.uneven(state, xs, &rows, cancel);
         }
         let ys = self.blocks(pos, &state.caches, xs, cancel)?;
         state.pos.iter_mut().for_each(|p| *p += t as u64);
         Ok(ys)
     }
 
+    /// Rows at different positions (or some rows only). Each layer's weights are read once per
+    /// pass, so this takes the cheaper of: one batched single step per time step (`t` passes,
+    /// [`Self::step_rows`]; a causal model gives the same result step by step), or one row at
+    /// a time over all its steps (`rows.len()` passes, [`Self::per_row`]).
+    fn uneven(
+        &self,
+        state: &mut State,
+        xs: &Tensor,
+        rows: &[usize],
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Tensor> {
+        let t = xs.dim(1)?;
+        if t > rows.len() {
+            return self.per_row(state, xs, rows, cancel);
+        }
+        let steps = (0..t)
+            .map(|i| self.step_rows(state, &xs.narrow(1, i, 1)?.contiguous()?, rows))
+            .collect::<Result<Vec<_>>>()?;
+        match steps.len() {
+            1 => Ok(steps.into_iter().next().expect("one step")),
+            _ => Tensor::cat(&steps, 1),
+        }
+    }
+
     /// Rows at different positions, one at a time (each a batch of one over its own view of
-    /// the buffers). Used for chunks of several steps; single steps are batched.
+    /// the buffers, all its steps in one pass).
     fn per_row(
         &self,
         state: &mut State,
