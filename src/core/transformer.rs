@@ -27,6 +27,26 @@ fn block_len(context: usize) -> usize {
     context.max(64)
 }
 
+/// Writes keys/values `k`, `v` (b, heads, m, head_dim) for positions `first..first+m` into
+/// their ring slots (`position % context`), wrapping around; the last `context` of them if
+/// there are more.
+fn write_ring(ring: &LayerCache, k: &Tensor, v: &Tensor, first: u64) -> Result<()> {
+    let c = ring.k.dim(2)?;
+    let m = k.dim(2)?;
+    let skip = m.saturating_sub(c);
+    let (m, first) = (m - skip, first + skip as u64);
+    let start = (first % c as u64) as usize;
+    let head = m.min(c - start);
+    for (buf, new) in [(&ring.k, k), (&ring.v, v)] {
+        let new = new.narrow(2, skip, m)?;
+        buf.slice_set(&new.narrow(2, 0, head)?.contiguous()?, 2, start)?;
+        if head < m {
+            buf.slice_set(&new.narrow(2, head, m - head)?.contiguous()?, 2, 0)?;
+        }
+    }
+    Ok(())
+}
+
 /// Maximal runs of adjacent batch rows in sorted `rows`: `(index in rows, first row, length)`.
 fn adjacent_runs(rows: &[usize]) -> Vec<(usize, usize, usize)> {
     let mut runs: Vec<(usize, usize, usize)> = Vec::new();
@@ -396,10 +416,8 @@ impl Transformer {
         Ok(ys)
     }
 
-    /// Rows at different positions (or some rows only). Each layer's weights are read once per
-    /// pass, so this takes the cheaper of: one batched single step per time step (`t` passes,
-    /// [`Self::step_rows`]; a causal model gives the same result step by step), or one row at
-    /// a time over all its steps (`rows.len()` passes, [`Self::per_row`]).
+    /// Rows at different positions (or some rows only), batched: the input in blocks of
+    /// `block_len` steps, each one pass of [`Self::block_rows`].
     fn uneven(
         &self,
         state: &mut State,
@@ -408,39 +426,22 @@ impl Transformer {
         cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<Tensor> {
         let t = xs.dim(1)?;
-        if t > rows.len() {
-            return self.per_row(state, xs, rows, cancel);
+        let block = block_len(self.cfg.context).min(self.cfg.context);
+        let mut outs = Vec::with_capacity(t.div_ceil(block));
+        let mut start = 0;
+        while start < t {
+            crate::core::error::check_cancel(cancel)?;
+            let len = block.min(t - start);
+            let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
+            let x = xs.narrow(1, start, len)?.contiguous()?;
+            outs.push(self.block_rows(&pos, rows, &state.caches, &x)?);
+            rows.iter().for_each(|&r| state.pos[r] += len as u64);
+            start += len;
         }
-        let steps = (0..t)
-            .map(|i| self.step_rows(state, &xs.narrow(1, i, 1)?.contiguous()?, rows))
-            .collect::<Result<Vec<_>>>()?;
-        match steps.len() {
-            1 => Ok(steps.into_iter().next().expect("one step")),
-            _ => Tensor::cat(&steps, 1),
+        match outs.len() {
+            1 => Ok(outs.remove(0)),
+            _ => Tensor::cat(&outs, 1),
         }
-    }
-
-    /// Rows at different positions, one at a time (each a batch of one over its own view of
-    /// the buffers, all its steps in one pass).
-    fn per_row(
-        &self,
-        state: &mut State,
-        xs: &Tensor,
-        rows: &[usize],
-        cancel: Option<&std::sync::atomic::AtomicBool>,
-    ) -> Result<Tensor> {
-        let t = xs.dim(1)?;
-        let mut ys = Vec::with_capacity(rows.len());
-        for (i, &r) in rows.iter().enumerate() {
-            let views = state
-                .caches
-                .iter()
-                .map(|c| c.row(r))
-                .collect::<Result<Vec<_>>>()?;
-            ys.push(self.blocks(state.pos[r], &views, &xs.narrow(0, i, 1)?, cancel)?);
-            state.pos[r] += t as u64;
-        }
-        Tensor::cat(&ys, 0)
     }
 
     /// All rows at position `pos`: the input in blocks of `block_len` steps.
@@ -592,14 +593,19 @@ impl Transformer {
         xs + ff
     }
 
-    /// Positions for one step of rows at `pos` (one each): the rotary tables (n, 1, hd/2), or
-    /// `xs` (n, 1, d) with its sinusoidal embeddings added.
-    fn embed_rows(&self, pos: &[u64], xs: &Tensor) -> Result<(Option<(Tensor, Tensor)>, Tensor)> {
+    /// Positions for `t` steps of rows starting at `pos` (one each): the rotary tables
+    /// (n, t, hd/2), or `xs` (n, t, d) with its sinusoidal embeddings added.
+    fn embed_rows(
+        &self,
+        pos: &[u64],
+        t: usize,
+        xs: &Tensor,
+    ) -> Result<(Option<(Tensor, Tensor)>, Tensor)> {
         match self.cfg.positional_embedding {
             PositionalEmbedding::Rope => {
                 let tables = pos
                     .iter()
-                    .map(|&p| self.rope_tables(p, 1))
+                    .map(|&p| self.rope_tables(p, t))
                     .collect::<Result<Vec<_>>>()?;
                 let (cos, sin): (Vec<_>, Vec<_>) = tables.into_iter().unzip();
                 let rope = (Tensor::stack(&cos, 0)?, Tensor::stack(&sin, 0)?);
@@ -608,7 +614,7 @@ impl Transformer {
             PositionalEmbedding::Sin => {
                 let e = pos
                     .iter()
-                    .map(|&p| self.sin_embedding(p, 1))
+                    .map(|&p| self.sin_embedding(p, t))
                     .collect::<Result<Vec<_>>>()?;
                 Ok((None, xs.broadcast_add(&Tensor::stack(&e, 0)?)?))
             }
@@ -616,74 +622,76 @@ impl Transformer {
         }
     }
 
-    /// Additive mask (n, 1, 1, context) over whole rings for rows that just wrote position
-    /// `p` at slot `p % context`: a row younger than the ring sees only slots `0..=p` (the
-    /// others hold nothing, or stale values from before a reset). `None` if all rings are
-    /// full.
-    fn ring_mask(&self, pos: &[u64]) -> Result<Option<Tensor>> {
-        let c = self.cfg.context as u64;
-        if pos.iter().all(|&p| p + 1 >= c) {
-            return Ok(None);
-        }
-        let mask: Vec<f32> = pos
-            .iter()
-            .flat_map(|&p| {
-                (0..c).map(move |j| {
-                    if p + 1 >= c || j <= p {
-                        0.0
+    /// Additive mask (n, 1, t, context + t) for `t` queries of rows at `pos` over their whole
+    /// rings followed by the `t` new keys: 0 where the key's position `k` is one the query at
+    /// `q` sees (`0 <= q - k < context`), -inf else. Ring slot `j` of a row at `p` holds the
+    /// position `k < p` with `k = j (mod context)`, if there is one (a young or freshly reset
+    /// row has stale or empty slots, which the mask hides).
+    fn rows_mask(&self, pos: &[u64], t: usize) -> Result<Tensor> {
+        let c = self.cfg.context as i64;
+        let mut mask = Vec::with_capacity(pos.len() * t * (c as usize + t));
+        for &p in pos {
+            let p = p as i64;
+            let ring = (0..c).map(|j| (p - 1) - (p - 1 - j).rem_euclid(c));
+            let keys: Vec<i64> = ring.chain((0..t as i64).map(|i| p + i)).collect();
+            for q in (0..t as i64).map(|i| p + i) {
+                mask.extend(keys.iter().map(|&k| {
+                    if k >= 0 && k <= q && q - k < c {
+                        0f32
                     } else {
                         f32::NEG_INFINITY
                     }
-                })
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, (pos.len(), 1, 1, c as usize), &self.device)?;
-        Some(mask.to_dtype(self.dtype)).transpose()
+                }));
+            }
+        }
+        let mask = Tensor::from_vec(mask, (pos.len(), 1, t, c as usize + t), &self.device)?;
+        mask.to_dtype(self.dtype)
     }
 
-    /// One step (t = 1) for the batch rows `rows`, each at its own position. The products
-    /// are batched over the rows; attention runs over each run of adjacent rows' whole rings,
-    /// masked to the slots that hold each row's last `context` positions.
-    fn step_rows(&self, state: &mut State, xs: &Tensor, rows: &[usize]) -> Result<Tensor> {
-        let c = self.cfg.context as u64;
-        let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
-        let (rope, mut xs) = self.embed_rows(&pos, xs)?;
+    /// One block of `t <= context` steps for the batch rows `rows`, each at its own position
+    /// `pos[i]`. The products are batched over the rows; attention runs over each run of
+    /// adjacent rows' whole rings plus the new keys, masked per row; the new keys go into each
+    /// row's ring once every layer succeeded.
+    fn block_rows(
+        &self,
+        pos: &[u64],
+        rows: &[usize],
+        caches: &[LayerCache],
+        xs: &Tensor,
+    ) -> Result<Tensor> {
+        let t = xs.dim(1)?;
+        let (rope, mut xs) = self.embed_rows(pos, t, xs)?;
         let runs = adjacent_runs(rows);
         let masks = runs
             .iter()
-            .map(|&(i0, _, len)| self.ring_mask(&pos[i0..i0 + len]))
+            .map(|&(i0, _, len)| self.rows_mask(&pos[i0..i0 + len], t))
             .collect::<Result<Vec<_>>>()?;
-        for (layer, cache) in self.layers.iter().zip(&state.caches) {
+        let mut pending = Vec::with_capacity(caches.len());
+        for (layer, cache) in self.layers.iter().zip(caches) {
             let (q, k, v) = self.project(layer, &xs, rope.as_ref())?;
-            for (i, (&r, &p)) in rows.iter().zip(&pos).enumerate() {
-                let slot = (p % c) as usize;
-                cache
-                    .k
-                    .narrow(0, r, 1)?
-                    .slice_set(&k.narrow(0, i, 1)?, 2, slot)?;
-                cache
-                    .v
-                    .narrow(0, r, 1)?
-                    .slice_set(&v.narrow(0, i, 1)?, 2, slot)?;
-            }
             let mut outs = Vec::with_capacity(runs.len());
             for (&(i0, r0, len), mask) in runs.iter().zip(&masks) {
-                let keys = cache.k.narrow(0, r0, len)?;
-                let vals = cache.v.narrow(0, r0, len)?;
-                let scores = q.narrow(0, i0, len)?.matmul(&keys.t()?)?;
-                let scores = match mask {
-                    Some(m) => scores.broadcast_add(m)?,
-                    None => scores,
-                };
+                let keys = Tensor::cat(&[&cache.k.narrow(0, r0, len)?, &k.narrow(0, i0, len)?], 2)?;
+                let vals = Tensor::cat(&[&cache.v.narrow(0, r0, len)?, &v.narrow(0, i0, len)?], 2)?;
+                let scores = q
+                    .narrow(0, i0, len)?
+                    .matmul(&keys.t()?)?
+                    .broadcast_add(mask)?;
                 outs.push(candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?);
             }
             let attn = match outs.len() {
                 1 => outs.remove(0),
                 _ => Tensor::cat(&outs, 0)?,
             };
+            pending.push((k, v));
             xs = self.finish_layer(layer, xs, &attn)?;
         }
-        rows.iter().for_each(|&r| state.pos[r] += 1);
+        for (cache, (k, v)) in caches.iter().zip(pending) {
+            for (i, (&r, &p)) in rows.iter().zip(pos).enumerate() {
+                let ring = cache.row(r)?;
+                write_ring(&ring, &k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?, p)?;
+            }
+        }
         Ok(xs)
     }
 
@@ -744,17 +752,9 @@ impl Transformer {
             };
             xs = self.finish_layer(layer, xs, &attn)?;
         }
-        // Commit the new keys/values: positions pos+t-m .. pos+t-1 into their slots.
+        // Commit the new keys/values into their slots.
         for (cache, (k, v)) in caches.iter().zip(pending) {
-            let m = k.dim(2)?;
-            let start = ((pos + (t - m) as u64) % cpos) as usize;
-            let first = m.min(c - start);
-            for (ring, new) in [(&cache.k, &k), (&cache.v, &v)] {
-                ring.slice_set(&new.narrow(2, 0, first)?.contiguous()?, 2, start)?;
-                if first < m {
-                    ring.slice_set(&new.narrow(2, first, m - first)?.contiguous()?, 2, 0)?;
-                }
-            }
+            write_ring(cache, &k, &v, pos + (t - k.dim(2)?) as u64)?;
         }
         Ok(xs)
     }
