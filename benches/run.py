@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mimi_py benchmark suite: one entry point, every engine side by side, in one run.
 
-    python benches/run.py [--suites transformer,codec,streaming,rss] [--repeats N]
+    python benches/run.py [--suites transformer,codec,streaming,rss,corpus] [--repeats N]
                           [--threads 1,2] [--engines mimi_py,rustymimi,moshi,transformers]
                           [--tiny] [--out DIR]
 
@@ -38,7 +38,7 @@ WORKER = BENCH_DIR / "worker.py"
 NATIVE_BIN = Path(os.environ.get("MIMI_NATIVE_BENCH", REPO / "target" / "release" / "mimi_native_bench"))
 MARK_START = "<!-- results:start -->"
 MARK_END = "<!-- results:end -->"
-ALL_SUITES = ["transformer", "codec", "streaming", "rss"]
+ALL_SUITES = ["transformer", "codec", "streaming", "rss", "corpus"]
 ALL_ENGINES = ["mimi_py", "rustymimi", "moshi", "transformers"]
 STREAMING_ENGINES = {"mimi_py", "rustymimi", "moshi"}  # transformers: offline only
 
@@ -587,6 +587,127 @@ def suite_rss(args, weights) -> dict:
     }
 
 
+# Lengths (s) of the corpus suite's files: 20 files, 600 s; tiny: 3 files, 1.2 s.
+CORPUS_SECONDS = [12, 45, 20, 38, 27, 33, 15, 50, 24, 30, 18, 42, 36, 22, 28, 40, 16, 35, 25, 44]
+CORPUS_SECONDS_TINY = [0.4, 0.3, 0.5]
+CORPUS_RATES = [24000, 16000, 44100, 24000]  # cycled; every third file is stereo
+# Goals of issue 14 (2 cores): Ray's overhead per core against the plain loop, and 2 workers'
+# throughput over 1 worker's.
+CORPUS_GOALS = {"ray_overhead_per_core": ("max", 0.10), "two_over_one_worker": ("min", 1.8)}
+
+
+def make_corpus(folder: Path, tiny: bool) -> list[str]:
+    """The corpus suite's audio: wav (24/16 kHz) and flac (44.1 kHz) files, mono and stereo."""
+    import numpy as np
+    import soundfile as sf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, sec in enumerate(CORPUS_SECONDS_TINY if tiny else CORPUS_SECONDS):
+        sr = CORPUS_RATES[i % len(CORPUS_RATES)]
+        n = int(round(sec * sr))
+        chans = [common.smooth_noise(n, seed=100 + i)]
+        if i % 3 == 2:
+            chans.append(common.smooth_noise(n, seed=200 + i))
+        path = folder / f"{i:02d}-{sr // 1000}k-{len(chans)}ch.{'flac' if sr == 44100 else 'wav'}"
+        sf.write(path, np.stack(chans, axis=1), sr, subtype="PCM_16")
+        files.append(str(path))
+    return files
+
+
+def busy_core_seconds(t0: dict | None, t1: dict | None) -> float | None:
+    """CPU seconds all processes of the machine spent busy between two /proc/stat readings."""
+    if not t0 or not t1:
+        return None
+    busy = sum(t1[k] - t0[k] for k in t0 if k not in ("idle", "iowait"))
+    return round(busy / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def suite_corpus(args, weights, tmp: Path) -> dict:
+    """mimi_py.data.tokenize against a plain Python loop over MimiCodec.encode: the same files,
+    the same codes (checked), 1 thread per worker. Each run is a fresh process; tokenize's runs
+    start their own local Ray (timed apart: on a cluster Ray is already up)."""
+    missing = [m for m in ("ray", "pyarrow", "soundfile", "soxr") if importlib.util.find_spec(m) is None]
+    if missing:
+        return {"skipped": f"needs the data extra (pip install '.[data]'): {', '.join(missing)} missing"}
+    import numpy as np
+
+    from mimi_py import data
+
+    files = make_corpus(tmp / "corpus", args.tiny)
+    base = dict(codec_spec(args, weights), files=files)
+    cores = common.cpu_count_available()
+    runs = []
+
+    def measured(label, spec, cores_used):
+        log(f"corpus: {label}")
+        c0 = common.cpu_times()
+        res = run_child(spec, 1, args.timeout)
+        res["busy_core_s"] = busy_core_seconds(c0, common.cpu_times())
+        res["label"], res["cores"] = label, cores_used
+        if res.get("ok"):
+            rate = res["audio_s"] / res["wall_s"]
+            res["audio_h_per_wall_h"] = round(rate, 2)
+            res["audio_h_per_core_h"] = round(rate / cores_used, 2)
+            if res["busy_core_s"]:
+                res["audio_h_per_busy_core_h"] = round(res["audio_s"] / res["busy_core_s"], 2)
+        runs.append(res)
+        return res
+
+    loop_codes = tmp / "corpus-loop-codes.npz"
+    loop = measured("plain loop, 1 process", dict(base, task="corpus_loop", codes_out=str(loop_codes)), 1)
+    ref = dict(np.load(loop_codes)) if loop.get("ok") else None
+    for workers in [1] if args.tiny else [1, 2]:
+        out = tmp / f"corpus-codes-{workers}"
+        spec = dict(
+            base,
+            task="corpus_tokenize",
+            corpus=str(tmp / "corpus"),
+            out=str(out),
+            workers=workers,
+            ray_cpus=max(cores, workers),
+        )
+        res = measured(f"tokenize, {workers} worker{'s' if workers > 1 else ''} x 1 thread", spec, workers)
+        if res.get("ok") and ref is not None:
+            t = data.read_codes(out)
+            got = dict(zip(t.column("path").to_pylist(), data.codes_to_numpy(t.column("codes"))))
+            res["codes_equal"] = all(
+                got.get(f) is not None and np.array_equal(got[f], ref[str(i)]) for i, f in enumerate(files)
+            )
+    ok = {r["label"]: r for r in runs if r.get("ok")}
+    one = ok.get("tokenize, 1 worker x 1 thread")
+    two = ok.get("tokenize, 2 workers x 1 thread")
+    measured_goals = {
+        "ray_overhead_per_core": round(1 - one["audio_h_per_core_h"] / loop["audio_h_per_core_h"], 3)
+        if one and loop.get("ok")
+        else None,
+        "two_over_one_worker": ratio(two["audio_h_per_wall_h"], one["audio_h_per_wall_h"])
+        if one and two
+        else None,
+    }
+    goals = []
+    for key, (kind, bound) in CORPUS_GOALS.items():
+        m = measured_goals[key]
+        goals.append(
+            {
+                "key": key,
+                "kind": kind,
+                "bound": bound,
+                "measured": m,
+                "met": None if m is None else (m <= bound if kind == "max" else m >= bound),
+                "meaningful": not args.tiny,
+            }
+        )
+    return {
+        "files": len(files),
+        "audio_s": round(sum(r["audio_s"] for r in runs[:1] if r.get("ok")), 3) or None,
+        "threads_per_worker": 1,
+        "cpu_cores_available": cores,
+        "runs": runs,
+        "goals": goals,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # targets
 
@@ -984,7 +1105,62 @@ def render_markdown(res) -> str:
                 L.append(f"| {r['label']} | error: {fmt_err(r)} | | | |")
         for eng, why in rs.get("skipped", {}).items():
             L.append(f"| {eng} | {why} | | | |")
+    L.append("")
+    render_corpus(L, s.get("corpus", {"skipped": "not selected (--suites)"}), args)
     return "\n".join(L).rstrip() + "\n"
+
+
+def render_corpus(L: list, c: dict, args: dict) -> None:
+    """The corpus suite's table (appended to L)."""
+    L.append("### Corpus: tokenize a folder of audio (mimi_py.data on Ray) against a plain loop")
+    L.append("")
+    if c.get("skipped"):
+        L.append(f"_skipped: {c['skipped']}_")
+        return
+    L.append(
+        f"{c['files']} files, {c['audio_s'] or 0:.0f} s of audio (wav 24/16 kHz, flac 44.1 kHz, mono and "
+        "stereo), 1 thread per worker. Wall = the `tokenize` call (driver model load, actor start-up, "
+        "decoding, encoding, Parquet writes; Ray's own start-up is the separate column) or the loop "
+        "(model load + read, resample, `MimiCodec.encode`). Per core-hour = ÷ workers; busy = CPU "
+        "time of every process on the machine during the run (Ray's included)."
+    )
+    L.append("")
+    L.append(
+        "| run | wall | audio h / wall h | audio h / core h | audio h / busy core h | first row | "
+        "Ray start | codes = loop's |"
+    )
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in c["runs"]:
+        if not r.get("ok"):
+            L.append(f"| {r['label']} | error: {fmt_err(r)} | | | | | | |")
+            continue
+        eq = r.get("codes_equal")
+        first, start = (
+            ("—" if x is None else f"{x:.1f} s") for x in (r.get("first_row_s"), r.get("ray_init_s"))
+        )
+        L.append(
+            f"| {r['label']} | {r['wall_s']:.1f} s | {r['audio_h_per_wall_h']:.1f} | {r['audio_h_per_core_h']:.1f} | "
+            f"{fmt_num(r.get('audio_h_per_busy_core_h'), 1)} | {first} | {start} | "
+            f"{'—' if eq is None else ('✅' if eq else '❌')} |"
+        )
+    L.append("")
+    L.append("| goal (issue 14) | bound | measured | met |")
+    L.append("| --- | --- | --- | --- |")
+    names = {
+        "ray_overhead_per_core": "Ray's overhead per core: 1 − (tokenize 1×1 ÷ loop), audio h per core h",
+        "two_over_one_worker": "2 workers × 1 thread ÷ 1 worker × 1 thread, audio h per wall h",
+    }
+    for g in c["goals"]:
+        op = "≤" if g["kind"] == "max" else "≥"
+        m = g["measured"]
+        shown = (
+            "—" if m is None else (f"{100 * m:.1f}%" if g["key"] == "ray_overhead_per_core" else f"{m:.2f}×")
+        )
+        bound = f"{100 * g['bound']:.0f}%" if g["key"] == "ray_overhead_per_core" else f"{g['bound']:.1f}×"
+        met = "—" if g["met"] is None else ("✅ met" if g["met"] else "❌ not met")
+        if not g["meaningful"]:
+            met = "— (tiny sizes)"
+        L.append(f"| {names[g['key']]} | {op} {bound} | {shown} | {met} |")
 
 
 def write_readme(path: Path, table: str) -> None:
@@ -1016,7 +1192,7 @@ def main(argv=None) -> int:
     cpu0 = common.cpu_times()
 
     weights = None
-    if any(x in args.suites for x in ("codec", "streaming", "rss")):
+    if any(x in args.suites for x in ("codec", "streaming", "rss", "corpus")):
         log("random weights in the moshi checkpoint layout (cached in benches/.cache or $MIMI_BENCH_CACHE)")
         if args.tiny:
             weights = {
@@ -1047,6 +1223,8 @@ def main(argv=None) -> int:
                 suites[name] = suite_codec(args, weights, Path(tmp))
             elif name == "streaming":
                 suites[name] = suite_streaming(args, weights)
+            elif name == "corpus":
+                suites[name] = suite_corpus(args, weights, Path(tmp))
             else:
                 suites[name] = suite_rss(args, weights)
             suites[name]["suite_wall_s"] = round(time.perf_counter() - t0, 1)
@@ -1100,6 +1278,11 @@ def mimi_py_failures(suites) -> list:
         for r in suites.get(name, {}).get("runs", []):
             if r.get("engine", "").split("+")[0] == "mimi_py" and not r.get("ok"):
                 out.append(f"{name} {r.get('label', r['engine'])} t{r['threads']}: {r.get('error')}")
+    for r in suites.get("corpus", {}).get("runs", []):
+        if not r.get("ok"):
+            out.append(f"corpus {r.get('label')}: {r.get('error')}")
+        elif r.get("codes_equal") is False:
+            out.append(f"corpus {r.get('label')}: codes differ from the plain loop's")
     return out
 
 

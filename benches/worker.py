@@ -391,11 +391,99 @@ def task_codec_rss(spec):
     }
 
 
+def _corpus_config(spec):
+    import mimi_py
+
+    if spec.get("hf_config"):
+        return mimi_py.CodecConfig.from_hf(json.loads(Path(spec["hf_config"]).read_text()))
+    return None
+
+
+def task_corpus_loop(spec):
+    """The baseline: one process, a plain loop (soundfile, mean of the channels, soxr,
+    MimiCodec.encode) over the corpus files; the codes go to spec["codes_out"] (npz)."""
+    import soundfile as sf
+    import soxr
+
+    import mimi_py
+
+    with Timer() as tl:
+        codec = mimi_py.MimiCodec(
+            spec["weights"], config=_corpus_config(spec), num_codebooks=spec["num_codebooks"]
+        )
+    codes, audio_s = {}, 0.0
+    with Timer() as tw:
+        for i, path in enumerate(spec["files"]):
+            x, sr = sf.read(path, dtype="float32", always_2d=True)
+            audio_s += len(x) / sr
+            mono = x[:, 0] if x.shape[1] == 1 else x.mean(axis=1).astype(np.float32)
+            if sr != codec.sample_rate:
+                mono = soxr.resample(mono, sr, codec.sample_rate)
+            codes[str(i)] = codec.encode(mono)[0].astype(np.uint16)
+    np.savez(spec["codes_out"], **codes)
+    return {
+        "engine": "loop",
+        "workers": 1,
+        "files": len(spec["files"]),
+        "audio_s": round(audio_s, 3),
+        "load_s": round(tl.wall, 3),
+        "work_s": round(tw.wall, 3),
+        "wall_s": round(tl.wall + tw.wall, 3),
+        "cpu_per_wall": round(tw.cpu / tw.wall, 2),
+        **mem_info(),
+    }
+
+
+def task_corpus_tokenize(spec):
+    """mimi_py.data.tokenize on a fresh local Ray instance (spec["ray_cpus"] CPUs) with
+    spec["workers"] actors of one thread; one row per part file, to time the first row."""
+    import logging
+
+    import ray
+
+    from mimi_py import data
+
+    with Timer() as ti:
+        ray.init(num_cpus=spec["ray_cpus"], include_dashboard=False, logging_level=logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    parts = []
+    try:
+        with Timer() as tw:
+            m = data.tokenize(
+                spec["corpus"],
+                spec["out"],
+                weights=spec["weights"],
+                config=_corpus_config(spec),
+                num_codebooks=spec["num_codebooks"],
+                workers=spec["workers"],
+                threads_per_worker=1,
+                rows_per_file=1,
+                progress_every=None,
+                on_part=lambda p: parts.append(p.wall_seconds),
+            )
+    finally:
+        ray.shutdown()
+    c = m["counts"]
+    return {
+        "engine": "tokenize",
+        "workers": spec["workers"],
+        "files": c["rows"],
+        "errors": c["errors"],
+        "audio_s": round(c["audio_hours"] * 3600, 3),
+        "ray_init_s": round(ti.wall, 3),
+        "wall_s": round(tw.wall, 3),
+        "first_row_s": round(parts[0], 3) if parts else None,
+        "driver_cpu_s": round(tw.cpu, 3),
+    }
+
+
 TASKS = {
     "transformer": task_transformer,
     "codec_offline": task_codec_offline,
     "codec_streaming": task_codec_streaming,
     "codec_rss": task_codec_rss,
+    "corpus_loop": task_corpus_loop,
+    "corpus_tokenize": task_corpus_tokenize,
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "benches" / "run.py"
-SUITES = ["transformer", "codec", "streaming", "rss"]
+SUITES = ["transformer", "codec", "streaming", "rss", "corpus"]
 
 
 def test_bench_suites_run_tiny(tmp_path):
@@ -59,6 +59,13 @@ def test_bench_suites_run_tiny(tmp_path):
     rss = mimi_runs("rss")
     assert rss and all(r["ok"] and r["peak_rss_bytes"] > 0 for r in rss), rss
 
+    corpus = suites["corpus"]  # needs the data extra (part of the test extra)
+    runs = {r["label"]: r for r in corpus["runs"]}
+    assert all(r["ok"] for r in corpus["runs"]), corpus["runs"]
+    assert runs["tokenize, 1 worker x 1 thread"]["codes_equal"] is True
+    assert runs["plain loop, 1 process"]["audio_s"] == corpus["audio_s"] > 0
+    assert all(g["meaningful"] is False for g in corpus["goals"])
+
     keys = {t["key"] for t in res["targets"]}
     assert {"step_median_us", "encode_rtf", "decode_rtf", "stream_median_us", "peak_rss_bytes"} <= keys
     assert all(t["meaningful"] is False for t in res["targets"])  # tiny numbers are not verdicts
@@ -71,5 +78,6 @@ def test_bench_suites_run_tiny(tmp_path):
         "### Codec offline",
         "### Codec streaming",
         "### Peak RSS",
+        "### Corpus",
     ):
         assert heading in readme

@@ -1,4 +1,6 @@
-"""Command line: ``python -m mimi_py encode IN.wav OUT.npy`` / ``decode IN.npy OUT.wav``.
+"""Command line: ``python -m mimi_py encode IN.wav OUT.npy`` / ``decode IN.npy OUT.wav``, and
+``tokenize INPUT OUTPUT_DIR`` / ``detokenize OUTPUT_DIR WAV_DIR`` for a whole corpus on Ray
+(:mod:`mimi_py.data`; ``pip install 'mimi_py[data]'``).
 
 Audio is read and written with ``soundfile``; other sample rates are resampled to the
 codec's rate with ``soxr`` (install both, and ``tqdm``, with ``pip install 'mimi_py[audio]'``).
@@ -126,6 +128,118 @@ def decode(args) -> None:
     print(f"{args.output}: {len(pcm) / codec.sample_rate:.2f} s at {codec.sample_rate} Hz", file=sys.stderr)
 
 
+def tokenize(args) -> None:
+    """``tokenize INPUT OUTPUT_DIR``: :func:`mimi_py.data.tokenize`, then a one-line summary."""
+    from . import data
+
+    if args.weights is None:
+        print(
+            "note: no --weights given: using seeded random weights (the codes are meaningless); "
+            "pass --weights hf:kyutai/mimi (or a path to kyutai/mimi's files) for real use",
+            file=sys.stderr,
+        )
+    try:
+        m = data.tokenize(
+            args.input,
+            args.output_dir,
+            weights=args.weights,
+            num_codebooks=args.num_codebooks,
+            workers=args.workers,
+            threads_per_worker=args.threads_per_worker,
+            batch_seconds=args.batch_seconds,
+            address=args.address,
+            resume=args.resume,
+            progress_every=args.progress_every,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"interrupted: the rows written so far are kept; run the same command with --resume "
+            f"to finish ({args.output_dir}/{data.MANIFEST_NAME})",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
+    c = m["counts"]
+    print(
+        f"{args.output_dir}: {c['rows']} rows for {c['inputs']} inputs ({c['errors']} errors, "
+        f"{c['missing']} missing), {c['audio_hours']:.3f} h of audio; {data.MANIFEST_NAME}: {m['status']}",
+        file=sys.stderr,
+    )
+
+
+def detokenize(args) -> None:
+    """``detokenize OUTPUT_DIR WAV_DIR``: :func:`mimi_py.data.detokenize`; exit 1 if a row failed."""
+    from . import data
+
+    c = data.detokenize(
+        args.output_dir,
+        args.wav_dir,
+        weights=args.weights,
+        workers=args.workers,
+        threads_per_worker=args.threads_per_worker,
+        address=args.address,
+        limit=args.limit,
+        progress_every=args.progress_every,
+    )
+    if c["failed"]:
+        raise CliError(f"{c['failed']} row(s) could not be decoded (see the lines above)")
+
+
+def _add_corpus_parsers(sub) -> None:
+    """The tokenize / detokenize subcommands (mimi_py.data, on Ray)."""
+    t = sub.add_parser(
+        "tokenize",
+        help="a corpus (folder, glob, .jsonl/.txt manifest) -> Mimi codes in Parquet, on Ray",
+        description="Tokenize every audio file of INPUT into Parquet rows in OUTPUT_DIR (one row per "
+        "file: path, sample_rate, duration_s, num_frames, num_codebooks, codes, error) plus "
+        "MANIFEST.json. Runs on a local Ray instance, or the cluster at --address / RAY_ADDRESS. "
+        "Needs mimi_py[data].",
+    )
+    t.add_argument(
+        "input", help="a folder (searched recursively), a glob, or a .jsonl/.txt manifest of paths"
+    )
+    t.add_argument("output_dir", help="a folder, or a pyarrow filesystem URI such as s3://bucket/codes")
+    t.add_argument("--num-codebooks", type=int, default=8)
+    t.add_argument(
+        "--batch-seconds",
+        type=float,
+        default=10.0,
+        help="seconds of audio per read block, and per codec call for files streamed from disk (default 10)",
+    )
+    t.add_argument(
+        "--resume", action="store_true", help="skip the paths that already have a row in OUTPUT_DIR"
+    )
+    d = sub.add_parser(
+        "detokenize",
+        help="the codes in a tokenize OUTPUT_DIR -> wav files, for listening checks",
+        description="Decode the rows of a tokenize OUTPUT_DIR to float32 24 kHz wav files in WAV_DIR "
+        "(error rows are skipped). --weights defaults to the ones recorded in MANIFEST.json.",
+    )
+    d.add_argument("output_dir")
+    d.add_argument("wav_dir")
+    d.add_argument("--limit", type=int, default=None, help="decode only the first N rows")
+    for q in (t, d):
+        q.add_argument(
+            "--weights",
+            default=None,
+            help="hf:REPO_ID[@REVISION][:FILENAME] or a path, as for encode (tokenize default: seeded "
+            "random weights; detokenize default: the weights in MANIFEST.json). On a cluster, hf: "
+            "weights are fetched by every node, pinned to the commit the driver resolved",
+        )
+        q.add_argument(
+            "--workers", type=int, default=None, help="codec actors (default: the cluster's CPUs / threads)"
+        )
+        q.add_argument("--threads-per-worker", type=int, default=1, help="threads (and CPUs) per actor")
+        q.add_argument(
+            "--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else local)"
+        )
+        q.add_argument(
+            "--progress-every",
+            type=float,
+            default=5.0,
+            help="seconds between summary lines on stderr (default 5)",
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mimi_py", description="Mimi codec: audio <-> tokens")
     sub = p.add_subparsers(dest="command", required=True)
@@ -149,10 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         q.add_argument("--device", default="cpu")
         q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+    _add_corpus_parsers(sub)
     args = p.parse_args(argv)
     try:
-        {"encode": encode, "decode": decode}[args.command](args)
-    except (CliError, MimiError, OSError) as e:
+        {"encode": encode, "decode": decode, "tokenize": tokenize, "detokenize": detokenize}[args.command](
+            args
+        )
+    except (CliError, MimiError, OSError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
