@@ -38,7 +38,7 @@ WORKER = BENCH_DIR / "worker.py"
 NATIVE_BIN = Path(os.environ.get("MIMI_NATIVE_BENCH", REPO / "target" / "release" / "mimi_native_bench"))
 MARK_START = "<!-- results:start -->"
 MARK_END = "<!-- results:end -->"
-ALL_SUITES = ["transformer", "codec", "streaming", "rss", "corpus"]
+ALL_SUITES = ["transformer", "codec", "streaming", "rss", "corpus", "serving"]
 ALL_ENGINES = ["mimi_py", "rustymimi", "moshi", "transformers"]
 STREAMING_ENGINES = {"mimi_py", "rustymimi", "moshi"}  # transformers: offline only
 
@@ -623,6 +623,85 @@ def busy_core_seconds(t0: dict | None, t1: dict | None) -> float | None:
     return round(busy / os.sysconf("SC_CLK_TCK"), 2)
 
 
+SERVING_BATCHES = [1, 2, 4, 8, 16, 32]
+
+
+def suite_serving(args, weights) -> dict:
+    """Streams held in real time: batched encode_step + decode_step of B rows per 80 ms frame
+    (mimi_py, at each thread count), the masked case, and the peers' single stream from the
+    streaming suite's task (they have no batched streaming)."""
+    batches = [1, 2] if args.tiny else SERVING_BATCHES
+    frames, warmup = (3, 1) if args.tiny else (30, 3)
+    runs = []
+    for th in args.threads:
+        log(f"serving: mimi_py, batches {batches}, {th} thread(s)")
+        spec = dict(codec_spec(args, weights), task="serving", batches=batches, frames=frames, warmup=warmup)
+        res = run_child(spec, th, args.timeout)
+        res.setdefault("engine", "mimi_py")
+        runs.append(res)
+    peers, skipped = [], {}
+    for eng in engine_list(args, True, STREAMING_ENGINES):
+        if eng.split("+")[0] == "mimi_py":
+            continue
+        why = engine_available(eng, args.tiny)
+        if why:
+            skipped[eng] = why
+            continue
+        log(f"serving: {eng}, one stream, {args.main_threads} thread(s)")
+        spec = dict(
+            codec_spec(args, weights), task="codec_streaming", engine=eng, frames=frames, warmup=warmup
+        )
+        res = run_child(spec, args.main_threads, args.timeout)
+        res.setdefault("engine", eng)
+        if res.get("ok"):
+            res["streams_held"] = int(res["frame_total"]["p99_us"] <= 80_000)
+        peers.append(res)
+    return {"batches": batches, "frames": frames, "runs": runs, "peers": peers, "skipped": skipped}
+
+
+def render_serving(L: list, s: dict) -> None:
+    """The serving suite's tables (appended to L)."""
+    L.append("### Serving: streams held in real time (batched `encode_step` + `decode_step` per 80 ms)")
+    L.append("")
+    if s.get("skipped") and not s.get("runs"):
+        L.append(f"_skipped: {s['skipped']}_")
+        return
+    L.append(
+        "One frame = one masked `encode_step` then `decode_step` of B rows, 80 ms of audio per row. "
+        "B streams are held when the p99 frame time is ≤ 80 ms."
+    )
+    L.append("")
+    L.append(
+        "| threads | " + " | ".join(f"B={b} median / p99 ms" for b in s["batches"]) + " | streams held |"
+    )
+    L.append("| --- | " + " | ".join("---" for _ in s["batches"]) + " | --- |")
+    for r in s["runs"]:
+        if not r.get("ok"):
+            L.append(f"| {r.get('threads')} | error: {fmt_err(r)} |")
+            continue
+        cells = [f"{b['median_us'] / 1e3:.1f} / {b['p99_us'] / 1e3:.1f}" for b in r["batches"]]
+        L.append(f"| {r['threads']} | " + " | ".join(cells) + f" | {r['streams_held']} |")
+    L.append("")
+    for r in s["runs"]:
+        if r.get("ok"):
+            m = r["masked"]
+            L.append(
+                f"- masked, {r['threads']} thread(s): B={m['batch']} with {m['active']} active, median "
+                f"{m['masked']['median_us'] / 1e3:.1f} ms, against {m['active']} rows all active "
+                f"{m['dense_active_only']['median_us'] / 1e3:.1f} ms (ratio {m['overhead_ratio']})"
+            )
+    for p in s.get("peers", []):
+        if p.get("ok"):
+            t = p["frame_total"]
+            L.append(
+                f"- {p['engine']}, one stream (no batched streaming): median {t['median_us'] / 1e3:.1f} ms, "
+                f"p99 {t['p99_us'] / 1e3:.1f} ms, streams held {p['streams_held']}"
+            )
+    for e, why in s.get("skipped", {}).items():
+        L.append(f"- {e}: {why}")
+    L.append("")
+
+
 def suite_corpus(args, weights, tmp: Path) -> dict:
     """mimi_py.data.tokenize against a plain Python loop over MimiCodec.encode: the same files,
     the same codes (checked), 1 thread per worker. Each run is a fresh process; tokenize's runs
@@ -1107,6 +1186,7 @@ def render_markdown(res) -> str:
             L.append(f"| {eng} | {why} | | | |")
     L.append("")
     render_corpus(L, s.get("corpus", {"skipped": "not selected (--suites)"}), args)
+    render_serving(L, s.get("serving", {"skipped": "not selected (--suites)"}))
     return "\n".join(L).rstrip() + "\n"
 
 
@@ -1192,7 +1272,7 @@ def main(argv=None) -> int:
     cpu0 = common.cpu_times()
 
     weights = None
-    if any(x in args.suites for x in ("codec", "streaming", "rss", "corpus")):
+    if any(x in args.suites for x in ("codec", "streaming", "rss", "corpus", "serving")):
         log("random weights in the moshi checkpoint layout (cached in benches/.cache or $MIMI_BENCH_CACHE)")
         if args.tiny:
             weights = {
@@ -1225,6 +1305,8 @@ def main(argv=None) -> int:
                 suites[name] = suite_streaming(args, weights)
             elif name == "corpus":
                 suites[name] = suite_corpus(args, weights, Path(tmp))
+            elif name == "serving":
+                suites[name] = suite_serving(args, weights)
             else:
                 suites[name] = suite_rss(args, weights)
             suites[name]["suite_wall_s"] = round(time.perf_counter() - t0, 1)

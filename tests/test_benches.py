@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "benches" / "run.py"
-SUITES = ["transformer", "codec", "streaming", "rss", "corpus"]
+SUITES = ["transformer", "codec", "streaming", "rss", "corpus", "serving"]
 
 
 def test_bench_suites_run_tiny(tmp_path):
@@ -58,6 +58,12 @@ def test_bench_suites_run_tiny(tmp_path):
 
     rss = mimi_runs("rss")
     assert rss and all(r["ok"] and r["peak_rss_bytes"] > 0 for r in rss), rss
+
+    (serve,) = suites["serving"]["runs"]
+    assert serve["ok"], serve
+    assert [b["batch"] for b in serve["batches"]] == suites["serving"]["batches"]
+    assert serve["streams_held"] in suites["serving"]["batches"] + [0]
+    assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
 
     corpus = suites["corpus"]  # needs the data extra (part of the test extra)
     runs = {r["label"]: r for r in corpus["runs"]}
