@@ -404,3 +404,24 @@ def test_streaming_decode_with_a_batch(codec):
 def test_half_precision_codec_is_refused_up_front(dtype):
     with pytest.raises(mimi_py.ConfigError, match="float32 only"):
         mimi_py.MimiCodec(CODEC / "mimi_small.safetensors", config=small_config(), dtype=dtype)
+
+
+@pytest.mark.parametrize("last_chunk", [0, 1, 777, 1920, 2500])
+def test_a_stream_ended_with_last_true_gives_exactly_the_offline_codes(codec, last_chunk):
+    rng = np.random.default_rng(12)
+    pcm = (rng.standard_normal((2, 1, 3 * 1920 + 1234 + last_chunk)) * 0.1).astype(np.float32)
+    codec.reset_state()
+    cut = pcm.shape[-1] - last_chunk
+    parts = [codec.encode_step(pcm[:, :, a : min(a + 1111, cut)]) for a in range(0, cut, 1111)]
+    parts.append(codec.encode_step(pcm[:, :, cut:], last=True))
+    streamed = np.concatenate([p for p in parts if p is not None], axis=-1)
+    np.testing.assert_array_equal(streamed, codec.encode(pcm))
+    # the stream is spent: the next call starts a fresh one, of any batch size
+    assert codec.positions.size == 0
+    assert codec.encode_step(pcm[:1, :, :1920]).shape == (1, codec.num_codebooks, 1)
+    codec.reset_state()
+
+
+def test_last_true_cannot_be_masked(codec):
+    with pytest.raises(mimi_py.InvalidInputError, match="active"):
+        codec.encode_step(np.zeros((1, 1, 1920), np.float32), active=np.array([True]), last=True)

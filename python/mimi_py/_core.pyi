@@ -260,9 +260,10 @@ class MimiCodec:
     def encode_latents(self, pcm: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
     def decode_latents(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
     def encode_step(
-        self, pcm: npt.ArrayLike | None, *, active: npt.ArrayLike | None = None
+        self, pcm: npt.ArrayLike | None, *, active: npt.ArrayLike | None = None, last: bool = False
     ) -> npt.NDArray[np.uint32] | None:
-        """Stream audio in; with active (bool, (batch,)), only those rows step (whole frames)."""
+        """Stream audio in; with active (bool, (batch,)), only those rows step (whole frames).
+        last=True ends the stream, padding the last partial frame as encode does."""
     def decode_step(
         self, codes: npt.ArrayLike | None, *, active: npt.ArrayLike | None = None
     ) -> npt.NDArray[np.float32] | None:

@@ -14,8 +14,8 @@ on a cluster (``address=`` or ``RAY_ADDRESS``):
    is encoded with ``MimiCodec.encode`` (one stream over ~2 s chunks inside the codec, so its
    working memory does not grow with the file), so its codes equal ``MimiCodec.encode`` of the
    file's (resampled, mono) audio exactly. Longer files stream through ``encode_step`` in chunks
-   of ``batch_seconds``; all their frames but a partial last one are exact too
-   (:meth:`MimiEncoder.encode_blocks`).
+   of ``batch_seconds``, ended with ``last=True``, which pads the last partial frame as
+   ``encode`` does: exact too (:meth:`MimiEncoder.encode_blocks`).
 3. The driver (:func:`tokenize`) writes the rows to Parquet part files in ``OUTPUT_DIR``, each
    under a temporary name and then renamed, and keeps ``MANIFEST.json`` up to date.
 
@@ -620,10 +620,9 @@ class MimiEncoder:
         """The codes of one file given as consecutive blocks of mono audio at 24 kHz, streamed
         through ``encode_step`` from a fresh state: (num_codebooks, num_frames) uint16.
 
-        Every complete frame equals ``MimiCodec.encode``'s. A last partial frame is padded with
-        zeros; ``encode`` pads it inside the model instead (as moshi's offline model does), and
-        the two can give a different last frame. The Python API has no way to end a stream
-        with the offline padding, so only whole-frame audio is exact here.
+        The stream ends with ``encode_step(..., last=True)``, which pads the last partial frame
+        as ``MimiCodec.encode`` does, so the codes equal ``encode``'s exactly, with memory
+        bounded by the chunk whatever the file's length.
         """
         codec, fs = self.codec, self.codec.frame_size
         codec.reset_state()
@@ -638,10 +637,9 @@ class MimiEncoder:
                     out.append(codes[0])
         if n == 0:
             raise InvalidInputError("no audio samples")
-        if n % fs:
-            codes = codec.encode_step(np.zeros((1, 1, fs - n % fs), np.float32))
-            if codes is not None:
-                out.append(codes[0])
+        codes = codec.encode_step(np.zeros((1, 1, 0), np.float32), last=True)
+        if codes is not None:
+            out.append(codes[0])
         codec.reset_state()
         q = self.codec.num_codebooks
         codes = np.concatenate(out, axis=1) if out else np.zeros((q, 0), np.uint32)

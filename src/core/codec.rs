@@ -841,6 +841,37 @@ impl Codec {
         Ok(out)
     }
 
+    /// The stream's last chunk (possibly empty): the codes of every frame it completes, then
+    /// of the last partial frame, padded as the offline `encode` pads it (every layer's right
+    /// padding). The concatenated codes of a stream ended this way are `encode`'s. The stream
+    /// is spent afterwards: start a new one. Native engine only.
+    pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
+        if !matches!(self.convs, Convs::Native { .. }) {
+            return Err(Error::Device(
+                "ending a stream with last=True needs the native CPU engine (device=\"cpu\", \
+                 float32)"
+                    .into(),
+            ));
+        }
+        let mut partial = s.samples.iter().map(|&x| x % self.cfg.frame_size() as u64);
+        if partial.next().is_some_and(|p0| partial.any(|p| p != p0)) {
+            return Err(Error::Shape(
+                "last=True ends every row at once, but the rows hold different partial frames \
+                 (after a per-row reset)"
+                    .into(),
+            ));
+        }
+        let n = pcm.dim(2)?;
+        let out = crate::core::kernels::in_pool(|| -> Result<Option<Tensor>> {
+            match self.latents_step(s, pcm, true)? {
+                Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
+                None => Ok(None),
+            }
+        })?;
+        s.samples.iter_mut().for_each(|x| *x += n as u64);
+        Ok(out)
+    }
+
     /// Refuses a chunk of `n` samples that would make rows emit different numbers of frames:
     /// masked steps take whole frames, and so does any step once rows hold different
     /// partial frames (after a per-row reset).

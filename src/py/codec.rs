@@ -606,21 +606,39 @@ impl PyMimiCodec {
     /// ``active``: a boolean array of shape ``(batch,)``; only those rows step (the others
     /// keep their state bit for bit, whatever ``pcm`` holds there, and their codes are zeros).
     /// With ``active``, chunks must be a whole number of frames.
-    #[pyo3(signature = (pcm, *, active=None))]
+    ///
+    /// ``last=True`` ends the stream with this chunk (which may be empty): the last partial
+    /// frame is padded as ``encode`` pads it, so the codes of the whole stream equal
+    /// ``encode``'s exactly; the next call starts a fresh encoder stream.
+    #[pyo3(signature = (pcm, *, active=None, last=false))]
     fn encode_step<'py>(
         &self,
         py: Python<'py>,
         pcm: Option<&Bound<'py, PyAny>>,
         active: Option<&Bound<'py, PyAny>>,
+        last: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(pcm) = pcm else { return Ok(None) };
+        if last && active.is_some_and(|a| !a.is_none()) {
+            return Err(Error::InvalidInput(
+                "last=True ends every row's stream; it cannot be combined with active=".into(),
+            )
+            .into());
+        }
         let (host, rows) = self.read_pcm_rows(pcm, active)?;
         let (codec, enc) = (self.codec.clone(), &self.enc);
         let out = guard::detached(py, move |d| {
             let mut g = enc.lock(d)?;
             let stream = g.get_or_insert_with(|| codec.encode_stream());
             check_stream_batch(stream.batch(), host.shape[0], "encoder")?;
-            encode_rows(&codec, stream, host, rows.as_deref())
+            if !last {
+                return encode_rows(&codec, stream, host, rows.as_deref());
+            }
+            let shape = host.shape.clone();
+            let x = Tensor::from_vec(host.data, shape.as_slice(), codec.device())?;
+            let codes = codec.encode_last(stream, &x.to_dtype(codec.dtype())?)?;
+            *g = None;
+            codes.map(|c| tensor_u32(&c)).transpose()
         })?;
         match out {
             None => Ok(None),
