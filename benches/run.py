@@ -661,6 +661,7 @@ def suite_serving(args, weights) -> dict:
 
 def render_serving(L: list, s: dict) -> None:
     """The serving suite's tables (appended to L)."""
+    L.append("")
     L.append("### Serving: streams held in real time (batched `encode_step` + `decode_step` per 80 ms)")
     L.append("")
     if s.get("skipped") and not s.get("runs"):

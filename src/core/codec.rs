@@ -309,36 +309,19 @@ pub struct Codec {
 
 // One per stream: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
-enum EncodeConvs {
+pub enum EncodeConvs {
     /// Per batch item: the SEANet encoder's and the downsampling's states.
     Native(Vec<(seanet::EncoderState, conv::ConvState)>),
     Candle(SeaNetEncoder, ConvDownsample1d),
 }
 
-/// Streaming encoder state: SEANet and downsampling buffers, the transformer's state, and
-/// each row's samples since its own start or reset.
-pub struct EncodeStream {
-    convs: EncodeConvs,
-    tr: State,
-    batch: Option<usize>,
-    samples: Vec<u64>,
-}
-
-enum DecodeConvs {
+pub enum DecodeConvs {
     /// Per batch item: the upsampling's and the SEANet decoder's states.
     Native(Vec<(conv::ConvState, seanet::DecoderState)>),
     /// One module per batch item: candle 0.11.1's CPU `conv_transpose1d` gives wrong
     /// results for batch items after the first (its col2im path), so transposed
     /// convolutions always run on batch size 1.
     Candle(Vec<(ConvTrUpsample1d, SeaNetDecoder)>),
-}
-
-/// Streaming decoder state, with each row's frames since its own start or reset.
-pub struct DecodeStream {
-    convs: DecodeConvs,
-    tr: State,
-    batch: Option<usize>,
-    frames: Vec<u64>,
 }
 
 /// Per-row streaming (`active` masks, per-row resets) keeps one state per batch item, which
@@ -351,86 +334,106 @@ fn rows_need_native() -> Error {
     )
 }
 
-impl EncodeStream {
-    /// The batch size, once the stream has started.
-    pub fn batch(&self) -> Option<usize> {
-        self.batch
-    }
+/// The convolution states of a stream, by engine.
+pub trait Convolutions: Sized {
+    /// Whether each batch item has a state of its own (the native engine).
+    fn per_row(&self) -> bool;
+    /// Returns batch item `r` to a fresh state (if it has one yet).
+    fn reset_item(&mut self, r: usize);
+    /// An independent copy.
+    fn deep_copy(&self) -> Self;
+}
 
-    /// Each row's audio samples since its own start or reset.
-    pub fn samples(&self) -> &[u64] {
-        &self.samples
+impl Convolutions for EncodeConvs {
+    fn per_row(&self) -> bool {
+        matches!(self, EncodeConvs::Native(_))
     }
-
-    /// Starts the stream at batch size `b` (no-op once started).
-    pub fn start(&mut self, b: usize) {
-        if self.batch.is_none() {
-            self.batch = Some(b);
-            self.samples = vec![0; b];
-        }
-    }
-
-    /// Returns `rows` to a fresh stream; the other rows continue untouched.
-    pub fn reset_rows(&mut self, rows: &[usize]) -> Result<()> {
-        let EncodeConvs::Native(items) = &mut self.convs else {
-            return Err(rows_need_native());
-        };
-        let n = self.samples.len();
-        for &r in rows.iter().filter(|&&r| r < n) {
+    fn reset_item(&mut self, r: usize) {
+        if let EncodeConvs::Native(items) = self {
             if let Some(item) = items.get_mut(r) {
                 *item = Default::default();
             }
-            self.samples[r] = 0;
         }
-        self.tr.reset_rows(rows);
-        Ok(())
     }
-
-    /// An independent copy (new buffers, same contents).
-    pub fn deep_copy(&self) -> Result<Self> {
-        let convs = match &self.convs {
+    fn deep_copy(&self) -> Self {
+        match self {
             EncodeConvs::Native(items) => EncodeConvs::Native(items.clone()),
             EncodeConvs::Candle(e, d) => EncodeConvs::Candle(e.clone(), d.clone()),
-        };
-        Ok(Self {
-            convs,
-            tr: self.tr.deep_copy()?,
-            batch: self.batch,
-            samples: self.samples.clone(),
-        })
+        }
     }
 }
 
-impl DecodeStream {
+impl Convolutions for DecodeConvs {
+    fn per_row(&self) -> bool {
+        matches!(self, DecodeConvs::Native(_))
+    }
+    fn reset_item(&mut self, r: usize) {
+        if let DecodeConvs::Native(items) = self {
+            if let Some(item) = items.get_mut(r) {
+                *item = Default::default();
+            }
+        }
+    }
+    fn deep_copy(&self) -> Self {
+        match self {
+            DecodeConvs::Native(items) => DecodeConvs::Native(items.clone()),
+            DecodeConvs::Candle(items) => DecodeConvs::Candle(items.clone()),
+        }
+    }
+}
+
+/// A streaming state: the convolutions' buffers, the transformer's state, and each row's
+/// count since its own start or reset (audio samples for the encoder, code frames for the
+/// decoder).
+pub struct Stream<C> {
+    convs: C,
+    tr: State,
+    batch: Option<usize>,
+    counts: Vec<u64>,
+}
+
+/// Streaming encoder state (counts: samples).
+pub type EncodeStream = Stream<EncodeConvs>;
+/// Streaming decoder state (counts: code frames).
+pub type DecodeStream = Stream<DecodeConvs>;
+
+impl<C: Convolutions> Stream<C> {
+    fn new(convs: C) -> Self {
+        Self {
+            convs,
+            tr: State::default(),
+            batch: None,
+            counts: Vec::new(),
+        }
+    }
+
     /// The batch size, once the stream has started.
     pub fn batch(&self) -> Option<usize> {
         self.batch
     }
 
-    /// Each row's code frames since its own start or reset.
-    pub fn frames(&self) -> &[u64] {
-        &self.frames
+    /// Each row's samples (encoder) or frames (decoder) since its own start or reset.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
     }
 
     /// Starts the stream at batch size `b` (no-op once started).
     pub fn start(&mut self, b: usize) {
         if self.batch.is_none() {
             self.batch = Some(b);
-            self.frames = vec![0; b];
+            self.counts = vec![0; b];
         }
     }
 
     /// Returns `rows` to a fresh stream; the other rows continue untouched.
     pub fn reset_rows(&mut self, rows: &[usize]) -> Result<()> {
-        let DecodeConvs::Native(items) = &mut self.convs else {
+        if !self.convs.per_row() {
             return Err(rows_need_native());
-        };
-        let n = self.frames.len();
+        }
+        let n = self.counts.len();
         for &r in rows.iter().filter(|&&r| r < n) {
-            if let Some(item) = items.get_mut(r) {
-                *item = Default::default();
-            }
-            self.frames[r] = 0;
+            self.convs.reset_item(r);
+            self.counts[r] = 0;
         }
         self.tr.reset_rows(rows);
         Ok(())
@@ -438,15 +441,11 @@ impl DecodeStream {
 
     /// An independent copy (new buffers, same contents).
     pub fn deep_copy(&self) -> Result<Self> {
-        let convs = match &self.convs {
-            DecodeConvs::Native(items) => DecodeConvs::Native(items.clone()),
-            DecodeConvs::Candle(items) => DecodeConvs::Candle(items.clone()),
-        };
         Ok(Self {
-            convs,
+            convs: self.convs.deep_copy(),
             tr: self.tr.deep_copy()?,
             batch: self.batch,
-            frames: self.frames.clone(),
+            counts: self.counts.clone(),
         })
     }
 }
@@ -780,12 +779,7 @@ impl Codec {
                 ..
             } => EncodeConvs::Candle(encoder.clone(), downsample.clone()),
         };
-        EncodeStream {
-            convs,
-            tr: State::default(),
-            batch: None,
-            samples: Vec::new(),
-        }
+        Stream::new(convs)
     }
 
     pub fn decode_stream(&self) -> DecodeStream {
@@ -793,12 +787,7 @@ impl Codec {
             Convs::Native { .. } => DecodeConvs::Native(Vec::new()),
             Convs::Candle { .. } => DecodeConvs::Candle(Vec::new()),
         };
-        DecodeStream {
-            convs,
-            tr: State::default(),
-            batch: None,
-            frames: Vec::new(),
-        }
+        Stream::new(convs)
     }
 
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
@@ -834,9 +823,9 @@ impl Codec {
                 None => Ok(None),
             }
         })?;
-        let all: Vec<usize> = (0..s.samples.len()).collect();
+        let all: Vec<usize> = (0..s.counts.len()).collect();
         for &r in rows.unwrap_or(&all) {
-            s.samples[r] += n as u64;
+            s.counts[r] += n as u64;
         }
         Ok(out)
     }
@@ -853,7 +842,7 @@ impl Codec {
                     .into(),
             ));
         }
-        let mut partial = s.samples.iter().map(|&x| x % self.cfg.frame_size() as u64);
+        let mut partial = s.counts.iter().map(|&x| x % self.cfg.frame_size() as u64);
         if partial.next().is_some_and(|p0| partial.any(|p| p != p0)) {
             return Err(Error::Shape(
                 "last=True ends every row at once, but the rows hold different partial frames \
@@ -868,7 +857,7 @@ impl Codec {
                 None => Ok(None),
             }
         })?;
-        s.samples.iter_mut().for_each(|x| *x += n as u64);
+        s.counts.iter_mut().for_each(|x| *x += n as u64);
         Ok(out)
     }
 
@@ -880,7 +869,7 @@ impl Codec {
         if rows.is_some() && !matches!(self.convs, Convs::Native { .. }) {
             return Err(rows_need_native());
         }
-        let mut partial = s.samples.iter().map(|&x| x % f as u64);
+        let mut partial = s.counts.iter().map(|&x| x % f as u64);
         let uneven = partial.next().is_some_and(|p0| partial.any(|p| p != p0));
         if n % f != 0 && (rows.is_some() || uneven) {
             return Err(Error::Shape(format!(
@@ -929,14 +918,14 @@ impl Codec {
                 },
                 EncodeConvs::Native(items),
             ) => {
-                items.resize_with(s.samples.len(), Default::default);
+                items.resize_with(s.counts.len(), Default::default);
                 let mut xs = Vec::with_capacity(b);
                 for (item, &r) in to_frames(pcm)?.iter().zip(rows_or_all) {
                     xs.push(encoder.apply(&mut items[r].0, item, last, None)?);
                 }
                 let x = match from_frames(xs, &self.device)? {
                     Some(x) => {
-                        let rows = rows.map(|r| (r, s.samples.len()));
+                        let rows = rows.map(|r| (r, s.counts.len()));
                         run_transformer_rows(&self.enc_tr, &mut s.tr, &x, rows)?
                     }
                     // Nothing new for the transformer, but the last chunk still flushes the
@@ -995,9 +984,9 @@ impl Codec {
             let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
             self.latents_decode_step_rows(s, &x, rows)
         })?;
-        let all: Vec<usize> = (0..s.frames.len()).collect();
+        let all: Vec<usize> = (0..s.counts.len()).collect();
         for &r in rows.unwrap_or(&all) {
-            s.frames[r] += t as u64;
+            s.counts[r] += t as u64;
         }
         Ok(out)
     }
@@ -1025,7 +1014,7 @@ impl Codec {
                 },
                 DecodeConvs::Native(items),
             ) => {
-                items.resize_with(s.frames.len(), Default::default);
+                items.resize_with(s.counts.len(), Default::default);
                 let ups = to_frames(x)?
                     .iter()
                     .zip(rows_or_all)
@@ -1034,7 +1023,7 @@ impl Codec {
                 let Some(x) = from_frames(ups, &self.device)? else {
                     return Ok(None);
                 };
-                let rows = rows.map(|r| (r, s.frames.len()));
+                let rows = rows.map(|r| (r, s.counts.len()));
                 let x = run_transformer_rows(&self.dec_tr, &mut s.tr, &x, rows)?;
                 let mut ys = Vec::with_capacity(b);
                 for (item, &r) in to_frames(&x)?.iter().zip(rows_or_all) {

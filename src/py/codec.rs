@@ -707,7 +707,7 @@ impl PyMimiCodec {
         let (enc, f) = (&self.enc, self.codec.config().frame_size() as u64);
         let pos = guard::detached(py, |d| {
             Ok(enc.lock(d)?.as_ref().map_or_else(Vec::new, |s| {
-                s.samples().iter().map(|&n| (n / f) as i64).collect()
+                s.counts().iter().map(|&n| (n / f) as i64).collect()
             }))
         })?;
         let n = pos.len();
@@ -723,7 +723,7 @@ impl PyMimiCodec {
             Ok(dec
                 .lock(d)?
                 .as_ref()
-                .map_or_else(Vec::new, |s| s.frames().iter().map(|&n| n as i64).collect()))
+                .map_or_else(Vec::new, |s| s.counts().iter().map(|&n| n as i64).collect()))
         })?;
         let n = pos.len();
         Ok(convert::to_numpy(py, pos, &[n])?)
