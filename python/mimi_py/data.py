@@ -968,23 +968,56 @@ def tokenize(
     inputs = [p for p, _ in pairs]
     out = _Output(output_dir)
     model, ident = _resolve_weights(_model(weights, config, num_codebooks, seed))
-    codec = model.load()  # fail here, once, rather than in every actor
+    settings = {
+        "batch_seconds": batch_seconds,
+        "threads_per_worker": threads_per_worker,
+        "max_inline_seconds": max_inline_seconds,
+    }
+    manifest = _new_manifest(input, inputs, model, ident, settings)
+    done = _open_output(out, manifest, resume)
+    todo = [(p, s) for p, s in pairs if p not in done]
+    run: dict[str, Any] = {"started": _now(), "resumed": bool(resume), "skipped": len(pairs) - len(todo)}
+    manifest["runs"].append(run)
+    manifest["counts"] = _counts(out, inputs)
+    out.write_json(MANIFEST_NAME, manifest)
+    writer = _PartWriter(out, len(todo), t_start, rows_per_file, flush_seconds, progress_every, on_part)
+    if todo:
+        stage = dict(settings, weights=model.weights, config=model.config)
+        stage.update(num_codebooks=num_codebooks, seed=seed, workers=workers)
+        try:
+            _run_pipeline(todo, stage, address, writer, run, manifest)
+        except BaseException as e:  # Ctrl-C, a Ray failure: keep the rows already computed
+            with contextlib.suppress(Exception):
+                writer.flush()
+                run.update(interrupted=_now(), why=_error_text(e), files=writer.files, parts=writer.parts)
+                manifest["status"] = "interrupted"
+                manifest["counts"] = _counts(out, inputs)
+                out.write_json(MANIFEST_NAME, manifest)
+            raise
+    return _finish(out, inputs, manifest, run, writer)
+
+
+def _new_manifest(
+    input: Any, inputs: Sequence[str], model: _Model, ident: dict[str, Any], settings: dict[str, Any]
+) -> dict[str, Any]:
+    """A fresh ``MANIFEST.json`` for a job; loads the model once, so that a bad checkpoint fails
+    here rather than in every actor."""
+    codec = model.load()
     if codec.cardinality > 1 << 16:
         raise ConfigError(f"codes of cardinality {codec.cardinality} do not fit uint16")
-    manifest: dict[str, Any] = {
+    described = os.fspath(input) if isinstance(input, (str, os.PathLike)) else f"{len(inputs)} paths"
+    return {
         "format": _FORMAT,
         "status": "running",
         "updated": _now(),
         "config": {
-            "input": os.fspath(input) if isinstance(input, (str, os.PathLike)) else f"{len(inputs)} paths",
+            "input": described,
             "num_codebooks": codec.num_codebooks,
             "sample_rate": codec.sample_rate,
             "frame_rate": codec.frame_rate,
             "frame_size": codec.frame_size,
             "cardinality": codec.cardinality,
-            "batch_seconds": batch_seconds,
-            "threads_per_worker": threads_per_worker,
-            "max_inline_seconds": max_inline_seconds,
+            **settings,
             "codec": codec.config.to_dict(),
         },
         "weights": ident,
@@ -993,8 +1026,10 @@ def tokenize(
         "counts": {},
         "runs": [],
     }
-    del codec
 
+
+def _open_output(out: _Output, manifest: dict[str, Any], resume: bool) -> set[str]:
+    """Creates ``out`` or checks it can be resumed (same model); returns the paths done."""
     out.mkdir()
     old = out.read_json(MANIFEST_NAME)
     parts = out.parts()
@@ -1012,99 +1047,119 @@ def tokenize(
             manifest["runs"] = list(old.get("runs", []))
         done = set(out.read(["path"]).column("path").to_pylist())
     out.remove_temporaries()  # half-written files of a killed run
-    todo = [(p, s) for p, s in pairs if p not in done]
-    run: dict[str, Any] = {"started": _now(), "resumed": bool(resume), "skipped": len(pairs) - len(todo)}
-    manifest["runs"].append(run)
-    manifest["counts"] = _counts(out, inputs)
-    out.write_json(MANIFEST_NAME, manifest)
+    return done
 
-    say = (
-        (lambda s: print(s, file=sys.stderr, flush=True)) if progress_every is not None else (lambda s: None)
-    )
-    files = errors = nparts = 0
-    audio_s = 0.0
-    run_id = _dt.datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    pending: list[pa.Table] = []
-    pending_rows = 0
-    last_flush = last_say = time.perf_counter()
 
-    def progress() -> Progress:
-        return Progress(files, errors, len(todo), audio_s, time.perf_counter() - t_start, nparts)
+class _PartWriter:
+    """Collects result rows and writes them as part files (``rows_per_file`` rows or
+    ``flush_seconds`` at most each); counts and reports progress."""
 
-    def flush() -> None:
-        nonlocal pending, pending_rows, nparts, last_flush, files
-        last_flush = time.perf_counter()
-        if not pending:
+    def __init__(
+        self,
+        out: _Output,
+        total: int,
+        t_start: float,
+        rows_per_file: int,
+        flush_seconds: float,
+        progress_every: float | None,
+        on_part: Callable[[Progress], None] | None,
+    ) -> None:
+        self.out, self.total, self.t_start = out, total, t_start
+        self.rows_per_file, self.flush_seconds = rows_per_file, flush_seconds
+        self.progress_every, self.on_part = progress_every, on_part
+        self.run_id = _dt.datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.files = self.errors = self.parts = 0
+        self.audio_s = 0.0
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.last_flush = self.last_say = time.perf_counter()
+
+    def say(self, line: str) -> None:
+        """A summary line on stderr, unless quiet."""
+        if self.progress_every is not None:
+            print(line, file=sys.stderr, flush=True)
+
+    def progress(self) -> Progress:
+        """Where the run stands."""
+        wall = time.perf_counter() - self.t_start
+        return Progress(self.files, self.errors, self.total, self.audio_s, wall, self.parts)
+
+    def add(self, batch: pa.Table) -> None:
+        """Takes a batch of result rows; writes a part file and reports when it is time."""
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+        ok = batch.filter(batch.column("error").is_null())
+        self.errors += batch.num_rows - ok.num_rows
+        self.audio_s += float(sum(d for d in ok.column("duration_s").to_pylist() if d is not None))
+        now = time.perf_counter()
+        if self.pending_rows >= self.rows_per_file or now - self.last_flush >= self.flush_seconds:
+            self.flush()
+        if now - self.last_say >= (self.progress_every or 0):
+            self.last_say = now
+            p = self.progress()
+            self.say(p._replace(files=p.files + self.pending_rows).line())
+
+    def flush(self) -> None:
+        """Writes the pending rows as one part file (temporary name, then renamed)."""
+        self.last_flush = time.perf_counter()
+        if not self.pending:
             return
-        pa = _pa()
-        table = pa.concat_tables(pending)
-        out.write_table(f"part-{run_id}-{nparts:05d}.parquet", table)
-        nparts += 1
-        files += table.num_rows
-        pending, pending_rows = [], 0
-        if on_part is not None:
-            on_part(progress())
+        table = _pa().concat_tables(self.pending)
+        self.out.write_table(f"part-{self.run_id}-{self.parts:05d}.parquet", table)
+        self.parts += 1
+        self.files += table.num_rows
+        self.pending, self.pending_rows = [], 0
+        if self.on_part is not None:
+            self.on_part(self.progress())
 
-    started_ray = False
-    if todo:
-        started_ray = _init_ray(address)
+
+def _run_pipeline(
+    todo: Sequence[tuple[str, str]],
+    stage: dict[str, Any],
+    address: str | None,
+    writer: _PartWriter,
+    run: dict[str, Any],
+    manifest: dict[str, Any],
+) -> None:
+    """Runs the Ray Data pipeline over ``todo`` ((path, source) pairs), handing the result rows
+    to ``writer``; starts (and then stops) a local Ray unless one is up or ``address`` is set."""
+    started_ray = _init_ray(address)
+    try:
+        ray, ray_data = _need("ray"), _need("ray.data")
+        ctx = ray_data.DataContext.get_current()
+        bars = ctx.enable_progress_bars
+        if writer.progress_every is not None:
+            ctx.enable_progress_bars = False  # our summary line instead
+        cpus = float(ray.cluster_resources().get("CPU", 1))
+        n_workers = stage["workers"] or max(1, int(cpus // stage["threads_per_worker"]))
+        run.update(workers=n_workers, ray_cpus=cpus)
+        manifest["config"]["workers"] = n_workers
+        # Blocks of a few files: small enough to spread over the workers, large enough that
+        # per-block overhead stays small on million-file corpora.
+        blocks = min(len(todo), max(8 * n_workers, -(-len(todo) // 32)))
+        ds = ray_data.from_items([{"path": p, "source": s} for p, s in todo], override_num_blocks=blocks)
+        ds = encode_batches(ds, **dict(stage, workers=n_workers))
         try:
-            ray = _need("ray")
-            ray_data = _need("ray.data")
-            ctx = ray_data.DataContext.get_current()
-            bars = ctx.enable_progress_bars
-            if progress_every is not None:
-                ctx.enable_progress_bars = False  # our summary line instead
-            cpus = float(ray.cluster_resources().get("CPU", 1))
-            n_workers = workers or max(1, int(cpus // threads_per_worker))
-            run["workers"] = n_workers
-            run["ray_cpus"] = cpus
-            manifest["config"]["workers"] = n_workers
-            # Blocks of a few files: small enough to spread over the workers, large enough
-            # that per-block overhead stays small on million-file corpora.
-            blocks = min(len(todo), max(8 * n_workers, -(-len(todo) // 32)))
-            ds = ray_data.from_items([{"path": p, "source": s} for p, s in todo], override_num_blocks=blocks)
-            ds = encode_batches(
-                ds,
-                weights=model.weights,
-                config=model.config,
-                num_codebooks=num_codebooks,
-                seed=seed,
-                workers=n_workers,
-                threads_per_worker=threads_per_worker,
-                batch_seconds=batch_seconds,
-                max_inline_seconds=max_inline_seconds,
-            )
-            try:
-                for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-                    pending.append(batch)
-                    pending_rows += batch.num_rows
-                    ok = batch.filter(batch.column("error").is_null())
-                    errors += batch.num_rows - ok.num_rows
-                    audio_s += float(sum(d for d in ok.column("duration_s").to_pylist() if d is not None))
-                    now = time.perf_counter()
-                    if pending_rows >= rows_per_file or now - last_flush >= flush_seconds:
-                        flush()
-                    if now - last_say >= (progress_every or 0):
-                        last_say = now
-                        p = progress()
-                        say(p._replace(files=p.files + pending_rows).line())
-                flush()
-            except BaseException as e:  # Ctrl-C, a Ray failure: keep the rows already computed
-                with contextlib.suppress(Exception):
-                    flush()
-                    run.update(interrupted=_now(), why=_error_text(e), files=files, parts=nparts)
-                    manifest["status"] = "interrupted"
-                    manifest["counts"] = _counts(out, inputs)
-                    out.write_json(MANIFEST_NAME, manifest)
-                raise
-            finally:
-                ctx.enable_progress_bars = bars
+            for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+                writer.add(batch)
+            writer.flush()
         finally:
-            if started_ray:
-                _need("ray").shutdown()
-    final = progress()
-    say(final.line())
+            ctx.enable_progress_bars = bars
+    finally:
+        if started_ray:
+            _need("ray").shutdown()
+
+
+def _finish(
+    out: _Output,
+    inputs: Sequence[str],
+    manifest: dict[str, Any],
+    run: dict[str, Any],
+    writer: _PartWriter,
+) -> dict[str, Any]:
+    """Records the run and the final counts in ``MANIFEST.json``; returns it."""
+    final = writer.progress()
+    writer.say(final.line())
     run.update(
         finished=_now(),
         files=final.files,
@@ -1113,8 +1168,7 @@ def tokenize(
         wall_s=round(final.wall_seconds, 3),
         parts=final.parts,
     )
-    manifest["counts"] = _counts(out, inputs)
-    c = manifest["counts"]
+    manifest["counts"] = c = _counts(out, inputs)
     manifest["status"] = "complete" if c["missing"] == 0 and c["duplicates"] == 0 else "incomplete"
     manifest["updated"] = _now()
     out.write_json(MANIFEST_NAME, manifest)
