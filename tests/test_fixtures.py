@@ -8,10 +8,11 @@ import pytest
 import mimi_py
 from conftest import NUMERIC_CASES, assert_close
 from fixtures import chunk_slices, load_case
+from ondevice import make_transformer, tolerance
 
 
 def build(cfg, weights, **kw):
-    return mimi_py.StreamingTransformer(mimi_py.TransformerConfig(**cfg), weights, **kw)
+    return make_transformer(mimi_py.TransformerConfig(**cfg), weights, **kw)
 
 
 @pytest.fixture(scope="module", params=NUMERIC_CASES)
@@ -25,7 +26,7 @@ def test_step_by_step_matches_y_steps(case):
     t = build(cfg, weights)
     ys = [t.step(x[:, i : i + 1]) for i in range(x.shape[1])]
     assert t.position == x.shape[1]
-    assert_close(np.concatenate(ys, axis=1), arrays["y_steps"], tol["atol"], tol["rtol"], name)
+    assert_close(np.concatenate(ys, axis=1), arrays["y_steps"], *tolerance(tol), name)
 
 
 def test_chunk_pattern_matches_y_full_not_candles_y_chunks(case):
@@ -35,7 +36,7 @@ def test_chunk_pattern_matches_y_full_not_candles_y_chunks(case):
     x, tol = arrays["x"], meta["tolerance"]
     t = build(cfg, weights)
     y = np.concatenate([t.forward(x[:, s]) for s in chunk_slices(meta["chunks"])], axis=1)
-    assert_close(y, arrays["y_full"], tol["atol"], tol["rtol"], name)
+    assert_close(y, arrays["y_full"], *tolerance(tol), name)
     if x.shape[1] > cfg["context"]:
         assert np.abs(y - arrays["y_chunks"]).max() > 1e-2
 
@@ -46,7 +47,7 @@ def test_one_call_matches_y_full(case):
     t = build(cfg, weights)
     y = t.forward(x)
     assert y.dtype == np.float32 and y.shape == x.shape
-    assert_close(y, arrays["y_full"], tol["atol"], tol["rtol"], name)
+    assert_close(y, arrays["y_full"], *tolerance(tol), name)
     if "y_full_window_plus1" in arrays:  # candle's answer for one long call
         assert np.abs(y - arrays["y_full_window_plus1"]).max() > 1e-3
 

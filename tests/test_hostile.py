@@ -54,6 +54,7 @@ from hypothesis import strategies as st
 import mimi_py
 from conftest import REPO, read_safetensors, write_safetensors
 from fixtures import CODEC_DIR
+from ondevice import make_codec, make_transformer
 
 # ---------------------------------------------------------------- hypothesis budget
 
@@ -348,7 +349,7 @@ TF_CFG = M.TransformerConfig(d_model=D, num_heads=2, num_layers=2, dim_feedforwa
 
 
 def tf_pair(seed=1):
-    return M.StreamingTransformer(TF_CFG, seed=seed), M.StreamingTransformer(TF_CFG, seed=seed)
+    return make_transformer(TF_CFG, seed=seed), make_transformer(TF_CFG, seed=seed)
 
 
 def read_in_memory_order(a: np.ndarray) -> bool:
@@ -557,16 +558,16 @@ def test_codec_every_codes_dtype_and_layout_is_right(codecs, dtype, layout):
 def test_weights_mapping_in_fortran_order_loads_the_same_model():
     """{name: array} with Fortran-ordered (e.g. transposed-back) float32 arrays: same model."""
     x = np.random.default_rng(10).standard_normal((1, 3, D)).astype(np.float32)
-    ref = M.StreamingTransformer(TF_CFG, TF_W).forward(x)
+    ref = make_transformer(TF_CFG, TF_W).forward(x)
     w = {k: np.asfortranarray(v) for k, v in TF_W.items()}
-    same(M.StreamingTransformer(TF_CFG, w).forward(x), ref, "Fortran-ordered weights")
+    same(make_transformer(TF_CFG, w).forward(x), ref, "Fortran-ordered weights")
 
 
 def test_codec_weights_mapping_in_fortran_order_loads_the_same_model(codecs):
     codec, _ = codecs
     w = {k: np.asfortranarray(v) for k, v in read_safetensors(CODEC_FILE).items()}
     pcm = (np.random.default_rng(11).standard_normal(4000) * 0.1).astype(np.float32)
-    same(M.MimiCodec(w, config=small_codec_config()).encode(pcm), codec.encode(pcm), "codes")
+    same(make_codec(w, config=small_codec_config()).encode(pcm), codec.encode(pcm), "codes")
 
 
 INT_FIELDS = [
@@ -667,9 +668,7 @@ def test_transformer_construction_and_chunking(kw, device, dtype, qk_layout, see
     if kind == "err":
         assert_allowed(cfg, (M.ConfigError,), f"TransformerConfig({kw})")
         return
-    kind, t = call(
-        lambda: M.StreamingTransformer(cfg, seed=seed, device=device, dtype=dtype, qk_layout=qk_layout)
-    )
+    kind, t = call(lambda: make_transformer(cfg, seed=seed, device=device, dtype=dtype, qk_layout=qk_layout))
     if kind == "err":
         assert_allowed(t, (M.ConfigError, M.DeviceError), f"StreamingTransformer({kw}, {device}, {dtype})")
         return
@@ -678,7 +677,7 @@ def test_transformer_construction_and_chunking(kw, device, dtype, qk_layout, see
     y = t.forward(x)
     assert y.shape == x.shape and y.dtype == np.float32 and np.isfinite(y).all()
     if dtype == "float32":
-        u = M.StreamingTransformer(cfg, seed=seed, qk_layout=qk_layout)
+        u = make_transformer(cfg, seed=seed, qk_layout=qk_layout)
         cut = t_len // 2
         y2 = np.concatenate([u.forward(x[:, :cut]), u.step(x[:, cut:])], axis=1)
         np.testing.assert_allclose(y2, y, atol=1e-4, rtol=1e-4)
@@ -714,12 +713,12 @@ def test_copy_state_hostile(a_kw, b_kw, a_dtype, b_dtype, same_seed, a_hist, b_h
     ca, cb = M.TransformerConfig(**a_kw), M.TransformerConfig(**b_kw)
     sa, sb = 5, (5 if same_seed else 6)
     dst, dst_ctl = (
-        M.StreamingTransformer(ca, seed=sa, dtype=a_dtype),
-        M.StreamingTransformer(ca, seed=sa, dtype=a_dtype),
+        make_transformer(ca, seed=sa, dtype=a_dtype),
+        make_transformer(ca, seed=sa, dtype=a_dtype),
     )
     src, src_ctl = (
-        M.StreamingTransformer(cb, seed=sb, dtype=b_dtype),
-        M.StreamingTransformer(cb, seed=sb, dtype=b_dtype),
+        make_transformer(cb, seed=sb, dtype=b_dtype),
+        make_transformer(cb, seed=sb, dtype=b_dtype),
     )
     rng = np.random.default_rng(seed)
     for t, ctl, (bb, n) in ((dst, dst_ctl, a_hist), (src, src_ctl, b_hist)):
@@ -781,16 +780,16 @@ def test_constructor_wrong_python_types():
     ]
     for kw in bad:
         kw.setdefault("config", TF_CFG)
-        kind, e = call(lambda kw=kw: M.StreamingTransformer(**kw))
+        kind, e = call(lambda kw=kw: make_transformer(**kw))
         assert kind == "err", kw
         assert_allowed(e, (TypeError, M.ConfigError), f"StreamingTransformer({kw})")
 
 
 OVERFLOW_CALLS = {
-    "StreamingTransformer(seed=-1)": lambda: M.StreamingTransformer(TF_CFG, seed=-1),
-    "StreamingTransformer(seed=2**64)": lambda: M.StreamingTransformer(TF_CFG, seed=2**64),
-    "MimiCodec(seed=-1)": lambda: M.MimiCodec(CODEC_FILE, config=small_codec_config(), seed=-1),
-    "MimiCodec(num_codebooks=-1)": lambda: M.MimiCodec(
+    "StreamingTransformer(seed=-1)": lambda: make_transformer(TF_CFG, seed=-1),
+    "StreamingTransformer(seed=2**64)": lambda: make_transformer(TF_CFG, seed=2**64),
+    "MimiCodec(seed=-1)": lambda: make_codec(CODEC_FILE, config=small_codec_config(), seed=-1),
+    "MimiCodec(num_codebooks=-1)": lambda: make_codec(
         CODEC_FILE, config=small_codec_config(), num_codebooks=-1
     ),
     "CodecConfig.mimi(-1)": lambda: M.CodecConfig.mimi(-1),
@@ -840,7 +839,7 @@ def small_codec_config():
 
 
 def new_codec():
-    return M.MimiCodec(CODEC_FILE, config=small_codec_config())
+    return make_codec(CODEC_FILE, config=small_codec_config())
 
 
 @pytest.fixture(scope="module")
@@ -1217,7 +1216,7 @@ def test_codec_construction_from_generated_configs(changes):
     if kind == "err":
         assert_allowed(cfg, (M.ConfigError,), "CodecConfig")
         return
-    kind, codec = call(lambda: M.MimiCodec(config=cfg, seed=1))
+    kind, codec = call(lambda: make_codec(config=cfg, seed=1))
     if kind == "err":
         assert_allowed(codec, (M.ConfigError,), "MimiCodec(config)")
         return
@@ -1239,13 +1238,13 @@ def test_unsupported_pad_mode_is_refused_up_front():
     d = json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text())
     d["seanet"]["pad_mode"] = "reflect"
     with pytest.raises(M.ConfigError, match="pad_mode"):
-        M.MimiCodec(config=M.CodecConfig(**d))
+        make_codec(config=M.CodecConfig(**d))
 
 
 def test_non_causal_seanet_streams_like_offline_or_is_refused():
     d = json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text())
     d["seanet"]["causal"] = False
-    kind, codec = call(lambda: M.MimiCodec(config=M.CodecConfig(**d), seed=1))
+    kind, codec = call(lambda: make_codec(config=M.CodecConfig(**d), seed=1))
     if kind == "err":
         assert_allowed(codec, (M.ConfigError,), "non-causal seanet")
         return
@@ -1269,7 +1268,7 @@ def test_codec_wrong_python_types():
         dict(num_codebooks="8"),
         dict(num_codebooks=0),
     ):
-        kind, e = call(lambda kw=kw: M.MimiCodec(**kw))
+        kind, e = call(lambda kw=kw: make_codec(**kw))
         assert kind == "err", kw
         assert_allowed(e, (TypeError, M.ConfigError), f"MimiCodec({kw})")
 
@@ -1476,11 +1475,11 @@ def test_corrupt_checkpoints_are_weights_errors_naming_path_and_problem(tmp_path
     if model == "transformer":
         tensors, first = TF_W, "layers.0.mlp.fc1.weight"
         extra = "layers.0.mlp.fc1.bias"
-        load = lambda p: M.StreamingTransformer(TF_CFG, p)  # noqa: E731
+        load = lambda p: make_transformer(TF_CFG, p)  # noqa: E731
     else:
         tensors = read_safetensors(CODEC_FILE)
         first, extra = "encoder.layers.0.conv.weight", "encoder_transformer.layers.0.mlp.fc1.bias"
-        load = lambda p: M.MimiCodec(p, config=small_codec_config())  # noqa: E731
+        load = lambda p: make_codec(p, config=small_codec_config())  # noqa: E731
     path = tmp_path / "model.safetensors"
     if kind == "extra":
         w = dict(tensors)
@@ -1507,14 +1506,14 @@ def test_codec_directory_with_corrupt_config_json(tmp_path):
     shutil.copy(CODEC_FILE, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(M.WeightsError, match="config.json"):
-        M.MimiCodec(tmp_path)
+        make_codec(tmp_path)
 
 
 def test_codec_directory_with_non_object_config_json(tmp_path):
     shutil.copy(CODEC_FILE, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(M.WeightsError, match="config.json"):
-        M.MimiCodec(tmp_path)
+        make_codec(tmp_path)
 
 
 def test_codec_extra_seanet_tensor_is_refused(tmp_path):
@@ -1523,7 +1522,7 @@ def test_codec_extra_seanet_tensor_is_refused(tmp_path):
     p = tmp_path / "model.safetensors"
     write_safetensors(p, w)
     with pytest.raises(M.WeightsError, match="encoder.layers.99"):
-        M.MimiCodec(p, config=small_codec_config())
+        make_codec(p, config=small_codec_config())
 
 
 # ---------------------------------------------------------------- panics

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import mimi_py
 from conftest import assert_close
 from fixtures import load_case
+from ondevice import make_transformer
 
 CASES = ["small_rope", "small_sin_rms_gated", "mimi"]
 _cache: dict = {}
@@ -26,7 +27,7 @@ def case(name):
 
 def model(name):
     meta, cfg, weights, arrays = case(name)
-    return mimi_py.StreamingTransformer(cfg, weights)
+    return make_transformer(cfg, weights)
 
 
 def run_chunks(t, x, sizes, use_step=False):
@@ -155,8 +156,8 @@ def test_reset_is_fresh_after_many_steps_past_max_seq_len():
     cfg = small_long_config()
     rng = np.random.default_rng(0)
     probe = rng.standard_normal((1, 12, cfg.d_model)).astype(np.float32)
-    fresh = mimi_py.StreamingTransformer(cfg, seed=3).forward(probe)
-    t = mimi_py.StreamingTransformer(cfg, seed=3)
+    fresh = make_transformer(cfg, seed=3).forward(probe)
+    t = make_transformer(cfg, seed=3)
     for k in range(40):  # 40 streams of up to 12 steps: far past max_seq_len=8 in total
         t.forward(rng.standard_normal((2, 1 + k % 12, cfg.d_model)).astype(np.float32))
         t.reset_state()
@@ -166,7 +167,7 @@ def test_reset_is_fresh_after_many_steps_past_max_seq_len():
 
 def test_long_stream_has_bounded_state_and_keeps_counting():
     cfg = small_long_config()
-    t = mimi_py.StreamingTransformer(cfg, seed=1)
+    t = make_transformer(cfg, seed=1)
     rng = np.random.default_rng(1)
     sizes = []
     for i in range(3000):  # 375x max_seq_len
@@ -187,13 +188,13 @@ def test_long_stream_matches_a_stream_started_late():
     cfg = small_long_config()
     rng = np.random.default_rng(2)
     xs = rng.standard_normal((1, 20_000 + 10, cfg.d_model)).astype(np.float32)
-    t = mimi_py.StreamingTransformer(cfg, seed=4)
+    t = make_transformer(cfg, seed=4)
     t.forward(xs[:, :20_000])
     tail = t.forward(xs[:, 20_000:])
     # the last output depends on the last `context` positions of every layer: all of the
     # influence is within num_layers * (context - 1) steps back
     window = cfg.num_layers * (cfg.context - 1) + 1
-    r = mimi_py.StreamingTransformer(cfg, seed=4)
+    r = make_transformer(cfg, seed=4)
     replay = r.forward(xs[:, 20_010 - window - 5 :])[:, -10:]
     assert_close(tail[:, -1], replay[:, -1], 1e-4, 1e-4, "late output vs windowed replay")
 

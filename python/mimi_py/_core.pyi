@@ -232,7 +232,7 @@ class MimiCodec:
         num_codebooks: int | None = None,
         seed: int | None = None,  # None means 0
         device: str = "cpu",
-        dtype: Literal["float32"] = "float32",  # half precision is refused (ConfigError) for now
+        dtype: Literal["float32", "float16", "bfloat16"] = "float32",
     ) -> MimiCodec: ...
     @classmethod
     def from_pretrained(
@@ -243,7 +243,7 @@ class MimiCodec:
         filename: str | None = None,
         num_codebooks: int | None = None,
         device: str = "cpu",
-        dtype: Literal["float32"] = "float32",
+        dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> MimiCodec:
         """A codec with weights from the Hugging Face Hub or its cache (``mimi_py.hub.from_pretrained``).

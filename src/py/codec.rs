@@ -42,21 +42,6 @@ impl<T> Reset for Option<T> {
     }
 }
 
-/// The codec computes in float32 only: candle's SEANet convolutions mix float32 padding
-/// with the weights' dtype and fail at the first call.
-fn float32_only(dtype: &str) -> Result<&'static str> {
-    let (dtype, name) = device::parse_dtype(dtype)?;
-    if dtype != DType::F32 {
-        return Err(Error::config(
-            "dtype",
-            format!(
-                "the codec computes in float32 only for now, got {name:?}; use dtype=\"float32\""
-            ),
-        ));
-    }
-    Ok(name)
-}
-
 /// A checkpoint directory (`config.json` + `model.safetensors`, as on the Hugging Face hub):
 /// its file, and its config unless one was given.
 fn read_dir(
@@ -125,6 +110,7 @@ fn build(
     cfg: &CodecConfig,
     arg: WeightsArg,
     device_spec: &str,
+    dtype: DType,
 ) -> Result<(Codec, String, Option<CheckpointLayout>)> {
     let (dev, device_name) = device::parse_device(device_spec)?;
     let checkpoint = |raw, origin| codec::checkpoint_source(raw, origin, cfg);
@@ -142,7 +128,7 @@ fn build(
             (s, Some(l))
         }
     };
-    let codec = Codec::new(cfg, source, &dev, DType::F32)?;
+    let codec = Codec::new(cfg, source, &dev, dtype)?;
     Ok((codec, device_name, layout))
 }
 
@@ -457,7 +443,7 @@ impl PyMimiCodec {
         device: &str,
         dtype: &str,
     ) -> PyResult<Self> {
-        let dtype_name = float32_only(dtype)?;
+        let (dtype, dtype_name) = device::parse_dtype(dtype)?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let num_codebooks = pyconfig::codebooks(num_codebooks)?;
         let mut cfg = pyconfig::codec_config(config)?;
@@ -476,7 +462,7 @@ impl PyMimiCodec {
         check_weights_memory(&cfg)?;
         let device_spec = device.to_string();
         let (codec, device_name, layout) =
-            guard::detached(py, move |_| build(&cfg, arg, &device_spec))?;
+            guard::detached(py, move |_| build(&cfg, arg, &device_spec, dtype))?;
         Ok(Self {
             codec: Arc::new(codec),
             enc: Shared::default(),
