@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU check, as one prepared run on the GPU machine (repository root, results in $OUT):
+#   1. a virtualenv over the machine's Python (PyTorch and NVIDIA's CUDA wheels come from it),
+#      with the carried CUDA wheel of mimi_py and the test/bench wheels (no network there);
+#   2. the device-independent test suites on MIMI_TEST_DEVICE (default cuda): fixture numerics,
+#      state invariants, codec codes and audio, half precision, hostile inputs;
+#   3. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
+#      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64).
+# Sized for under 8 minutes of device time. Prepare .gpu/ first (scripts/prepare_gpu_check.sh),
+# then: device run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
+#
+# Dry run on a CPU machine, with the mimi_py the current Python imports and a tiny bench:
+#   MIMI_TEST_DEVICE=cpu bash scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+DEVICE="${MIMI_TEST_DEVICE:-cuda}"
+OUT="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")}"
+mkdir -p "$OUT"
+echo "device=$DEVICE out=$OUT"
+status=0
+step() { echo "== $*"; }
+
+if [ "$DEVICE" = cpu ]; then
+    BENCH_SIZE=(--tiny)
+    PYTHON="${PYTHON:-python}"
+else
+    BENCH_SIZE=()
+    step "environment"
+    (nvidia-smi || true) >"$OUT/nvidia-smi.txt" 2>&1
+    head -15 "$OUT/nvidia-smi.txt"
+    python3 -m venv --system-site-packages /tmp/gpu-venv
+    PYTHON=/tmp/gpu-venv/bin/python
+    "$PYTHON" -m pip install --quiet --no-index --find-links .gpu/wheels \
+        pytest hypothesis einops sentencepiece safetensors || status=1
+    "$PYTHON" -m pip install --quiet --no-index --no-deps .gpu/wheels/moshi-*.whl .gpu/mimi_py-*.whl || status=1
+fi
+export MIMI_TEST_DEVICE="$DEVICE"
+
+step "import and open the device"
+"$PYTHON" - <<PY 2>&1 | tee "$OUT/device.txt" || status=1
+import mimi_py, numpy as np
+print("mimi_py", mimi_py.__version__, "features", mimi_py.features, "from", mimi_py.__file__)
+c = mimi_py.MimiCodec(seed=0, device="$DEVICE")
+print(c, "->", c.encode(np.zeros((1, 1, 1920), np.float32)).shape)
+PY
+
+step "tests on $DEVICE"
+timeout 270 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" \
+    tests/test_fixtures.py tests/test_state.py tests/test_codec.py tests/test_half.py tests/test_hostile.py \
+    2>&1 | tee "$OUT/tests.log" | tail -40
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "bench on $DEVICE"
+timeout 240 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
+    | tee "$OUT/bench.log" | tail -40
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+[ -f "$OUT/gpu_results.md" ] && cat "$OUT/gpu_results.md"
+echo "gpu_check status=$status (results in $OUT)"
+exit "$status"
