@@ -1089,6 +1089,13 @@ def fmt_err(r) -> str:
     return e.strip().splitlines()[-1][:160].replace("|", "\\|")
 
 
+def torch_starved(r) -> bool:
+    """A torch peer's offline run at >= 2 threads that kept < 3/4 of them busy (see README, Noise)."""
+    if r["engine"].split("+")[0] not in ("moshi", "transformers") or r["threads"] < 2:
+        return False
+    return min(r["encode_cpu_per_wall"], r["decode_cpu_per_wall"]) < 0.75 * r["threads"]
+
+
 def render_markdown(res) -> str:
     m, args = res["machine"], res["args"]
     v = m["versions"]
@@ -1252,17 +1259,29 @@ def render_markdown(res) -> str:
         L.append("")
         L.append("| engine | threads | encode | encode RTF | decode | decode RTF | CPU÷wall enc/dec | load |")
         L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        starved = []
         for r in c["runs"]:
             if r.get("ok"):
+                flag = ""
+                if torch_starved(r):
+                    flag = " ⚠"
+                    starved.append(f"{r['engine']} at {r['threads']} threads")
                 L.append(
                     f"| {r['engine']} | {r['threads']} | {r['encode_s']:.3f} s | {r['encode_rtf']:.2f} | "
                     f"{r['decode_s']:.3f} s | {r['decode_rtf']:.2f} | {r['encode_cpu_per_wall']:.2f} / "
-                    f"{r['decode_cpu_per_wall']:.2f} | {r['load_s']:.2f} s |"
+                    f"{r['decode_cpu_per_wall']:.2f}{flag} | {r['load_s']:.2f} s |"
                 )
             else:
                 L.append(f"| {r['engine']} | {r['threads']} | error: {fmt_err(r)} | | | | | |")
         for eng, why in c.get("skipped", {}).items():
             L.append(f"| {eng} | — | {why} | | | | | |")
+        if starved:
+            L.append("")
+            L.append(
+                "⚠ " + ", ".join(starved) + ": torch kept fewer than 3/4 of its threads busy. Most likely "
+                "another process held a core, and torch's OpenMP threads wait for each other; do not trust "
+                "these rows without a quiet rerun (README, Noise)."
+            )
         if c.get("speed_ratios"):
             L.append("")
             L.append("| mimi_py vs | threads | encode speed ratio | decode speed ratio |")
