@@ -1090,10 +1090,19 @@ def fmt_err(r) -> str:
 
 
 def torch_starved(r) -> bool:
-    """A torch peer's offline run at >= 2 threads that kept < 3/4 of them busy (see README, Noise)."""
+    """A torch peer's offline or streaming run at >= 2 threads that kept < 3/4 of them busy
+    (see README, Noise)."""
     if r["engine"].split("+")[0] not in ("moshi", "transformers") or r["threads"] < 2:
         return False
-    return min(r["encode_cpu_per_wall"], r["decode_cpu_per_wall"]) < 0.75 * r["threads"]
+    busy = [r.get(k) for k in ("encode_cpu_per_wall", "decode_cpu_per_wall", "cpu_per_wall")]
+    busy = [b for b in busy if b is not None]
+    return bool(busy) and min(busy) < 0.75 * r["threads"]
+
+
+STARVED_NOTE = (
+    ": torch kept fewer than 3/4 of its threads busy. Most likely another process held a core, and "
+    "torch's OpenMP threads wait for each other; do not trust these rows without a quiet rerun (README, Noise)."
+)
 
 
 def render_markdown(res) -> str:
@@ -1277,11 +1286,7 @@ def render_markdown(res) -> str:
             L.append(f"| {eng} | — | {why} | | | | | |")
         if starved:
             L.append("")
-            L.append(
-                "⚠ " + ", ".join(starved) + ": torch kept fewer than 3/4 of its threads busy. Most likely "
-                "another process held a core, and torch's OpenMP threads wait for each other; do not trust "
-                "these rows without a quiet rerun (README, Noise)."
-            )
+            L.append("⚠ " + ", ".join(starved) + STARVED_NOTE)
         if c.get("speed_ratios"):
             L.append("")
             L.append("| mimi_py vs | threads | encode speed ratio | decode speed ratio |")
@@ -1320,17 +1325,24 @@ def render_markdown(res) -> str:
             "| engine | encode_step median | p99 | decode_step median | p99 | encode+decode median | p99 |"
         )
         L.append("| --- | --- | --- | --- | --- | --- | --- |")
+        starved = []
         for r in st["runs"]:
             if r.get("ok"):
                 e, d, t = r["encode_step"], r["decode_step"], r["frame_total"]
+                flag = " ⚠" if torch_starved(r) else ""
+                if flag:
+                    starved.append(f"{r['engine']} (CPU÷wall {r['cpu_per_wall']:.2f})")
                 L.append(
-                    f"| {r['engine']} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
+                    f"| {r['engine']}{flag} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
                     f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} |"
                 )
             else:
                 L.append(f"| {r['engine']} | error: {fmt_err(r)} | | | | | |")
         for eng, why in st.get("skipped", {}).items():
             L.append(f"| {eng} | {why} | | | | | |")
+        if starved:
+            L.append("")
+            L.append("⚠ " + ", ".join(starved) + STARVED_NOTE)
         if st.get("speed_ratios"):
             L.append("")
             L.append(
