@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """mimi_py benchmark suite: one entry point, every engine side by side, in one run.
 
-    python benches/run.py [--suites transformer,codec,streaming,rss,corpus] [--repeats N]
+    python benches/run.py [--suites transformer,codec,aggregate,streaming,rss,corpus,serving]
+                          [--repeats N]
                           [--threads 1,2] [--engines mimi_py,rustymimi,moshi,transformers]
                           [--tiny] [--out DIR]
 
@@ -38,7 +39,7 @@ WORKER = BENCH_DIR / "worker.py"
 NATIVE_BIN = Path(os.environ.get("MIMI_NATIVE_BENCH", REPO / "target" / "release" / "mimi_native_bench"))
 MARK_START = "<!-- results:start -->"
 MARK_END = "<!-- results:end -->"
-ALL_SUITES = ["transformer", "codec", "streaming", "rss", "corpus", "serving"]
+ALL_SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving"]
 ALL_ENGINES = ["mimi_py", "rustymimi", "moshi", "transformers"]
 STREAMING_ENGINES = {"mimi_py", "rustymimi", "moshi"}  # transformers: offline only
 
@@ -105,6 +106,18 @@ def parse_args(argv=None):
     p.add_argument("--frames", type=int, default=None, help="timed streaming frames (default 200; tiny 10)")
     p.add_argument("--seconds", type=float, default=None, help="offline audio length (default 10; tiny 0.2)")
     p.add_argument(
+        "--aggregate-procs",
+        type=int,
+        default=2,
+        help="aggregate suite: concurrent processes of 1 thread each (default 2)",
+    )
+    p.add_argument(
+        "--aggregate-clips",
+        type=int,
+        default=None,
+        help="aggregate suite: clips of --seconds each process encodes back to back (default 6; tiny 2)",
+    )
+    p.add_argument(
         "--malloc-variants",
         action="store_true",
         help="also run every offline/streaming engine with glibc malloc told to keep freed "
@@ -136,6 +149,9 @@ def parse_args(argv=None):
     a.frames = a.frames if a.frames is not None else (10 if tiny else 200)
     a.seconds = a.seconds if a.seconds is not None else (0.2 if tiny else 10.0)
     a.timeout = a.timeout if a.timeout is not None else (120.0 if tiny else 1800.0)
+    a.aggregate_clips = a.aggregate_clips if a.aggregate_clips is not None else (2 if tiny else 6)
+    if a.aggregate_procs < 1 or a.aggregate_clips < 1:
+        p.error("--aggregate-procs and --aggregate-clips need positive integers")
     a.out = Path(a.out).resolve() if a.out else BENCH_DIR
     a.main_threads = 2 if 2 in a.threads else max(a.threads)
     return a
@@ -154,6 +170,21 @@ def thread_env(threads: int) -> dict:
         "OPENBLAS_NUM_THREADS": t,
         "VECLIB_MAXIMUM_THREADS": t,
     }
+
+
+def worker_result(stdout: str, stderr: str, returncode: int) -> dict:
+    """The `@@RESULT {json}` line of a worker's output, or a failure saying why there is none."""
+    res = None
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_MARK):
+            res = json.loads(line[len(RESULT_MARK) :])
+    if res is None:
+        tail = (stderr or stdout)[-2000:]
+        return {"ok": False, "error": f"worker exited with status {returncode} and no result: {tail}"}
+    if returncode != 0:
+        res["ok"] = False
+        res.setdefault("error", f"worker exited with status {returncode}")
+    return res
 
 
 def run_child(spec: dict, threads: int, timeout: float, extra_env: dict | None = None) -> dict:
@@ -175,21 +206,65 @@ def run_child(spec: dict, threads: int, timeout: float, extra_env: dict | None =
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s", "threads": threads}
     wall = time.perf_counter() - t0
-    res = None
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_MARK):
-            res = json.loads(line[len(RESULT_MARK) :])
-    if res is None:
-        tail = (proc.stderr or proc.stdout)[-2000:]
-        res = {"ok": False, "error": f"worker exited with status {proc.returncode} and no result: {tail}"}
-    elif proc.returncode != 0:
-        res["ok"] = False
-        res.setdefault("error", f"worker exited with status {proc.returncode}")
+    res = worker_result(proc.stdout, proc.stderr, proc.returncode)
     res["threads"] = threads
     res["process_wall_s"] = round(wall, 2)
     if extra_env:
         res["extra_env"] = extra_env
     return res
+
+
+def run_children_together(specs: list[dict], threads: int, timeout: float, extra_env: dict | None = None):
+    """Start one worker per spec at once (same thread environment as run_child), let each load
+    and warm up, then release them together: each worker touches `ready-<index>` in a barrier
+    folder and waits for `go`, which is created once every worker is ready (or has exited).
+    Returns the workers' results in spec order."""
+    env = os.environ.copy()
+    env.update(thread_env(threads))
+    if extra_env:
+        env.update(extra_env)
+    with tempfile.TemporaryDirectory(prefix="mimi-bench-barrier-") as tmp:
+        barrier = Path(tmp)
+        procs, logs = [], []
+        t0 = time.perf_counter()
+        for i, spec in enumerate(specs):
+            spec = dict(spec, threads=threads, index=i, barrier_dir=str(barrier), barrier_timeout=timeout)
+            out, err = open(barrier / f"out-{i}", "w+"), open(barrier / f"err-{i}", "w+")
+            logs.append((out, err))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), json.dumps(spec)],
+                    stdout=out,
+                    stderr=err,
+                    text=True,
+                    env=env,
+                    cwd=str(REPO),
+                )
+            )
+        deadline = t0 + timeout
+        while time.perf_counter() < deadline:
+            if all((barrier / f"ready-{i}").exists() or p.poll() is not None for i, p in enumerate(procs)):
+                break
+            time.sleep(0.01)
+        (barrier / "go").touch()
+        results = []
+        for p, (out, err) in zip(procs, logs):
+            try:
+                p.wait(timeout=max(1.0, deadline - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                results.append({"ok": False, "error": f"timed out after {timeout:.0f} s", "threads": threads})
+                continue
+            out.seek(0)
+            err.seek(0)
+            res = worker_result(out.read(), err.read(), p.returncode)
+            res["threads"] = threads
+            results.append(res)
+        for out, err in logs:
+            out.close()
+            err.close()
+    return results
 
 
 def engine_available(engine: str, tiny: bool) -> str | None:
@@ -502,6 +577,90 @@ def offline_ratios(runs) -> list:
     return out
 
 
+def suite_aggregate(args, weights, codec: dict | None) -> dict:
+    """Corpus throughput: --aggregate-procs processes of 1 thread each, started together, each
+    encoding --aggregate-clips clips of --seconds back to back. Aggregate encode RTF = all the
+    audio ÷ the span from the first process's start to the last one's end. The offline suite's
+    single-clip encode RTF at 2 threads (or the largest thread count) is put beside it."""
+    procs = args.aggregate_procs
+    runs, skipped = [], {}
+    single = {}
+    for r in (codec or {}).get("runs", []):
+        if r.get("ok") and r["threads"] == args.main_threads:
+            single[r["engine"]] = r
+    for eng in engine_list(args, True):
+        why = engine_available(eng, args.tiny)
+        if why:
+            skipped[eng] = why
+            continue
+        log(f"aggregate: {eng}, {procs} process(es) x 1 thread, {args.aggregate_clips} clip(s) each")
+        spec = dict(
+            codec_spec(args, weights),
+            task="codec_aggregate",
+            engine=eng,
+            seconds=args.seconds,
+            clips=args.aggregate_clips,
+            warmup_seconds=0.08 if args.tiny else 1.0,
+        )
+        c0 = common.cpu_times()
+        each = run_children_together(
+            [spec] * procs, 1, args.timeout, MALLOC_ENV if eng.endswith("+malloc") else None
+        )
+        busy = busy_core_seconds(c0, common.cpu_times())
+        run = {"engine": eng, "processes": procs, "threads_per_process": 1, "threads": 1, "each": each}
+        bad = [r for r in each if not r.get("ok")]
+        if bad:
+            run["ok"] = False
+            run["error"] = bad[0].get("error")
+            run["not_installed"] = bool(bad[0].get("not_installed"))
+        else:
+            span = max(r["end_monotonic"] for r in each) - min(r["start_monotonic"] for r in each)
+            audio = sum(r["audio_s"] for r in each)
+            cpu = sum(r["cpu_per_wall"] * r["wall_s"] for r in each)
+            run.update(
+                ok=True,
+                version=each[0].get("version"),
+                clips=sum(r["clips"] for r in each),
+                clip_seconds=each[0]["clip_seconds"],
+                audio_s=round(audio, 3),
+                wall_s=round(span, 4),
+                start_skew_s=round(
+                    max(r["start_monotonic"] for r in each) - min(r["start_monotonic"] for r in each), 4
+                ),
+                encode_rtf=round(audio / span, 3),
+                process_rtfs=[r["rtf"] for r in each],
+                cpu_per_wall=round(cpu / span, 2),
+                machine_busy_core_s=busy,
+            )
+            ref = single.get(eng)
+            if ref:
+                run["single_clip"] = {
+                    "threads": ref["threads"],
+                    "encode_rtf": ref["encode_rtf"],
+                    "encode_cpu_per_wall": ref["encode_cpu_per_wall"],
+                }
+                run["aggregate_over_single"] = ratio(run["encode_rtf"], ref["encode_rtf"])
+        runs.append(run)
+    mine = next((r for r in runs if r.get("ok") and r["engine"] == "mimi_py"), None)
+    ratios = []
+    if mine:
+        for r in runs:
+            if r.get("ok") and r["engine"] != "mimi_py":
+                ratios.append(
+                    {"peer": r["engine"], "encode_speed_ratio": ratio(mine["encode_rtf"], r["encode_rtf"])}
+                )
+    return {
+        "processes": procs,
+        "threads_per_process": 1,
+        "clips_per_process": args.aggregate_clips,
+        "clip_seconds": args.seconds,
+        "single_clip_threads": args.main_threads,
+        "runs": runs,
+        "skipped": skipped,
+        "speed_ratios": ratios,
+    }
+
+
 def suite_streaming(args, weights) -> dict:
     runs, skipped = [], {}
     th = args.main_threads
@@ -651,7 +810,9 @@ def suite_serving(args, weights) -> dict:
         spec = dict(
             codec_spec(args, weights), task="codec_streaming", engine=eng, frames=frames, warmup=warmup
         )
-        res = run_child(spec, args.main_threads, args.timeout)
+        res = run_child(
+            spec, args.main_threads, args.timeout, MALLOC_ENV if eng.endswith("+malloc") else None
+        )
         res.setdefault("engine", eng)
         if res.get("ok"):
             res["streams_held"] = int(res["frame_total"]["p99_us"] <= 80_000)
@@ -928,6 +1089,22 @@ def fmt_err(r) -> str:
     return e.strip().splitlines()[-1][:160].replace("|", "\\|")
 
 
+def torch_starved(r) -> bool:
+    """A torch peer's offline or streaming run at >= 2 threads that kept < 3/4 of them busy
+    (see README, Noise)."""
+    if r["engine"].split("+")[0] not in ("moshi", "transformers") or r["threads"] < 2:
+        return False
+    busy = [r.get(k) for k in ("encode_cpu_per_wall", "decode_cpu_per_wall", "cpu_per_wall")]
+    busy = [b for b in busy if b is not None]
+    return bool(busy) and min(busy) < 0.75 * r["threads"]
+
+
+STARVED_NOTE = (
+    ": torch kept fewer than 3/4 of its threads busy. Most likely another process held a core, and "
+    "torch's OpenMP threads wait for each other; do not trust these rows without a quiet rerun (README, Noise)."
+)
+
+
 def render_markdown(res) -> str:
     m, args = res["machine"], res["args"]
     v = m["versions"]
@@ -1091,17 +1268,25 @@ def render_markdown(res) -> str:
         L.append("")
         L.append("| engine | threads | encode | encode RTF | decode | decode RTF | CPU÷wall enc/dec | load |")
         L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        starved = []
         for r in c["runs"]:
             if r.get("ok"):
+                flag = ""
+                if torch_starved(r):
+                    flag = " ⚠"
+                    starved.append(f"{r['engine']} at {r['threads']} threads")
                 L.append(
                     f"| {r['engine']} | {r['threads']} | {r['encode_s']:.3f} s | {r['encode_rtf']:.2f} | "
                     f"{r['decode_s']:.3f} s | {r['decode_rtf']:.2f} | {r['encode_cpu_per_wall']:.2f} / "
-                    f"{r['decode_cpu_per_wall']:.2f} | {r['load_s']:.2f} s |"
+                    f"{r['decode_cpu_per_wall']:.2f}{flag} | {r['load_s']:.2f} s |"
                 )
             else:
                 L.append(f"| {r['engine']} | {r['threads']} | error: {fmt_err(r)} | | | | | |")
         for eng, why in c.get("skipped", {}).items():
             L.append(f"| {eng} | — | {why} | | | | | |")
+        if starved:
+            L.append("")
+            L.append("⚠ " + ", ".join(starved) + STARVED_NOTE)
         if c.get("speed_ratios"):
             L.append("")
             L.append("| mimi_py vs | threads | encode speed ratio | decode speed ratio |")
@@ -1122,6 +1307,8 @@ def render_markdown(res) -> str:
                 )
     L.append("")
 
+    render_aggregate(L, s.get("aggregate", {"skipped": "not selected (--suites)"}), args)
+
     # streaming
     st = s["streaming"]
     L.append("### Codec streaming: `encode_step` then `decode_step` per 1920-sample (80 ms) frame")
@@ -1138,17 +1325,24 @@ def render_markdown(res) -> str:
             "| engine | encode_step median | p99 | decode_step median | p99 | encode+decode median | p99 |"
         )
         L.append("| --- | --- | --- | --- | --- | --- | --- |")
+        starved = []
         for r in st["runs"]:
             if r.get("ok"):
                 e, d, t = r["encode_step"], r["decode_step"], r["frame_total"]
+                flag = " ⚠" if torch_starved(r) else ""
+                if flag:
+                    starved.append(f"{r['engine']} (CPU÷wall {r['cpu_per_wall']:.2f})")
                 L.append(
-                    f"| {r['engine']} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
+                    f"| {r['engine']}{flag} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
                     f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} |"
                 )
             else:
                 L.append(f"| {r['engine']} | error: {fmt_err(r)} | | | | | |")
         for eng, why in st.get("skipped", {}).items():
             L.append(f"| {eng} | {why} | | | | | |")
+        if starved:
+            L.append("")
+            L.append("⚠ " + ", ".join(starved) + STARVED_NOTE)
         if st.get("speed_ratios"):
             L.append("")
             L.append(
@@ -1189,6 +1383,50 @@ def render_markdown(res) -> str:
     render_corpus(L, s.get("corpus", {"skipped": "not selected (--suites)"}), args)
     render_serving(L, s.get("serving", {"skipped": "not selected (--suites)"}))
     return "\n".join(L).rstrip() + "\n"
+
+
+def render_aggregate(L: list, a: dict, args: dict) -> None:
+    """The aggregate suite's table (appended to L), beside the single-clip figure."""
+    L.append("### Codec aggregate throughput: processes of 1 thread encoding clips back to back")
+    L.append("")
+    if isinstance(a.get("skipped"), str):
+        L.append(f"_skipped: {a['skipped']}_")
+        L.append("")
+        return
+    th = a["single_clip_threads"]
+    L.append(
+        f"{a['processes']} processes × 1 thread, started together, each encoding {a['clips_per_process']} clips "
+        f"of {a['clip_seconds']:g} s back to back (the offline suite's audio and weights). Aggregate RTF = all "
+        "the audio ÷ wall time from the first start to the last end; CPU÷wall = the processes' CPU time ÷ that "
+        f"wall. Beside it: the offline suite's one clip at {th} thread{'s' if th != 1 else ''} (median of the repeats)."
+    )
+    L.append("")
+    L.append(
+        f"| engine | processes × threads | audio | wall | aggregate encode RTF | per-process RTF | CPU÷wall | "
+        f"one clip, {th} thread{'s' if th != 1 else ''}: encode RTF | aggregate ÷ one clip |"
+    )
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in a["runs"]:
+        if not r.get("ok"):
+            L.append(f"| {r['engine']} | {r['processes']} × 1 | error: {fmt_err(r)} | | | | | | |")
+            continue
+        one = r.get("single_clip")
+        L.append(
+            f"| {r['engine']} | {r['processes']} × 1 | {r['audio_s']:g} s | {r['wall_s']:.2f} s | "
+            f"{r['encode_rtf']:.2f} | {' / '.join(f'{x:.2f}' for x in r['process_rtfs'])} | "
+            f"{r['cpu_per_wall']:.2f} | {fmt_num(one['encode_rtf']) if one else '— (codec suite not run)'} | "
+            f"{fmt_x(r.get('aggregate_over_single'))} |"
+        )
+    for eng, why in a.get("skipped", {}).items():
+        L.append(f"| {eng} | — | {why} | | | | | | |")
+    if a.get("speed_ratios"):
+        L.append("")
+        L.append(
+            "mimi_py ÷ peer aggregate encode RTF (> 1×: mimi_py is faster): "
+            + "; ".join(f"{q['peer']} {fmt_x(q['encode_speed_ratio'])}" for q in a["speed_ratios"])
+            + "."
+        )
+    L.append("")
 
 
 def render_corpus(L: list, c: dict, args: dict) -> None:
@@ -1273,7 +1511,7 @@ def main(argv=None) -> int:
     cpu0 = common.cpu_times()
 
     weights = None
-    if any(x in args.suites for x in ("codec", "streaming", "rss", "corpus", "serving")):
+    if any(x in args.suites for x in ("codec", "aggregate", "streaming", "rss", "corpus", "serving")):
         log("random weights in the moshi checkpoint layout (cached in benches/.cache or $MIMI_BENCH_CACHE)")
         if args.tiny:
             weights = {
@@ -1302,6 +1540,8 @@ def main(argv=None) -> int:
                 suites[name] = suite_transformer(args)
             elif name == "codec":
                 suites[name] = suite_codec(args, weights, Path(tmp))
+            elif name == "aggregate":
+                suites[name] = suite_aggregate(args, weights, suites.get("codec"))
             elif name == "streaming":
                 suites[name] = suite_streaming(args, weights)
             elif name == "corpus":
@@ -1325,6 +1565,8 @@ def main(argv=None) -> int:
             "frames": args.frames,
             "seconds": args.seconds,
             "malloc_variants": args.malloc_variants,
+            "aggregate_procs": args.aggregate_procs,
+            "aggregate_clips": args.aggregate_clips,
         },
         "machine": machine,
         "weights": weights,
@@ -1357,7 +1599,7 @@ def mimi_py_failures(suites) -> list:
     for run in suites.get("transformer", {}).get("runs", []):
         if not run["mimi_py"].get("ok"):
             out.append(f"transformer t{run['threads']}: {run['mimi_py'].get('error')}")
-    for name in ("codec", "streaming", "rss"):
+    for name in ("codec", "aggregate", "streaming", "rss"):
         for r in suites.get(name, {}).get("runs", []):
             if r.get("engine", "").split("+")[0] == "mimi_py" and not r.get("ok"):
                 out.append(f"{name} {r.get('label', r['engine'])} t{r['threads']}: {r.get('error')}")

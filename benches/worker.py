@@ -52,7 +52,11 @@ class Engine:
     def decode(self, codes: np.ndarray) -> np.ndarray: ...
     def encode_step(self, chunk: np.ndarray): ...
     def decode_step(self, codes: np.ndarray): ...
-    def reset(self) -> None: ...
+    def reset(self, batch: int = 1) -> None:
+        """Fresh encoder and decoder streams (of `batch` rows where the engine needs it told)."""
+
+    def sync(self) -> None:
+        """Wait for the device (torch on CUDA); the numpy-returning engines are synchronous."""
 
 
 class MimiPyEngine(Engine):
@@ -66,7 +70,13 @@ class MimiPyEngine(Engine):
         if spec.get("hf_config"):
             config = mimi_py.CodecConfig.from_hf(json.loads(Path(spec["hf_config"]).read_text()))
         weights = spec.get("weights") if not spec.get("seeded") else None
-        self.codec = mimi_py.MimiCodec(weights, config=config, num_codebooks=spec["num_codebooks"])
+        self.codec = mimi_py.MimiCodec(
+            weights,
+            config=config,
+            num_codebooks=spec["num_codebooks"],
+            device=spec.get("device", "cpu"),
+            dtype=spec.get("dtype", "float32"),
+        )
 
     def version(self):
         return f"{self.m.__version__} (candle {self.m.candle_version})"
@@ -83,7 +93,7 @@ class MimiPyEngine(Engine):
     def decode_step(self, codes):
         return self.codec.decode_step(codes)
 
-    def reset(self):
+    def reset(self, batch=1):
         self.codec.reset_state()
 
 
@@ -118,12 +128,18 @@ class RustyMimiEngine(Engine):
     def decode_step(self, codes):
         return self.tok.decode_step(np.ascontiguousarray(codes, dtype=np.uint32))
 
-    def reset(self):
+    def reset(self, batch=1):
         self.tok.reset()
 
 
 class MoshiEngine(Engine):
-    """moshi's PyTorch MimiModel, loaded from the same moshi-format file."""
+    """moshi's PyTorch MimiModel, loaded from the same moshi-format file.
+
+    Streaming: moshi keeps its streaming state in the modules, and only while the model is in
+    streaming mode (`MimiModel.streaming(batch_size)`, an ExitStack). `reset` enters that mode
+    (or resets the state if it is already in it); `encode`/`decode` outside streaming mode are
+    the offline calls. spec may give "device" ("cpu", "cuda", ...) and "dtype" ("float32",
+    "bfloat16", "float16"), for benches/gpu.py."""
 
     name = "moshi"
 
@@ -136,38 +152,63 @@ class MoshiEngine(Engine):
         self.torch = torch
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         torch.set_grad_enabled(False)
-        self.model = loaders.get_mimi(spec["weights"], device="cpu")
+        self.device = torch.device(spec.get("device", "cpu"))
+        self.dtype = getattr(torch, spec.get("dtype", "float32"))
+        self.model = loaders.get_mimi(spec["weights"], device=self.device)
         self.model.set_num_codebooks(spec["num_codebooks"])
         self.model.eval()
-        self._streaming = False
+        if self.dtype != torch.float32:
+            self.model.to(dtype=self.dtype)
+        self._stream = None  # the ExitStack of moshi's streaming mode, while in it
+        self._stream_batch = 0
 
     def version(self):
         from importlib.metadata import version
 
         return f"moshi {version('moshi')}, torch {self.torch.__version__}"
 
+    def _audio_in(self, pcm):
+        return self.torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32)).to(self.device, self.dtype)
+
+    def _codes_in(self, codes):
+        return self.torch.from_numpy(np.asarray(codes).astype(np.int64)).to(self.device)
+
+    def sync(self):
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
     def encode(self, pcm):
-        return self.model.encode(self.torch.from_numpy(np.ascontiguousarray(pcm))).numpy()
+        self._offline()
+        return self.model.encode(self._audio_in(pcm)).cpu().numpy()
 
     def decode(self, codes):
-        return self.model.decode(self.torch.from_numpy(codes.astype(np.int64))).numpy()
+        self._offline()
+        return self.model.decode(self._codes_in(codes)).float().cpu().numpy()
 
-    def _stream(self):
-        if not self._streaming:
-            self.model.streaming_forever(1)
-            self._streaming = True
+    def _offline(self):
+        if self._stream is not None:
+            self._stream.close()  # leaves streaming mode (moshi drops the state)
+            self._stream = None
+
+    def reset(self, batch=1):
+        """Fresh streams for `batch` rows: enter streaming mode, or reset its state."""
+        if self._stream is not None and self._stream_batch == batch:
+            self.model.reset_streaming()
+            return
+        self._offline()
+        self._stream = self.model.streaming(batch)
+        self._stream_batch = batch
 
     def encode_step(self, chunk):
-        self._stream()
-        c = self.model.encode(self.torch.from_numpy(np.ascontiguousarray(chunk)))
-        return c.numpy() if c.shape[-1] else None
+        if self._stream is None:
+            self.reset(np.shape(chunk)[0])
+        c = self.model.encode(self._audio_in(chunk))
+        return c.cpu().numpy() if c.shape[-1] else None
 
     def decode_step(self, codes):
-        self._stream()
-        return self.model.decode(self.torch.from_numpy(codes.astype(np.int64))).numpy()
-
-    def reset(self):
-        self.model.reset_streaming()
+        if self._stream is None:
+            self.reset(np.shape(codes)[0])
+        return self.model.decode(self._codes_in(codes)).float().cpu().numpy()
 
 
 class TransformersEngine(Engine):
@@ -319,6 +360,52 @@ def task_codec_offline(spec):
         "decode_cpu_per_wall": round(sum(dec_cpu) / sum(dec), 2),
         "codes_shape": list(np.shape(codes)),
         "audio_shape": list(np.shape(audio)),
+        **mem_info(),
+    }
+
+
+def task_codec_aggregate(spec):
+    """One of the aggregate suite's processes: load, warm up, wait at the barrier, then encode
+    spec["clips"] clips of spec["seconds"] back to back. The start and end times are
+    time.monotonic() (one clock for every process of the machine), so run.py can take the span
+    from the first start to the last end."""
+    eng, load_s = make_engine(spec)
+    sr = common.SAMPLE_RATE
+    n = int(round(spec["seconds"] * sr))
+    pcm = common.smooth_noise(n, seed=0)[None, None]
+    warm = common.smooth_noise(int(round(spec["warmup_seconds"] * sr)), seed=1)[None, None]
+    eng.encode(warm)  # warm-up: thread pools, allocator, lazy init
+    barrier = Path(spec["barrier_dir"])
+    (barrier / f"ready-{spec['index']}").touch()
+    deadline = time.monotonic() + spec.get("barrier_timeout", 600.0)
+    while not (barrier / "go").exists():  # run.py creates it once every process is ready
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other processes never got ready")
+        time.sleep(0.002)
+    times, codes = [], None
+    with Timer() as tt:
+        start = time.monotonic()
+        for _ in range(spec["clips"]):
+            t0 = time.perf_counter()
+            codes = eng.encode(pcm)
+            times.append(time.perf_counter() - t0)
+        end = time.monotonic()
+    audio_s = spec["clips"] * n / sr
+    return {
+        "engine": spec["engine"],
+        "version": eng.version(),
+        "index": spec["index"],
+        "load_s": round(load_s, 3),
+        "clips": spec["clips"],
+        "clip_seconds": n / sr,
+        "audio_s": audio_s,
+        "start_monotonic": start,
+        "end_monotonic": end,
+        "wall_s": round(tt.wall, 4),
+        "clip_all_s": [round(x, 4) for x in times],
+        "rtf": round(audio_s / tt.wall, 3),
+        "cpu_per_wall": round(tt.cpu / tt.wall, 2),
+        "codes_shape": list(np.shape(codes)),
         **mem_info(),
     }
 
@@ -482,6 +569,7 @@ TASKS = {
     "transformer": task_transformer,
     "codec_offline": task_codec_offline,
     "codec_streaming": task_codec_streaming,
+    "codec_aggregate": task_codec_aggregate,
     "codec_rss": task_codec_rss,
     "corpus_loop": task_corpus_loop,
     "corpus_tokenize": task_corpus_tokenize,

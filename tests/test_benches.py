@@ -11,7 +11,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "benches" / "run.py"
-SUITES = ["transformer", "codec", "streaming", "rss", "corpus", "serving"]
+GPU = REPO / "benches" / "gpu.py"
+SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving"]
 
 
 def test_bench_suites_run_tiny(tmp_path):
@@ -51,6 +52,15 @@ def test_bench_suites_run_tiny(tmp_path):
     assert off["encode_rtf"] > 0 and off["decode_rtf"] > 0
     assert off["codes_shape"][:2] == [1, 4] and off["audio_shape"][:2] == [1, 1]
 
+    (agg,) = mimi_runs("aggregate")  # 2 processes x 1 thread, started together
+    assert agg["ok"], agg
+    assert agg["processes"] == res["args"]["aggregate_procs"] == len(agg["each"]) == 2
+    assert all(r["ok"] and r["threads_env"]["RAYON_NUM_THREADS"] == "1" for r in agg["each"])
+    clips = res["args"]["aggregate_clips"]
+    assert agg["audio_s"] == 2 * clips * agg["clip_seconds"] and agg["encode_rtf"] > 0
+    assert agg["wall_s"] >= max(r["wall_s"] for r in agg["each"]) - 0.01
+    assert agg["single_clip"]["encode_rtf"] == off["encode_rtf"]  # the offline figure beside it
+
     (st,) = mimi_runs("streaming")
     assert st["ok"], st
     assert st["frames_without_codes"] == 0
@@ -82,8 +92,61 @@ def test_bench_suites_run_tiny(tmp_path):
         "### Targets",
         "### Transformer",
         "### Codec offline",
+        "### Codec aggregate",
         "### Codec streaming",
         "### Peak RSS",
         "### Corpus",
     ):
         assert heading in readme
+
+
+def test_gpu_bench_dry_run_cpu(tmp_path):
+    """benches/gpu.py on the CPU at tiny sizes with the small codec: mimi_py's float32 rows run;
+    moshi (not installed, or unable to build the small codec) and any dtype the build refuses are
+    recorded as failed rows, not a crash."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(GPU),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--codec",
+            "small",
+            "--engines",
+            "mimi_py,moshi",
+            "--dtypes",
+            "float32,bfloat16",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(REPO),
+        env={**os.environ, "MIMI_BENCH_CACHE": str(tmp_path / "cache")},
+    )
+    assert proc.returncode == 0, f"benches/gpu.py failed:\n{proc.stdout}\n{proc.stderr}"
+    res = json.loads((tmp_path / "gpu_results.json").read_text())
+    runs = {(r["engine"], r["dtype"]): r for r in res["runs"]}
+    assert set(runs) == {(e, d) for e in ("mimi_py", "moshi") for d in ("float32", "bfloat16")}
+    want = [("offline", b) for b in res["args"]["batches"]] + [
+        ("streaming", b) for b in res["args"]["stream_batches"]
+    ]
+    for r in runs.values():
+        assert sorted((x["kind"], x["batch"]) for x in r["rows"]) == sorted(want), r
+        assert all(x["ok"] or x["error"] for x in r["rows"]), r
+    f32 = runs["mimi_py", "float32"]
+    assert f32["ok"] and all(x["ok"] for x in f32["rows"]), f32
+    for x in f32["rows"]:
+        if x["kind"] == "offline":
+            assert x["encode_rtf"] > 0 and x["codes_shape"][:2] == [x["batch"], 4]
+        else:
+            assert x["frame_total"]["n"] == res["args"]["frames"] and x["per_stream_median_us"] > 0
+    assert all(not x["ok"] for d in ("float32", "bfloat16") for x in runs["moshi", d]["rows"])
+    pairs = {
+        (g["a"]["engine"], g["a"]["dtype"], g["b"]["engine"], g["b"]["dtype"]): g for g in res["agreement"]
+    }
+    assert pairs["mimi_py", "float32", "moshi", "float32"]["offline"] is None  # moshi has no codes
+    md = (tmp_path / "gpu_results.md").read_text()
+    assert "## Offline" in md and "## Streaming" in md and "## Code agreement" in md
