@@ -176,7 +176,7 @@ pub fn normalize_checkpoint(
             CheckpointLayout::Hf => {
                 let is_qk = name.contains("_transformer.layers.")
                     && (name.contains(".self_attn.q_proj.") || name.contains(".self_attn.k_proj."));
-                let t = if is_qk && t.dim(0)? % hd == 0 && hd % 2 == 0 {
+                let t = if is_qk && t.dim(0)? % hd == 0 && hd.is_multiple_of(2) {
                     let rows = t.dim(0)?;
                     let idx = weights::halves_to_interleaved_index(rows, hd);
                     t.index_select(&Tensor::from_vec(idx, rows, t.device())?, 0)?
@@ -874,7 +874,7 @@ impl Codec {
         }
         let mut partial = s.counts.iter().map(|&x| x % f as u64);
         let uneven = partial.next().is_some_and(|p0| partial.any(|p| p != p0));
-        if n % f != 0 && (rows.is_some() || uneven) {
+        if !n.is_multiple_of(f) && (rows.is_some() || uneven) {
             return Err(Error::Shape(format!(
                 "chunks must be a whole number of frames (multiples of frame_size={f} samples) \
                  {}, got {n} samples",

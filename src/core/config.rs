@@ -498,7 +498,7 @@ impl TransformerConfig {
             ("dim_feedforward", self.dim_feedforward),
             ("conv_kernel_size", self.conv_kernel_size),
         ])?;
-        if self.d_model % self.num_heads != 0 {
+        if !self.d_model.is_multiple_of(self.num_heads) {
             return Err(Error::config(
                 "d_model",
                 format!(
@@ -507,7 +507,7 @@ impl TransformerConfig {
                 ),
             ));
         }
-        if self.num_heads % self.kv_repeat != 0 {
+        if !self.num_heads.is_multiple_of(self.kv_repeat) {
             return Err(Error::config(
                 "kv_repeat",
                 format!(
@@ -539,14 +539,14 @@ impl TransformerConfig {
     fn validate_positions(&self) -> Result<()> {
         let head_dim = self.head_dim();
         match self.positional_embedding {
-            PositionalEmbedding::Rope if head_dim % 2 != 0 => Err(Error::config(
+            PositionalEmbedding::Rope if !head_dim.is_multiple_of(2) => Err(Error::config(
                 "d_model",
                 format!(
                     "rope needs an even head dimension, but d_model/num_heads = {}/{} = {head_dim}",
                     self.d_model, self.num_heads
                 ),
             )),
-            PositionalEmbedding::Sin if self.d_model % 2 != 0 || self.d_model < 4 => {
+            PositionalEmbedding::Sin if !self.d_model.is_multiple_of(2) || self.d_model < 4 => {
                 Err(Error::config(
                     "d_model",
                     format!(

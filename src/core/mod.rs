@@ -1,13 +1,14 @@
 //! The computation, free of the Python binding: a Rust user (or a Rust test) needs nothing else.
 //!
 //! Dependency order, each module importing only those above it:
-//! `error` → `config`, `device` → `kernels` → `weights` → `conv` → `seanet`,
+//! `error` → `config`, `device` → `kernels`, `direct` → `weights` → `conv` → `seanet`,
 //! `transformer` → `codec`. See ARCHITECTURE.md for what each one owns.
 
 pub mod codec;
 pub mod config;
 pub mod conv;
 pub mod device;
+pub mod direct;
 pub mod error;
 pub mod kernels;
 pub mod seanet;
