@@ -6,6 +6,7 @@ positions however the input is chunked, ``copy_state`` copies the whole state,
 bounded by ``context``. Failures are typed exceptions rooted at :class:`MimiError`.
 """
 
+from . import _cuda  # noqa: F401  (a CUDA build: load pip's CUDA libraries)
 from ._core import (
     CodecConfig,
     MimiCodec,

@@ -46,6 +46,90 @@ fn unknown(spec: &str) -> Error {
     ))
 }
 
+/// What to do when the CUDA libraries are missing.
+#[cfg(feature = "cuda")]
+const CUDA_HINT: &str = "install the NVIDIA driver (it provides libcuda.so.1) and the CUDA 13 \
+     libraries cuBLAS and cuRAND: `pip install nvidia-cublas nvidia-curand` (mimi_py loads pip's \
+     nvidia-* libraries at import) or a CUDA toolkit, with its lib directory on LD_LIBRARY_PATH";
+
+/// The shared libraries candle needs to open a CUDA device (the driver, cuBLAS, cuRAND), with
+/// the names cudarc tries. A CUDA wheel loads them at run time (cudarc's `dynamic-loading`, see
+/// scripts/build_cuda_wheel.sh), and cudarc panics when one is missing, so they are looked for
+/// first.
+#[cfg(all(feature = "cuda", target_os = "linux"))]
+fn missing_cuda_library() -> Option<String> {
+    const LIBS: [(&str, &str); 4] = [
+        ("cuda", "the NVIDIA driver"),
+        ("cublasLt", "cuBLASLt"),
+        ("cublas", "cuBLAS"),
+        ("curand", "cuRAND"),
+    ];
+    LIBS.iter().find_map(|&(name, what)| {
+        let tried = library_candidates(name);
+        (!tried.iter().any(|c| loadable(c))).then(|| {
+            format!(
+                "{what} (lib{name}) could not be loaded (tried {})",
+                tried.join(", ")
+            )
+        })
+    })
+}
+
+/// `libNAME.so` and the versioned sonames cudarc tries (CUDA 13, 12, 11; cuRAND is `.so.10`;
+/// the driver `.so.1`).
+#[cfg(all(any(feature = "cuda", test), target_os = "linux"))]
+fn library_candidates(name: &str) -> Vec<String> {
+    std::iter::once(format!("lib{name}.so"))
+        .chain(
+            ["13", "12", "11", "10", "9", "1"]
+                .iter()
+                .map(|v| format!("lib{name}.so.{v}")),
+        )
+        .collect()
+}
+
+/// Whether the dynamic loader can load this library (it stays loaded: cudarc opens it next).
+#[cfg(all(any(feature = "cuda", test), target_os = "linux"))]
+fn loadable(soname: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(soname) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated name; loading a library runs its initialisers, as cudarc's
+    // own dlopen of the same library would.
+    !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) }.is_null()
+}
+
+/// Opens `cuda:n`: a missing library or driver is a `DeviceError` that says what to install,
+/// never a panic (cudarc's loader panics; caught here as a last resort).
+#[cfg(feature = "cuda")]
+fn open_cuda(n: usize) -> Result<Device> {
+    #[cfg(target_os = "linux")]
+    if let Some(missing) = missing_cuda_library() {
+        return Err(Error::Device(format!(
+            "could not open cuda:{n}: {missing}; {CUDA_HINT}"
+        )));
+    }
+    match std::panic::catch_unwind(|| Device::new_cuda(n)) {
+        Ok(Ok(dev)) => Ok(dev),
+        Ok(Err(e)) => Err(Error::Device(format!("could not open cuda:{n}: {e}"))),
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic in the CUDA loader".into());
+            Err(Error::Device(format!(
+                "could not open cuda:{n}: {why}; {CUDA_HINT}"
+            )))
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_n: usize) -> Result<Device> {
+    Err(not_compiled("cuda"))
+}
+
 /// Parses a device string and opens the device. Returns the device and its canonical name.
 pub fn parse_device(spec: &str) -> Result<(Device, String)> {
     let s = spec.trim().to_ascii_lowercase();
@@ -54,12 +138,7 @@ pub fn parse_device(spec: &str) -> Result<(Device, String)> {
     }
     if s.starts_with("cuda") {
         let n = ordinal(&s, "cuda")?;
-        if !cfg!(feature = "cuda") {
-            return Err(not_compiled("cuda"));
-        }
-        let dev = Device::new_cuda(n)
-            .map_err(|e| Error::Device(format!("could not open cuda:{n}: {e}")))?;
-        return Ok((dev, format!("cuda:{n}")));
+        return Ok((open_cuda(n)?, format!("cuda:{n}")));
     }
     if s.starts_with("metal") {
         let n = ordinal(&s, "metal")?;
@@ -142,5 +221,32 @@ pub fn trim_heap() {
     // SAFETY: malloc_trim only releases memory that is free; it is thread-safe.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_probe() {
+        // glibc's libc.so.6 is always there; a made-up name never is.
+        assert!(loadable("libc.so.6"));
+        assert!(!library_candidates("mimi_py_no_such_library")
+            .iter()
+            .any(|c| loadable(c)));
+        assert!(library_candidates("curand").contains(&"libcurand.so.10".to_string()));
+    }
+
+    #[test]
+    fn cuda_without_the_feature_or_driver_is_a_device_error() {
+        // CPU build: "compiled without"; CUDA build on a machine without a driver: the reason.
+        if cfg!(feature = "cuda") && loadable("libcuda.so.1") {
+            return;
+        }
+        match parse_device("cuda:0") {
+            Err(Error::Device(msg)) => assert!(msg.contains("cuda"), "{msg}"),
+            other => panic!("expected a device error, got {:?}", other.map(|d| d.1)),
+        }
     }
 }
