@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fills .gpu/ (git-ignored) with what scripts/gpu_check.sh needs on the GPU machine, which has
 # Python 3.12 with PyTorch and NVIDIA's CUDA wheels, but no Rust and no network:
-#   .gpu/mimi_py-*.whl   the CUDA wheel (scripts/build_cuda_wheel.sh; built if missing)
+#   .gpu/mimi_py-*.whl   the CUDA wheel (scripts/build_cuda_wheel.sh into dist/cuda; built if missing)
 #   .gpu/wheels/         pytest, hypothesis and moshi 0.2.13 (--no-deps) with the few packages
 #                        moshi's Mimi needs, as wheels for CPython 3.12 on x86-64 Linux
 # Usage: bash scripts/prepare_gpu_check.sh [CUDA_WHEEL]
@@ -13,11 +13,11 @@ PY="${PYTHON:-python3}"
 mkdir -p .gpu/wheels
 wheel="${1:-}"
 if [ -z "$wheel" ]; then
-    wheel="$(ls dist-cuda/mimi_py-*.whl 2>/dev/null | head -1 || true)"
+    wheel="$(ls dist/cuda/mimi_py-*.whl 2>/dev/null | head -1 || true)"
 fi
 if [ -z "$wheel" ]; then
     bash scripts/build_cuda_wheel.sh
-    wheel="$(ls dist-cuda/mimi_py-*.whl | head -1)"
+    wheel="$(ls dist/cuda/mimi_py-*.whl | head -1)"
 fi
 rm -f .gpu/mimi_py-*.whl
 cp "$wheel" .gpu/
