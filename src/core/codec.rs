@@ -308,17 +308,22 @@ pub struct Codec {
     dtype: DType,
 }
 
+/// One batch item's state on the native engine: the SEANet encoder's and the downsampling's.
+type EncodeItem = (seanet::EncoderState, conv::ConvState);
+/// One batch item's state on the native engine: the upsampling's and the SEANet decoder's.
+type DecodeItem = (conv::ConvState, seanet::DecoderState);
+
 // One per stream: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum EncodeConvs {
     /// Per batch item: the SEANet encoder's and the downsampling's states.
-    Native(Vec<(seanet::EncoderState, conv::ConvState)>),
+    Native(Vec<EncodeItem>),
     Candle(SeaNetEncoder, ConvDownsample1d),
 }
 
 pub enum DecodeConvs {
     /// Per batch item: the upsampling's and the SEANet decoder's states.
-    Native(Vec<(conv::ConvState, seanet::DecoderState)>),
+    Native(Vec<DecodeItem>),
     /// One module per batch item: candle 0.11.1's CPU `conv_transpose1d` gives wrong
     /// results for batch items after the first (its col2im path), so transposed
     /// convolutions always run on batch size 1.
@@ -523,6 +528,22 @@ fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor>> {
         xs.iter().flat_map(|f| f.data.iter().copied()).collect()
     };
     Ok(Some(Tensor::from_vec(data, (b, c, t), dev)?))
+}
+
+/// One per-item stage of the native engine (a SEANet, a down/upsampling) on each row of
+/// `x`: row `i` continues the state `items[rows[i]]`. `None` when no frame comes out.
+fn per_row<I>(
+    items: &mut [I],
+    rows: &[usize],
+    x: &Tensor,
+    dev: &Device,
+    mut stage: impl FnMut(&mut I, &Frames) -> candle::Result<Frames>,
+) -> Result<Option<Tensor>> {
+    let mut ys = Vec::with_capacity(rows.len());
+    for (f, &r) in to_frames(x)?.iter().zip(rows) {
+        ys.push(stage(&mut items[r], f)?);
+    }
+    from_frames(ys, dev)
 }
 
 /// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
@@ -762,43 +783,34 @@ impl Codec {
             unreachable!("a native stream")
         };
         items.resize_with(b, Default::default);
+        let all: Vec<usize> = (0..b).collect();
         let (mut pending, mut held, mut parts, mut t0) = (Vec::new(), 0, Vec::new(), 0);
         loop {
             crate::core::error::check_cancel(cancel)?;
             let n = self.chunks.0.min(len - t0);
             let last = t0 + n == len;
-            let mut xs = Vec::with_capacity(b);
-            for (item, f) in items.iter_mut().zip(to_frames(&pcm.narrow(2, t0, n)?)?) {
-                xs.push(encoder.apply(&mut item.0, &f, last, cancel)?);
-            }
-            if let Some(x) = from_frames(xs, &self.device)? {
+            let chunk = pcm.narrow(2, t0, n)?;
+            let seanet =
+                |it: &mut EncodeItem, f: &Frames| encoder.apply(&mut it.0, f, last, cancel);
+            if let Some(x) = per_row(items, &all, &chunk, &self.device, seanet)? {
                 held += x.dim(2)?;
                 pending.push(x);
             }
             t0 += n;
-            if held >= self.chunks.2 || (last && held > 0) {
-                let x = Tensor::cat(&std::mem::take(&mut pending), 2)?;
-                held = 0;
-                let x = run_transformer_c(&self.enc_tr, tr, &x, cancel)?;
-                let ys = (items.iter_mut().zip(to_frames(&x)?))
-                    .map(|(item, f)| downsample.step(&mut item.1, &f, None, None, last))
-                    .collect();
-                parts.extend(from_frames(ys, &self.device)?);
-            } else if last {
-                // Nothing new for the transformer, but the downsampling's padding is flushed.
-                let ys = items
-                    .iter_mut()
-                    .map(|item| {
-                        downsample.step(
-                            &mut item.1,
-                            &Frames::empty(self.cfg.seanet.dimension),
-                            None,
-                            None,
-                            true,
-                        )
-                    })
-                    .collect();
-                parts.extend(from_frames(ys, &self.device)?);
+            if held >= self.chunks.2 || last {
+                // The transformer's output; at the end with nothing new, empty frames, which
+                // still flush the downsampling's padding.
+                let x = if held > 0 {
+                    held = 0;
+                    let x = Tensor::cat(&std::mem::take(&mut pending), 2)?;
+                    run_transformer_c(&self.enc_tr, tr, &x, cancel)?
+                } else {
+                    Tensor::zeros((b, self.cfg.seanet.dimension, 0), DType::F32, &self.device)?
+                };
+                let down = |it: &mut EncodeItem, f: &Frames| {
+                    Ok(downsample.step(&mut it.1, f, None, None, last))
+                };
+                parts.extend(per_row(items, &all, &x, &self.device, down)?);
             }
             if last {
                 break;
@@ -829,15 +841,15 @@ impl Codec {
             unreachable!("a native stream")
         };
         items.resize_with(b, Default::default);
+        let all: Vec<usize> = (0..b).collect();
+        let up = |it: &mut DecodeItem, f: &Frames| Ok(upsample.step(&mut it.0, f, None));
+        let seanet = |it: &mut DecodeItem, f: &Frames| decoder.apply(&mut it.1, f, cancel);
         let mut parts = Vec::new();
         let block = self.chunks.2.div_ceil(per_frame).max(1);
         for t0 in (0..len).step_by(block) {
             crate::core::error::check_cancel(cancel)?;
             let n = block.min(len - t0);
-            let ups = (items.iter_mut().zip(to_frames(&x.narrow(2, t0, n)?)?))
-                .map(|(item, f)| upsample.step(&mut item.0, &f, None))
-                .collect();
-            let Some(u) = from_frames(ups, &self.device)? else {
+            let Some(u) = per_row(items, &all, &x.narrow(2, t0, n)?, &self.device, up)? else {
                 continue;
             };
             let y = run_transformer_c(&self.dec_tr, tr, &u, cancel)?;
@@ -845,11 +857,7 @@ impl Codec {
             for s0 in (0..tn).step_by(sub) {
                 crate::core::error::check_cancel(cancel)?;
                 let part = y.narrow(2, s0, sub.min(tn - s0))?;
-                let mut ys = Vec::with_capacity(b);
-                for (item, f) in items.iter_mut().zip(to_frames(&part)?) {
-                    ys.push(decoder.apply(&mut item.1, &f, cancel)?);
-                }
-                parts.extend(from_frames(ys, &self.device)?);
+                parts.extend(per_row(items, &all, &part, &self.device, seanet)?);
             }
         }
         if parts.is_empty() {
@@ -1007,11 +1015,9 @@ impl Codec {
                 EncodeConvs::Native(items),
             ) => {
                 items.resize_with(s.counts.len(), Default::default);
-                let mut xs = Vec::with_capacity(b);
-                for (item, &r) in to_frames(pcm)?.iter().zip(rows_or_all) {
-                    xs.push(encoder.apply(&mut items[r].0, item, last, None)?);
-                }
-                let x = match from_frames(xs, &self.device)? {
+                let seanet =
+                    |it: &mut EncodeItem, f: &Frames| encoder.apply(&mut it.0, f, last, None);
+                let x = match per_row(items, rows_or_all, pcm, &self.device, seanet)? {
                     Some(x) => {
                         let rows = rows.map(|r| (r, s.counts.len()));
                         run_transformer_rows(&self.enc_tr, &mut s.tr, &x, rows)?
@@ -1023,12 +1029,10 @@ impl Codec {
                     }
                     None => return Ok(None),
                 };
-                let ys = to_frames(&x)?
-                    .iter()
-                    .zip(rows_or_all)
-                    .map(|(f, &r)| downsample.step(&mut items[r].1, f, None, None, last))
-                    .collect();
-                from_frames(ys, &self.device)
+                let down = |it: &mut EncodeItem, f: &Frames| {
+                    Ok(downsample.step(&mut it.1, f, None, None, last))
+                };
+                per_row(items, rows_or_all, &x, &self.device, down)
             }
             (Convs::Candle { .. }, EncodeConvs::Candle(encoder, downsample)) => {
                 let Some(x) = nonempty(encoder.step(&pcm.clone().into())?)? else {
@@ -1099,21 +1103,14 @@ impl Codec {
                 DecodeConvs::Native(items),
             ) => {
                 items.resize_with(s.counts.len(), Default::default);
-                let ups = to_frames(x)?
-                    .iter()
-                    .zip(rows_or_all)
-                    .map(|(f, &r)| upsample.step(&mut items[r].0, f, None))
-                    .collect();
-                let Some(x) = from_frames(ups, &self.device)? else {
+                let up = |it: &mut DecodeItem, f: &Frames| Ok(upsample.step(&mut it.0, f, None));
+                let Some(x) = per_row(items, rows_or_all, x, &self.device, up)? else {
                     return Ok(None);
                 };
                 let rows = rows.map(|r| (r, s.counts.len()));
                 let x = run_transformer_rows(&self.dec_tr, &mut s.tr, &x, rows)?;
-                let mut ys = Vec::with_capacity(b);
-                for (item, &r) in to_frames(&x)?.iter().zip(rows_or_all) {
-                    ys.push(decoder.apply(&mut items[r].1, item, None)?);
-                }
-                from_frames(ys, &self.device)
+                let seanet = |it: &mut DecodeItem, f: &Frames| decoder.apply(&mut it.1, f, None);
+                per_row(items, rows_or_all, &x, &self.device, seanet)
             }
             (
                 Convs::Candle {
