@@ -275,3 +275,23 @@ def real_moshi_weights() -> Path:
 def small_moshi_weights() -> Path:
     """Random weights of the fixtures' small codec, in the moshi layout (tiny mode)."""
     return random_weights_file(read_safetensors_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")
+
+
+def bench_weights(small: bool) -> dict:
+    """The weights every codec engine loads, as the results record them: the fixtures' small
+    codec (tiny sizes) or the real architecture, random, in the moshi checkpoint layout."""
+    if small:
+        w = {
+            "path": str(small_moshi_weights()),
+            "hf_config": str(SMALL_HF_CONFIG),
+            "num_codebooks": 4,
+            "architecture": "the fixtures' small Mimi codec",
+        }
+    else:
+        w = {
+            "path": str(real_moshi_weights()),
+            "hf_config": None,
+            "num_codebooks": 8,
+            "architecture": "real Mimi (kyutai_moshi_mimi_manifest.json)",
+        }
+    return {**w, "recipe": WEIGHTS_RECIPE}

@@ -390,22 +390,13 @@ def main(argv=None) -> int:
     log(
         f"device {args.device}, engines {args.engines}, dtypes {args.dtypes}, {args.codec} codec, out {args.out}"
     )
-    if args.codec == "small":
-        weights = {
-            "path": str(common.small_moshi_weights()),
-            "hf_config": str(common.SMALL_HF_CONFIG),
-            "num_codebooks": 4,
-            "architecture": "the fixtures' small Mimi codec",
-        }
-    else:
+    if args.codec != "small":
         log("random weights in the moshi checkpoint layout (cached in benches/.cache or $MIMI_BENCH_CACHE)")
-        weights = {
-            "path": str(common.real_moshi_weights()),
-            "hf_config": None,
-            "num_codebooks": 8,
-            "architecture": "real Mimi (kyutai_moshi_mimi_manifest.json)",
-        }
-    weights["recipe"] = common.WEIGHTS_RECIPE
+    weights = common.bench_weights(small=args.codec == "small")
+    # The sizes, recorded in the results and handed to each worker.
+    sizes = {
+        k: getattr(args, k) for k in ("seconds", "batches", "stream_batches", "frames", "warmup", "repeats")
+    }
     import importlib.util
 
     runs = []
@@ -442,12 +433,7 @@ def main(argv=None) -> int:
                     "weights": weights["path"],
                     "hf_config": weights["hf_config"],
                     "num_codebooks": weights["num_codebooks"],
-                    "seconds": args.seconds,
-                    "batches": args.batches,
-                    "stream_batches": args.stream_batches,
-                    "frames": args.frames,
-                    "warmup": args.warmup,
-                    "repeats": args.repeats,
+                    **sizes,
                     "save_dir": str(save),
                 }
                 log(f"{eng} {dt} on {args.device}")
@@ -468,12 +454,7 @@ def main(argv=None) -> int:
             "device": args.device,
             "engines": args.engines,
             "dtypes": args.dtypes,
-            "seconds": args.seconds,
-            "batches": args.batches,
-            "stream_batches": args.stream_batches,
-            "frames": args.frames,
-            "warmup": args.warmup,
-            "repeats": args.repeats,
+            **sizes,
             "tiny": args.tiny,
             "codec": args.codec,
             "threads": args.threads,

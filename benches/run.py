@@ -1513,21 +1513,7 @@ def main(argv=None) -> int:
     weights = None
     if any(x in args.suites for x in ("codec", "aggregate", "streaming", "rss", "corpus", "serving")):
         log("random weights in the moshi checkpoint layout (cached in benches/.cache or $MIMI_BENCH_CACHE)")
-        if args.tiny:
-            weights = {
-                "path": str(common.small_moshi_weights()),
-                "hf_config": str(common.SMALL_HF_CONFIG),
-                "num_codebooks": 4,
-                "architecture": "the fixtures' small Mimi codec",
-            }
-        else:
-            weights = {
-                "path": str(common.real_moshi_weights()),
-                "hf_config": None,
-                "num_codebooks": 8,
-                "architecture": "real Mimi (kyutai_moshi_mimi_manifest.json)",
-            }
-        weights["recipe"] = common.WEIGHTS_RECIPE
+        weights = common.bench_weights(small=args.tiny)
 
     suites = {}
     with tempfile.TemporaryDirectory(prefix="mimi-bench-") as tmp:
