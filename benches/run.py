@@ -558,6 +558,17 @@ def codec_parity(runs, save_dir: Path) -> list:
     return out
 
 
+def peer_ratios(runs: list[dict], name: str = "engine", **fields) -> list[dict]:
+    """For each measured peer (a run of another engine), ``{"peer": run[name], field:
+    f(mimi_py's run, peer's run), ...}``; mimi_py's run is the one whose ``name`` is "mimi_py".
+    Empty when mimi_py's run failed."""
+    mine = next((r for r in runs if r.get("ok") and r[name] == "mimi_py"), None)
+    if mine is None:
+        return []
+    peers = [r for r in runs if r.get("ok") and r["engine"] != "mimi_py"]
+    return [{"peer": r[name], **{k: f(mine, r) for k, f in fields.items()}} for r in peers]
+
+
 def offline_ratios(runs) -> list:
     """mimi_py RTF ÷ peer RTF at each thread count (> 1: mimi_py faster)."""
     out = []
@@ -641,14 +652,7 @@ def suite_aggregate(args, weights, codec: dict | None) -> dict:
                 }
                 run["aggregate_over_single"] = ratio(run["encode_rtf"], ref["encode_rtf"])
         runs.append(run)
-    mine = next((r for r in runs if r.get("ok") and r["engine"] == "mimi_py"), None)
-    ratios = []
-    if mine:
-        for r in runs:
-            if r.get("ok") and r["engine"] != "mimi_py":
-                ratios.append(
-                    {"peer": r["engine"], "encode_speed_ratio": ratio(mine["encode_rtf"], r["encode_rtf"])}
-                )
+    ratios = peer_ratios(runs, encode_speed_ratio=lambda m, r: ratio(m["encode_rtf"], r["encode_rtf"]))
     return {
         "processes": procs,
         "threads_per_process": 1,
@@ -683,20 +687,11 @@ def suite_streaming(args, weights) -> dict:
     for e in args.engines:
         if e not in STREAMING_ENGINES:
             skipped[e] = "not measured (no streaming API wired up in this bench)"
-    mine = next((r for r in runs if r.get("ok") and r["engine"] == "mimi_py"), None)
-    ratios = []
-    if mine:
-        for r in runs:
-            if r.get("ok") and r["engine"] != "mimi_py":
-                ratios.append(
-                    {
-                        "peer": r["engine"],
-                        "median_speed_ratio": ratio(
-                            r["frame_total"]["median_us"], mine["frame_total"]["median_us"]
-                        ),
-                        "p99_speed_ratio": ratio(r["frame_total"]["p99_us"], mine["frame_total"]["p99_us"]),
-                    }
-                )
+    ratios = peer_ratios(
+        runs,
+        median_speed_ratio=lambda m, r: ratio(r["frame_total"]["median_us"], m["frame_total"]["median_us"]),
+        p99_speed_ratio=lambda m, r: ratio(r["frame_total"]["p99_us"], m["frame_total"]["p99_us"]),
+    )
     return {
         "threads": th,
         "frame_size": common.FRAME_SIZE,
@@ -729,14 +724,9 @@ def suite_rss(args, weights) -> dict:
         res["engine"] = eng
         res["label"] = label
         runs.append(res)
-    mine = next((r for r in runs if r.get("ok") and r["label"] == "mimi_py"), None)
-    ratios = []
-    if mine:
-        for r in runs:
-            if r.get("ok") and r["engine"] != "mimi_py":
-                ratios.append(
-                    {"peer": r["label"], "rss_ratio": ratio(mine["peak_rss_bytes"], r["peak_rss_bytes"])}
-                )
+    ratios = peer_ratios(
+        runs, name="label", rss_ratio=lambda m, r: ratio(m["peak_rss_bytes"], r["peak_rss_bytes"])
+    )
     return {
         "threads": th,
         "audio_seconds": args.seconds,
