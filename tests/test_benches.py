@@ -12,19 +12,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "benches" / "run.py"
 GPU = REPO / "benches" / "gpu.py"
+
+
+def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int) -> None:
+    """Runs a bench script from the repository root, its weights cached under ``tmp_path``."""
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(REPO),
+        env={**os.environ, "MIMI_BENCH_CACHE": str(tmp_path / "cache")},
+    )
+    assert proc.returncode == 0, f"{script.name} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
 SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving"]
 
 
 def test_bench_suites_run_tiny(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(RUN), "--tiny", "--threads", "1", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=str(REPO),
-        env={**os.environ, "MIMI_BENCH_CACHE": str(tmp_path / "cache")},
-    )
-    assert proc.returncode == 0, f"benches/run.py --tiny failed:\n{proc.stdout}\n{proc.stderr}"
+    run_script(RUN, ["--tiny", "--threads", "1", "--out", str(tmp_path)], tmp_path, timeout=240)
 
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["args"]["tiny"] is True
@@ -104,29 +111,8 @@ def test_gpu_bench_dry_run_cpu(tmp_path):
     """benches/gpu.py on the CPU at tiny sizes with the small codec: mimi_py's float32 rows run;
     moshi (not installed, or unable to build the small codec) and any dtype the build refuses are
     recorded as failed rows, not a crash."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(GPU),
-            "--device",
-            "cpu",
-            "--tiny",
-            "--codec",
-            "small",
-            "--engines",
-            "mimi_py,moshi",
-            "--dtypes",
-            "float32,bfloat16",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=str(REPO),
-        env={**os.environ, "MIMI_BENCH_CACHE": str(tmp_path / "cache")},
-    )
-    assert proc.returncode == 0, f"benches/gpu.py failed:\n{proc.stdout}\n{proc.stderr}"
+    args = ["--device", "cpu", "--tiny", "--codec", "small", "--engines", "mimi_py,moshi"]
+    run_script(GPU, [*args, "--dtypes", "float32,bfloat16", "--out", str(tmp_path)], tmp_path, timeout=120)
     res = json.loads((tmp_path / "gpu_results.json").read_text())
     runs = {(r["engine"], r["dtype"]): r for r in res["runs"]}
     assert set(runs) == {(e, d) for e in ("mimi_py", "moshi") for d in ("float32", "bfloat16")}
