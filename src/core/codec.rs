@@ -24,6 +24,8 @@ use candle_transformers::models::mimi::seanet::{SeaNetDecoder, SeaNetEncoder};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 /// The two real checkpoint layouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckpointLayout {
@@ -297,9 +299,8 @@ impl Convs {
 /// The codec's weights and modules; immutable once built, shared between threads.
 pub struct Codec {
     cfg: CodecConfig,
-    /// Offline chunk sizes (native engine): SEANet encoder input samples, SEANet decoder
-    /// code frames, transformer tokens per call.
-    chunks: (usize, usize, usize),
+    /// How offline calls are cut on the native engine.
+    offline: Offline,
     convs: Convs,
     enc_tr: Transformer,
     dec_tr: Transformer,
@@ -547,11 +548,11 @@ fn per_row<I>(
 }
 
 /// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
-/// the worker that ran it.
+/// the pool's threads.
 fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     crate::core::kernels::in_pool(|| {
         let r = f();
-        conv::release_buffers();
+        rayon::broadcast(|_| conv::release_buffers());
         r
     })
 }
@@ -560,15 +561,94 @@ fn empty() -> Error {
     Error::Shape("the input is too short to produce any output".into())
 }
 
-/// With the native engine, offline calls run as one stream over chunks of this many
-/// samples (encode) or frames (decode): the same result as one pass, with memory bounded by
-/// the chunk instead of growing with the input.
-const ENCODE_CHUNK: usize = 48_000;
-const DECODE_CHUNK: usize = 25;
-/// Offline, the transformers take this many tokens per call (10 s at 25 Hz): a longer call
-/// reads and packs each weight matrix once for more tokens. Mimi, 2 threads: 250 tokens in one
-/// call 135 ms, in five calls of 50 (the SEANet's chunk) 216 ms. Memory: 0.5 MB per batch item.
-const TRANSFORMER_BLOCK: usize = 250;
+/// How the native engine cuts an offline call. The SEANets run as streams over chunks,
+/// which bounds memory; the transformers take blocks of tokens, which amortises reading and
+/// packing their weights; and each block's SEANet pass is cut along time into segments that
+/// run in parallel (see [`split`]). Every cut depends on the input's length only, never on
+/// the number of threads, so results are the same bits on any machine.
+#[derive(Clone, Copy, Debug)]
+struct Offline {
+    /// SEANet encoder input samples per streaming call (1 s: with one segment in flight per
+    /// thread, 10 s encode + decode peaks at 0.60 GB RSS; 2 s chunks gave 0.69 GB and no
+    /// measurable speed).
+    encode_chunk: usize,
+    /// SEANet decoder code frames per streaming call (~1 s).
+    decode_chunk: usize,
+    /// Transformer tokens per call. Mimi, 2 threads: 250 tokens in one call 135 ms, in five
+    /// calls of 50 216 ms. Memory: 0.5 MB per batch item.
+    block: usize,
+    /// SEANet frames (transformer tokens) per segment.
+    segment: usize,
+}
+
+impl Default for Offline {
+    fn default() -> Self {
+        // Segments of 5 s: a 10 s clip is two jobs. The warm-up each segment but the first
+        // recomputes costs 3.2% of the encoder SEANet's work (3840 samples) and 6.4% of the
+        // decoder's (8 frames); on 2 threads the split took 10 s encode from 637 to 520 ms
+        // and decode from 539 to 478 ms (benches/README.md).
+        Self {
+            encode_chunk: 24_000,
+            decode_chunk: 12,
+            block: 250,
+            segment: 125,
+        }
+    }
+}
+
+/// Cuts `[a, b)` into segments of `len` (the last one shorter).
+fn segments(a: usize, b: usize, len: usize) -> Vec<(usize, usize)> {
+    (a..b)
+        .step_by(len.max(1))
+        .map(|s| (s, (s + len.max(1)).min(b)))
+        .collect()
+}
+
+/// Runs a SEANet pass over `[a, b)` (in the pass's input units) for every batch item, as
+/// parallel jobs: one per item and segment of `seg` units. The SEANets have no recurrence,
+/// so an output depends on a bounded window of input (`warm` units before it):
+/// `job(item, s0, s1)` runs a fresh stream from `s0 - warm` and returns the outputs from
+/// `s0` on, which are the offline ones. Each job runs on one thread (an idle thread steals
+/// its parallel loops), so two cores work on two halves of a clip with no hand-off per
+/// layer. Returns each item's output in time order.
+fn split<J>(batch: usize, (a, b): (usize, usize), seg: usize, job: J) -> Result<Vec<Frames>>
+where
+    J: Fn(usize, usize, usize) -> Result<Frames> + Sync,
+{
+    let segs = segments(a, b, seg);
+    let jobs: Vec<(usize, usize, usize)> = (0..batch)
+        .flat_map(|i| segs.iter().map(move |&(s0, s1)| (i, s0, s1)))
+        .collect();
+    let outs = jobs
+        .par_iter()
+        .map(|&(i, s0, s1)| job(i, s0, s1))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(outs
+        .chunks(segs.len())
+        .map(|parts| Frames::cat(parts[0].channels, parts))
+        .collect())
+}
+
+/// A fresh stream of `step` over `x[start..end]` in chunks of `chunk` frames (the last
+/// call told it is last when `last`), without the first `skip` output frames.
+fn stream_window(
+    x: &Frames,
+    (start, end): (usize, usize),
+    chunk: usize,
+    skip: usize,
+    cout: usize,
+    mut step: impl FnMut(&Frames, bool) -> Result<Frames>,
+) -> Result<Frames> {
+    let mut outs = Vec::new();
+    let mut t = start;
+    while t < end {
+        let n = chunk.max(1).min(end - t);
+        outs.push(step(&x.window(t, t + n), t + n == end)?);
+        t += n;
+    }
+    let y = Frames::cat(cout, &outs);
+    Ok(y.window(skip.min(y.len), y.len))
+}
 
 fn nonempty(x: StreamTensor) -> Result<Option<Tensor>> {
     match x.as_option() {
@@ -622,7 +702,7 @@ impl Codec {
         source.finish()?;
         Ok(Self {
             cfg: cfg.clone(),
-            chunks: (ENCODE_CHUNK, DECODE_CHUNK, TRANSFORMER_BLOCK),
+            offline: Offline::default(),
             convs,
             enc_tr: Transformer::new(&cfg.transformer, enc_w, device, dtype)?,
             dec_tr: Transformer::new(&cfg.transformer, dec_w, device, dtype)?,
@@ -688,11 +768,15 @@ impl Codec {
     /// Estimated peak bytes of an offline call on `batch` items of `samples` samples each.
     pub fn offline_memory(&self, batch: usize, samples: usize) -> u64 {
         // SEANet's activations take about 2 KB per sample of audio in flight (measured on
-        // the real model, 64 filters); the native engine has only one chunk in flight, plus
+        // the real model, 64 filters); the native engine has a chunk in flight per pool thread (at
+        // most two counted here: the estimate is for the default offline split), plus
         // the input, the latents and the output (tens of bytes per sample).
         let per_sample = (2048 * self.cfg.seanet.n_filters as u64 / 64).max(64);
         let (in_flight, rest) = match self.engine() {
-            Engine::Native => (samples.min(2 * ENCODE_CHUNK) as u64, 64 * samples as u64),
+            Engine::Native => (
+                samples.min(2 * self.offline.encode_chunk) as u64,
+                64 * samples as u64,
+            ),
             Engine::Candle => (samples as u64, 0),
         };
         (batch as u64).saturating_mul(in_flight.saturating_mul(per_sample).saturating_add(rest))
@@ -762,11 +846,10 @@ impl Codec {
         }
     }
 
-    /// Offline encode on the native engine, as one stream flushed at the end (the offline
-    /// result: the transformer's window is exact under any chunking, and the convolutions pad
-    /// the last chunk as offline). The SEANet runs over chunks of `chunks.0` samples, which
-    /// bounds memory; its output waits until `chunks.2` tokens are there for one transformer
-    /// call; the downsampling follows each call.
+    /// Offline encode on the native engine. Per block of `offline.block` tokens: the
+    /// SEANet encoder over the block's samples (split along time, see [`split`]; the last
+    /// segment flushes the offline right padding), one transformer call, then the
+    /// downsampling, whose stream runs on across blocks.
     fn encode_native(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let Convs::Native {
             encoder,
@@ -777,6 +860,8 @@ impl Codec {
             unreachable!("native engine")
         };
         let (b, len) = (pcm.dim(0)?, pcm.dim(2)?);
+        let (hop, warm, o) = (encoder.hop(), encoder.warmup(), &self.offline);
+        let audio = to_frames(pcm)?;
         let mut st = self.encode_stream();
         st.start(b);
         let (EncodeConvs::Native(items), tr) = (&mut st.convs, &mut st.tr) else {
@@ -784,37 +869,36 @@ impl Codec {
         };
         items.resize_with(b, Default::default);
         let all: Vec<usize> = (0..b).collect();
-        let (mut pending, mut held, mut parts, mut t0) = (Vec::new(), 0, Vec::new(), 0);
-        loop {
+        let mut parts = Vec::new();
+        let mut b0 = 0;
+        while b0 < len {
             crate::core::error::check_cancel(cancel)?;
-            let n = self.chunks.0.min(len - t0);
-            let last = t0 + n == len;
-            let chunk = pcm.narrow(2, t0, n)?;
-            let seanet =
-                |it: &mut EncodeItem, f: &Frames| encoder.apply(&mut it.0, f, last, cancel);
-            if let Some(x) = per_row(items, &all, &chunk, &self.device, seanet)? {
-                held += x.dim(2)?;
-                pending.push(x);
-            }
-            t0 += n;
-            if held >= self.chunks.2 || last {
-                // The transformer's output; at the end with nothing new, empty frames, which
-                // still flush the downsampling's padding.
-                let x = if held > 0 {
-                    held = 0;
-                    let x = Tensor::cat(&std::mem::take(&mut pending), 2)?;
-                    run_transformer_c(&self.enc_tr, tr, &x, cancel)?
-                } else {
-                    Tensor::zeros((b, self.cfg.seanet.dimension, 0), DType::F32, &self.device)?
-                };
-                let down = |it: &mut EncodeItem, f: &Frames| {
-                    Ok(downsample.step(&mut it.1, f, None, None, last))
-                };
-                parts.extend(per_row(items, &all, &x, &self.device, down)?);
-            }
-            if last {
-                break;
-            }
+            let b1 = (b0 + o.block.max(1) * hop).min(len);
+            let last = b1 == len;
+            let job = |i: usize, s0: usize, s1: usize| {
+                let start = s0.saturating_sub(warm);
+                let mut es = seanet::EncoderState::default();
+                let skip = (s0 - start) / hop;
+                stream_window(
+                    &audio[i],
+                    (start, s1),
+                    o.encode_chunk,
+                    skip,
+                    self.cfg.seanet.dimension,
+                    |x, end| Ok(encoder.apply(&mut es, x, last && end, cancel)?),
+                )
+            };
+            let x = split(b, (b0, b1), o.segment * hop, job)?;
+            // The transformer's output; empty frames still flush the downsampling's padding.
+            let x = match from_frames(x, &self.device)? {
+                Some(x) => run_transformer_c(&self.enc_tr, tr, &x, cancel)?,
+                None => Tensor::zeros((b, self.cfg.seanet.dimension, 0), DType::F32, &self.device)?,
+            };
+            let down = |it: &mut EncodeItem, f: &Frames| {
+                Ok(downsample.step(&mut it.1, f, None, None, last))
+            };
+            parts.extend(per_row(items, &all, &x, &self.device, down)?);
+            b0 = b1;
         }
         if parts.is_empty() {
             return Err(empty());
@@ -822,10 +906,11 @@ impl Codec {
         Ok(Tensor::cat(&parts, 2)?)
     }
 
-    /// Offline decode on the native engine, as one stream (the decoder pads nothing on the
-    /// right, so this is the offline result): the upsampling and one transformer call per
-    /// block of `chunks.2` tokens, then the SEANet decoder over `chunks.1` code frames' worth
-    /// of tokens at a time, which bounds memory.
+    /// Offline decode on the native engine (the decoder pads nothing on the right, so a
+    /// stream gives the offline result). Per block of `offline.block` tokens: the upsampling
+    /// (a stream across blocks) and one transformer call, then the SEANet decoder over the
+    /// block, split along time (see [`split`]); each item keeps the transformer's last
+    /// frames as the next block's warm-up.
     fn decode_native(&self, x: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let Convs::Native {
             decoder, upsample, ..
@@ -835,6 +920,7 @@ impl Codec {
         };
         let (b, len) = (x.dim(0)?, x.dim(2)?);
         let per_frame = self.cfg.downsample_stride();
+        let (hop, warm, o) = (decoder.hop(), decoder.warmup(), &self.offline);
         let mut st = self.decode_stream();
         st.start(b);
         let (DecodeConvs::Native(items), tr) = (&mut st.convs, &mut st.tr) else {
@@ -843,27 +929,47 @@ impl Codec {
         items.resize_with(b, Default::default);
         let all: Vec<usize> = (0..b).collect();
         let up = |it: &mut DecodeItem, f: &Frames| Ok(upsample.step(&mut it.0, f, None));
-        let seanet = |it: &mut DecodeItem, f: &Frames| decoder.apply(&mut it.1, f, cancel);
-        let mut parts = Vec::new();
-        let block = self.chunks.2.div_ceil(per_frame).max(1);
+        let dim = self.cfg.seanet.dimension;
+        let mut tails = vec![Frames::empty(dim); b];
+        let mut audio: Vec<Vec<Frames>> = (0..b).map(|_| Vec::new()).collect();
+        let block = o.block.div_ceil(per_frame).max(1);
         for t0 in (0..len).step_by(block) {
             crate::core::error::check_cancel(cancel)?;
             let n = block.min(len - t0);
             let Some(u) = per_row(items, &all, &x.narrow(2, t0, n)?, &self.device, up)? else {
                 continue;
             };
-            let y = run_transformer_c(&self.dec_tr, tr, &u, cancel)?;
-            let (tn, sub) = (y.dim(2)?, (self.chunks.1 * per_frame).max(1));
-            for s0 in (0..tn).step_by(sub) {
-                crate::core::error::check_cancel(cancel)?;
-                let part = y.narrow(2, s0, sub.min(tn - s0))?;
-                parts.extend(per_row(items, &all, &part, &self.device, seanet)?);
+            let y = to_frames(&run_transformer_c(&self.dec_tr, tr, &u, cancel)?)?;
+            // Each item's frames: the warm-up kept from earlier blocks, then this block's.
+            let ext: Vec<Frames> = tails
+                .iter()
+                .zip(y)
+                .map(|(t, y)| Frames::cat(dim, &[t.window(0, t.len), y]))
+                .collect();
+            let (off, end) = (tails[0].len, ext[0].len);
+            let job = |i: usize, s0: usize, s1: usize| {
+                let start = s0.saturating_sub(warm);
+                let mut ds = seanet::DecoderState::default();
+                let chunk = o.decode_chunk * per_frame;
+                stream_window(
+                    &ext[i],
+                    (start, s1),
+                    chunk,
+                    (s0 - start) * hop,
+                    self.cfg.seanet.channels,
+                    |x, _| Ok(decoder.apply(&mut ds, x, cancel)?),
+                )
+            };
+            for (out, y) in audio.iter_mut().zip(split(b, (off, end), o.segment, job)?) {
+                out.push(y);
             }
+            tails = ext.iter().map(|e| e.tail(warm)).collect();
         }
-        if parts.is_empty() {
-            return Err(empty());
-        }
-        Ok(Tensor::cat(&parts, 2)?)
+        let audio = audio
+            .into_iter()
+            .map(|parts| Frames::cat(self.cfg.seanet.channels, &parts))
+            .collect();
+        from_frames(audio, &self.device)?.ok_or_else(empty)
     }
 
     pub fn encode_stream(&self) -> EncodeStream {
@@ -1335,14 +1441,89 @@ mod engine_tests {
 
             // Offline calls are streams over chunks: any chunk size gives one pass's result.
             let mut native = native;
-            for chunks in [(1, 1, 1), (959, 2, 3), (1920, 3, 250), (5000, 1000, 7)] {
-                let (ce, cd) = (chunks.0, chunks.1);
-                native.chunks = chunks;
+            for (ce, cd, block) in [(1, 1, 1), (959, 2, 3), (1920, 3, 250), (5000, 1000, 7)] {
+                native.offline = Offline {
+                    encode_chunk: ce,
+                    decode_chunk: cd,
+                    block,
+                    segment: 1 << 20,
+                };
                 let l = native.encode_pre_quantize(&pcm, None).unwrap();
                 assert!(diff(&l, &ln) < 1e-5, "encode chunk {ce}: {}", diff(&l, &ln));
                 let a = native.decode(&codes, None).unwrap();
                 assert!(diff(&a, &an) < 1e-5, "decode chunk {cd}: {}", diff(&a, &an));
             }
+        }
+    }
+
+    /// The receptive fields behind the offline split: Mimi's SEANet encoder reads 3320
+    /// samples back (rounded up to 4 frames of 960), its decoder 8 frames.
+    #[test]
+    fn seanet_warmup_is_the_receptive_field() {
+        let cfg = CodecConfig::mimi(8);
+        let (native, _) = both(&small(false));
+        let Convs::Native {
+            encoder, decoder, ..
+        } = &native.convs
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (encoder.hop(), decoder.hop()),
+            (cfg.seanet.hop_length(), 960)
+        );
+        assert_eq!((encoder.warmup(), decoder.warmup()), (3840, 8));
+    }
+
+    /// Offline calls split along time (segments down to one frame, blocks that cut
+    /// segments, both pad modes, batch 2) give the unsplit result: the warm-up covers the
+    /// receptive field.
+    #[test]
+    fn offline_segments_give_the_one_pass_result() {
+        for replicate in [false, true] {
+            let (mut native, _) = both(&small(replicate));
+            let dev = Device::Cpu;
+            let len = 23 * 960 + 333;
+            let pcm = Tensor::from_vec(test_input(2, len, 1, 5), (2, 1, len), &dev).unwrap();
+            native.offline.segment = 1 << 20;
+            let l1 = native.encode_pre_quantize(&pcm, None).unwrap();
+            let codes = native.encode(&pcm, None).unwrap();
+            let a1 = native.decode(&codes, None).unwrap();
+            for (segment, block) in [(11, 250), (7, 250), (3, 9), (1, 3)] {
+                native.offline.segment = segment;
+                native.offline.block = block;
+                let l = native.encode_pre_quantize(&pcm, None).unwrap();
+                assert!(diff(&l, &l1) < 1e-5, "{segment}/{block}: {}", diff(&l, &l1));
+                let a = native.decode(&codes, None).unwrap();
+                assert!(diff(&a, &a1) < 1e-5, "{segment}/{block}: {}", diff(&a, &a1));
+            }
+        }
+    }
+
+    /// Offline results are the same bits on 1, 2 or 3 threads: the cuts depend on the
+    /// input only.
+    #[test]
+    fn offline_results_do_not_depend_on_the_thread_count() {
+        let (mut native, _) = both(&small(false));
+        native.offline.segment = 5;
+        let len = 17 * 960 + 100;
+        let pcm = Tensor::from_vec(test_input(2, len, 1, 9), (2, 1, len), &Device::Cpu).unwrap();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let codes = native.encode(&pcm, None).unwrap();
+                let audio = native.decode(&codes, None).unwrap();
+                let latents = native.encode_pre_quantize(&pcm, None).unwrap();
+                let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                (codes.to_vec3::<u32>().unwrap(), flat(latents), flat(audio))
+            })
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            assert!(run(threads) == one, "{threads} threads");
         }
     }
 

@@ -163,8 +163,35 @@ impl Frames {
         out
     }
 
+    /// Frames `t0..t1`, copied.
+    pub fn window(&self, t0: usize, t1: usize) -> Frames {
+        let n = t1 - t0;
+        let mut out = Frames::uninit(self.channels, n);
+        for c in 0..self.channels {
+            out.data[c * n..(c + 1) * n].copy_from_slice(&self.row(c)[t0..t1]);
+        }
+        out
+    }
+
+    /// `parts` (of `channels` channels each) one after the other along time.
+    pub fn cat(channels: usize, parts: &[Frames]) -> Frames {
+        if let [one] = parts {
+            return one.window(0, one.len);
+        }
+        let len = parts.iter().map(|p| p.len).sum();
+        let mut out = Frames::uninit(channels, len);
+        for c in 0..channels {
+            let mut t = c * len;
+            for p in parts {
+                out.data[t..t + p.len].copy_from_slice(p.row(c));
+                t += p.len;
+            }
+        }
+        out
+    }
+
     /// The last `n` frames.
-    fn tail(&self, n: usize) -> Frames {
+    pub(crate) fn tail(&self, n: usize) -> Frames {
         let n = n.min(self.len);
         let mut data = Vec::with_capacity(self.channels * n);
         for c in 0..self.channels {
@@ -579,6 +606,12 @@ impl Conv1d {
 
     fn keff(&self) -> usize {
         (self.k - 1) * self.dilation + 1
+    }
+
+    /// The first input frame that output frame `out` reads (negative: the left padding).
+    pub(crate) fn first_input(&self, out: i64) -> i64 {
+        let (s, keff) = (self.stride as i64, self.keff() as i64);
+        out * s + s - keff
     }
 
     fn pad_total(&self) -> usize {
@@ -1017,6 +1050,15 @@ impl ConvTr1d {
         let y = self.run(&full, x.len);
         st.prev = Some(full.tail(self.taps - 1));
         y
+    }
+
+    pub(crate) fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// The first input frame that output frame `out` reads (negative: before the input).
+    pub(crate) fn first_input(&self, out: i64) -> i64 {
+        out.div_euclid(self.stride as i64) - (self.taps as i64 - 1)
     }
 
     /// `x` holds `taps - 1` earlier frames then `n` new ones; returns `(cout, n * stride)`.

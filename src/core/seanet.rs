@@ -45,6 +45,11 @@ impl ResBlock {
         Ok(Self { convs, shortcut })
     }
 
+    /// The first input frame that output frame `out` depends on.
+    fn first_input(&self, out: i64) -> i64 {
+        self.convs.iter().rev().fold(out, |o, c| c.first_input(o))
+    }
+
     fn apply(&self, st: &mut ResState, x: &Frames, alpha: f32, last: bool) -> Frames {
         // k = 1 shortcut: no padding, no state.
         let shortcut = self.shortcut.as_ref().map(|sc| sc.forward(x, None, None));
@@ -139,6 +144,26 @@ impl Encoder {
         })
     }
 
+    /// Samples per output frame.
+    pub fn hop(&self) -> usize {
+        self.layers.iter().map(|(_, down)| down.stride).product()
+    }
+
+    /// How many samples before a frame boundary a fresh stream must start for its frames
+    /// from that boundary on to be the offline ones: the receptive field to the left, in
+    /// whole frames (there is no recurrence, so it is finite). Mimi: 3320 samples, so 3840 (4 frames).
+    pub fn warmup(&self) -> usize {
+        let f = 1 << 20;
+        let mut first = self.last.first_input(f);
+        for (res, down) in self.layers.iter().rev() {
+            first = down.first_input(first);
+            first = res.iter().rev().fold(first, |o, r| r.first_input(o));
+        }
+        let first = self.init.first_input(first);
+        let hop = self.hop() as i64;
+        ((f * hop - first).max(0) as usize).next_multiple_of(hop as usize)
+    }
+
     /// Streaming: the frames this chunk of audio completes; with `last`, the audio ends
     /// here (see [`Conv1d::step`]). Offline = one chunk with `last`, or any chunking of it.
     pub fn apply(
@@ -204,6 +229,25 @@ impl Decoder {
             last,
             alpha: cfg.activation.0 as f32,
         })
+    }
+
+    /// Samples per input frame.
+    pub fn hop(&self) -> usize {
+        self.layers.iter().map(|(up, _)| up.stride()).product()
+    }
+
+    /// How many input frames before a boundary a fresh stream must start for its audio
+    /// from that boundary on to be the offline audio: the receptive field to the left (no
+    /// recurrence, so finite). Mimi: 8 frames.
+    pub fn warmup(&self) -> usize {
+        let hop = self.hop() as i64;
+        let f = 1 << 20;
+        let mut first = self.last.first_input(f * hop);
+        for (up, res) in self.layers.iter().rev() {
+            first = res.iter().rev().fold(first, |o, r| r.first_input(o));
+            first = up.first_input(first);
+        }
+        (f - self.init.first_input(first)).max(0) as usize
     }
 
     /// Streaming: the audio these frames complete. The decoder pads nothing on the right,
