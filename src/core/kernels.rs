@@ -6,6 +6,10 @@
 //! streams each weight row exactly once for all input rows, with AVX2/FMA when the CPU has
 //! them, split across the rayon thread pool by blocks of output features. Otherwise
 //! (more rows, other dtypes, GPUs) it is candle's `Linear`, unchanged.
+//!
+//! [`WindowAttention`]: the attention of an offline transformer block (many queries at
+//! once) on the CPU in f32, over exactly the keys each query's window holds, heads in
+//! parallel, instead of candle's full masked products.
 
 use candle::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Module, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -347,6 +351,288 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
+// ---------------------------------------------------------------------------------------
+// Sliding-window attention for many queries at once (an offline transformer pass).
+
+/// `softmax(q k^T + mask) v` for queries at positions `pos..pos + t`, over keys at
+/// positions `key_pos` (any order: a ring buffer's old keys, then the new ones): query `p`
+/// sees the keys at positions `(p - context, p]`. q: (bh, t, hd), keys/values: (bh, n, hd),
+/// all f32 and contiguous; q is already scaled. Per query it computes only the span of keys
+/// it can see (half of the work of the masked product for a pass from position 0), with no
+/// (t, n) mask tensor, and the heads run in parallel.
+pub struct WindowAttention {
+    pos: u64,
+    context: u64,
+    key_pos: Vec<u64>,
+    /// Per query, the first and one-past-last key it sees (`(0, 0)` for none).
+    spans: Vec<(usize, usize)>,
+}
+
+impl WindowAttention {
+    pub fn new(pos: u64, t: usize, context: usize, key_pos: Vec<u64>) -> Self {
+        let mut op = Self {
+            pos,
+            context: context as u64,
+            key_pos,
+            spans: Vec::new(),
+        };
+        op.spans = op.spans(t);
+        op
+    }
+
+    /// Whether query `i` sees key `j`.
+    fn sees(&self, i: usize, j: usize) -> bool {
+        let (q, k) = (self.pos + i as u64, self.key_pos[j]);
+        k <= q && q - k < self.context
+    }
+
+    fn spans(&self, t: usize) -> Vec<(usize, usize)> {
+        (0..t)
+            .map(|i| {
+                let mut seen = (0..self.key_pos.len()).filter(|&j| self.sees(i, j));
+                match seen.next() {
+                    None => (0, 0),
+                    Some(lo) => (lo, seen.next_back().unwrap_or(lo) + 1),
+                }
+            })
+            .collect()
+    }
+}
+
+/// One head: `kt` is scratch for the keys transposed (hd, n), `scores` for one query's.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attend_head_generic(
+    op: &WindowAttention,
+    spans: &[(usize, usize)],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    kt: &mut Vec<f32>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let n = k.len() / hd;
+    kt.resize(hd * n, 0.0);
+    for (j, row) in k.chunks_exact(hd).enumerate() {
+        for (d, &x) in row.iter().enumerate() {
+            kt[d * n + j] = x;
+        }
+    }
+    scores.resize(n, 0.0);
+    for (i, (qi, oi)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
+        let (lo, hi) = spans[i];
+        oi.fill(0.0);
+        if lo == hi {
+            continue;
+        }
+        // Scores of the span, 8 keys at a time: s[j] += q[d] * kt[d][j].
+        let s = &mut scores[lo..hi];
+        s.fill(0.0);
+        for (d, &qd) in qi.iter().enumerate() {
+            for (sj, &kj) in s.iter_mut().zip(&kt[d * n + lo..d * n + hi]) {
+                *sj += qd * kj;
+            }
+        }
+        let mut max = f32::NEG_INFINITY;
+        for (j, sj) in (lo..hi).zip(s.iter_mut()) {
+            if !op.sees(i, j) {
+                *sj = f32::NEG_INFINITY;
+            }
+            max = max.max(*sj);
+        }
+        let mut sum = 0f32;
+        for sj in s.iter_mut() {
+            *sj = exp_nonpos(*sj - max);
+            sum += *sj;
+        }
+        for (&w, vj) in s.iter().zip(v[lo * hd..hi * hd].chunks_exact(hd)) {
+            for (o, &x) in oi.iter_mut().zip(vj) {
+                *o += w * x;
+            }
+        }
+        let inv = 1.0 / sum;
+        oi.iter_mut().for_each(|o| *o *= inv);
+    }
+}
+
+/// [`attend_head_generic`] with AVX2/FMA: 32 scores at a time in registers over the head
+/// dimension, and the weighted sum of values in registers, 64 dimensions at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx2(
+    op: &WindowAttention,
+    spans: &[(usize, usize)],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    kt: &mut Vec<f32>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let n = k.len() / hd;
+    // Keys transposed, rows padded so that 32 scores from any multiple of 8 stay inside.
+    let np = n.next_multiple_of(8) + 32;
+    kt.clear();
+    kt.resize(hd * np, 0.0);
+    for (j, row) in k.chunks_exact(hd).enumerate() {
+        for (d, &x) in row.iter().enumerate() {
+            kt[d * np + j] = x;
+        }
+    }
+    scores.clear();
+    scores.resize(np, 0.0);
+    let (ktp, sp) = (kt.as_ptr(), scores.as_mut_ptr());
+    for (i, (qi, oi)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
+        let (lo, hi) = spans[i];
+        oi.fill(0.0);
+        if lo == hi {
+            continue;
+        }
+        let mut j0 = lo / 8 * 8;
+        while j0 < hi {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (d, &qd) in qi.iter().enumerate() {
+                let qv = _mm256_set1_ps(qd);
+                // SAFETY: j0 + 32 <= np, and kt has hd rows of np.
+                let row = ktp.add(d * np + j0);
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row.add(8 * r)), *a);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(sp.add(j0 + 8 * r), *a);
+            }
+            j0 += 32;
+        }
+        let s = &mut scores[lo..hi];
+        for (j, sj) in (lo..hi).zip(s.iter_mut()) {
+            if !op.sees(i, j) {
+                *sj = f32::NEG_INFINITY;
+            }
+        }
+        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        s.iter_mut().for_each(|x| *x = exp_nonpos(*x - max));
+        let mut lanes = [0f32; 8];
+        for c in s.chunks(8) {
+            for (l, &x) in lanes.iter_mut().zip(c) {
+                *l += x;
+            }
+        }
+        let inv = 1.0 / lanes.iter().sum::<f32>();
+        // Weighted values, 64 dimensions (8 registers) at a time, then the rest by lanes.
+        let mut d0 = 0;
+        while d0 + 8 <= hd {
+            let w8 = ((hd - d0) / 8).min(8);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (j, &w) in (lo..hi).zip(s.iter()) {
+                let wv = _mm256_set1_ps(w);
+                // SAFETY: d0 + 8 * w8 <= hd, within value row j.
+                let row = v.as_ptr().add(j * hd + d0);
+                for (r, a) in acc.iter_mut().enumerate().take(w8) {
+                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * r)), *a);
+                }
+            }
+            let iv = _mm256_set1_ps(inv);
+            for (r, a) in acc.iter().enumerate().take(w8) {
+                _mm256_storeu_ps(oi.as_mut_ptr().add(d0 + 8 * r), _mm256_mul_ps(*a, iv));
+            }
+            d0 += 8 * w8;
+        }
+        for d in d0..hd {
+            let dot: f32 = (lo..hi)
+                .zip(s.iter())
+                .map(|(j, &w)| w * v[j * hd + d])
+                .sum();
+            oi[d] = dot * inv;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_head(
+    op: &WindowAttention,
+    spans: &[(usize, usize)],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    kt: &mut Vec<f32>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            return unsafe { attend_head_avx2(op, spans, q, k, v, hd, kt, scores, out) };
+        }
+    }
+    attend_head_generic(op, spans, q, k, v, hd, kt, scores, out)
+}
+
+impl candle::CustomOp3 for WindowAttention {
+    fn name(&self) -> &'static str {
+        "mimi-window-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, h, t, hd) = l1.shape().dims4()?;
+        let (b2, h2, n, hd2) = l2.shape().dims4()?;
+        if (b2, h2, hd2) != (b, h, hd) || l3.shape() != l2.shape() || n != self.key_pos.len() {
+            candle::bail!(
+                "mimi-window-attention: shapes {:?} {:?}",
+                l1.shape(),
+                l2.shape()
+            )
+        }
+        let (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) = (s1, s2, s3) else {
+            candle::bail!("mimi-window-attention: f32 only")
+        };
+        let offsets = (
+            l1.contiguous_offsets(),
+            l2.contiguous_offsets(),
+            l3.contiguous_offsets(),
+        );
+        let (Some((qa, qb)), Some((ka, kb)), Some((va, vb))) = offsets else {
+            candle::bail!("mimi-window-attention: contiguous inputs only")
+        };
+        if t != self.spans.len() {
+            candle::bail!(
+                "mimi-window-attention: {t} queries, built for {}",
+                self.spans.len()
+            )
+        }
+        let (q, k, v) = (&q[qa..qb], &k[ka..kb], &v[va..vb]);
+        let spans = &self.spans;
+        let mut out = vec![0f32; b * h * t * hd];
+        let head = |(i, o): (usize, &mut [f32])| {
+            let (mut kt, mut scores) = (Vec::new(), Vec::new());
+            let (qs, ks) = (t * hd, n * hd);
+            let (q, k, v) = (&q[i * qs..][..qs], &k[i * ks..][..ks], &v[i * ks..][..ks]);
+            attend_head(self, spans, q, k, v, hd, &mut kt, &mut scores, o);
+        };
+        if b * h > 1 && rayon::current_num_threads() > 1 {
+            out.par_chunks_mut(t * hd).enumerate().for_each(head);
+        } else {
+            out.chunks_mut(t * hd).enumerate().for_each(head);
+        }
+        Ok((CpuStorage::F32(out), Shape::from((b, h, t, hd))))
+    }
+}
+
 /// A linear layer (`y = x W^T + b`) with the fast path described in the module docs.
 #[derive(Clone, Debug)]
 pub struct Linear {
@@ -427,6 +713,92 @@ mod tests {
         }
     }
     use candle::Device;
+
+    /// The window kernel against candle's masked softmax product, on odd head sizes (the
+    /// register blocks' remainders), keys in ring order, and queries that see no key.
+    #[test]
+    fn window_attention_matches_candle_masked_softmax() {
+        let dev = Device::Cpu;
+        let input = |seed, shape: (usize, usize, usize, usize)| {
+            let (a, b, c, d) = shape;
+            let data = crate::core::testutil::test_input(a * b, c, d, seed);
+            Tensor::from_vec(data, shape, &dev).unwrap()
+        };
+        // (pos, t, context, key positions): a fresh pass; a ring of 5 old keys (slot order)
+        // then 7 new ones; keys a query cannot see at all.
+        let cases: [(u64, usize, usize, Vec<u64>); 3] = [
+            (0, 37, 250, (0..37).collect()),
+            (12, 7, 5, vec![10, 11, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18]),
+            (100, 3, 2, vec![1, 2, 100, 101, 102]),
+        ];
+        for hd in [5, 13, 64, 72] {
+            for (pos, t, context, key_pos) in cases.iter().cloned() {
+                let n = key_pos.len();
+                let (q, k, v) = (
+                    input(1, (2, 3, t, hd)),
+                    input(2, (2, 3, n, hd)),
+                    input(3, (2, 3, n, hd)),
+                );
+                let mask: Vec<f32> = (0..t as u64)
+                    .flat_map(|i| {
+                        key_pos.iter().map(move |&kp| {
+                            let p = pos + i;
+                            if kp <= p && p - kp < context as u64 {
+                                0.0
+                            } else {
+                                f32::NEG_INFINITY
+                            }
+                        })
+                    })
+                    .collect();
+                let mask = Tensor::from_vec(mask, (t, n), &dev).unwrap();
+                let scores = q
+                    .matmul(&k.t().unwrap())
+                    .unwrap()
+                    .broadcast_add(&mask)
+                    .unwrap();
+                let rows = |x: Tensor| x.flatten_to(2).unwrap().to_vec2::<f32>().unwrap();
+                let want = rows(
+                    candle_nn::ops::softmax_last_dim(&scores)
+                        .unwrap()
+                        .matmul(&v)
+                        .unwrap(),
+                );
+                let op = WindowAttention::new(pos, t, context, key_pos.clone());
+                let got4 = rows(q.apply_op3_no_bwd(&k, &v, &op).unwrap());
+                // Queries that see no key: zeros (candle gives NaN there).
+                // The portable fallback computes the same, head by head.
+                let (qf, kf, vf) = (
+                    rows(q.clone()).concat(),
+                    rows(k.clone()).concat(),
+                    rows(v.clone()).concat(),
+                );
+                for h in 0..6 {
+                    let mut o = vec![0f32; t * hd];
+                    let (qh, kh) = (&qf[h * t * hd..][..t * hd], &kf[h * n * hd..][..n * hd]);
+                    let vh = &vf[h * n * hd..][..n * hd];
+                    let (mut kt, mut sc) = (Vec::new(), Vec::new());
+                    attend_head_generic(&op, &op.spans, qh, kh, vh, hd, &mut kt, &mut sc, &mut o);
+                    for (a, b) in o.iter().zip(got4[h * t..(h + 1) * t].concat()) {
+                        assert!(
+                            (a - b).abs() <= 1e-5,
+                            "generic, hd {hd} pos {pos}: {a} vs {b}"
+                        );
+                    }
+                }
+                for (row, (g, w)) in got4.iter().zip(&want).enumerate() {
+                    for (a, b) in g.iter().zip(w) {
+                        let ok = if b.is_nan() {
+                            *a == 0.0
+                        } else {
+                            (a - b).abs() <= 1e-5
+                        };
+                        assert!(ok, "hd {hd} pos {pos} row {row}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn gemv_matches_candle_matmul() {

@@ -15,7 +15,7 @@
 //! The model itself (weights) is immutable and shared between clones.
 
 use crate::core::config::{Norm as NormKind, PositionalEmbedding, TransformerConfig};
-use crate::core::kernels::Linear;
+use crate::core::kernels::{Linear, WindowAttention};
 use candle::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::transformer::{LayerScale, Mlp, Norm};
@@ -515,17 +515,8 @@ impl Transformer {
     /// `0..n_old`) followed by the `t` new keys: 0 where `0 <= q - k < context`, -inf else.
     fn chunk_mask(&self, pos: u64, t: usize, n_old: usize) -> Result<Tensor> {
         let c = self.cfg.context as u64;
-        let key_pos = |j: usize| -> u64 {
-            if j >= n_old {
-                pos + (j - n_old) as u64
-            } else if pos <= c {
-                j as u64
-            } else {
-                (pos - 1) - ((pos - 1 - j as u64) % c)
-            }
-        };
-        let n = n_old + t;
-        let keys: Vec<u64> = (0..n).map(key_pos).collect();
+        let keys = self.key_positions(pos, t, n_old);
+        let n = keys.len();
         let mut mask = Vec::with_capacity(t * n);
         for i in 0..t as u64 {
             let q = pos + i;
@@ -538,6 +529,23 @@ impl Transformer {
             }));
         }
         Tensor::from_vec(mask, (t, n), &self.device)?.to_dtype(self.dtype)
+    }
+
+    /// The positions of the keys a block of `t` steps from `pos` attends to: the ring's
+    /// `n_old` slots (slot `j` holds the last position `≡ j` mod `context` before `pos`),
+    /// then the block's own.
+    fn key_positions(&self, pos: u64, t: usize, n_old: usize) -> Vec<u64> {
+        let c = self.cfg.context as u64;
+        let key_pos = |j: usize| -> u64 {
+            if j >= n_old {
+                pos + (j - n_old) as u64
+            } else if pos <= c {
+                j as u64
+            } else {
+                (pos - 1) - ((pos - 1 - j as u64) % c)
+            }
+        };
+        (0..n_old + t).map(key_pos).collect()
     }
 
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
@@ -711,7 +719,10 @@ impl Transformer {
             _ => xs.clone(),
         };
         let n_old = pos.min(cpos) as usize;
-        let mask = if t > 1 {
+        // On the CPU in f32, the window kernel; elsewhere candle's masked products.
+        let window = (t > 1 && self.device.is_cpu() && self.dtype == DType::F32)
+            .then(|| WindowAttention::new(pos, t, c, self.key_positions(pos, t, n_old)));
+        let mask = if t > 1 && window.is_none() {
             Some(self.chunk_mask(pos, t, n_old)?)
         } else {
             None
@@ -740,15 +751,22 @@ impl Transformer {
                         Tensor::cat(&[&cache.v.narrow(2, 0, n_old)?, &v], 2)?,
                     )
                 };
-                let scores = q.matmul(&keys.t()?)?;
-                let scores = match &mask {
-                    Some(m) => scores.broadcast_add(m)?,
-                    None => scores,
-                };
-                let w = candle_nn::ops::softmax_last_dim(&scores)?;
                 let m = t.min(c);
                 pending.push((k.narrow(2, t - m, m)?, v.narrow(2, t - m, m)?));
-                w.matmul(&vals)?
+                if let Some(op) = &window {
+                    q.contiguous()?.apply_op3_no_bwd(
+                        &keys.contiguous()?,
+                        &vals.contiguous()?,
+                        op,
+                    )?
+                } else {
+                    let scores = q.matmul(&keys.t()?)?;
+                    let scores = match &mask {
+                        Some(m) => scores.broadcast_add(m)?,
+                        None => scores,
+                    };
+                    candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?
+                }
             };
             xs = self.finish_layer(layer, xs, &attn)?;
         }
