@@ -11,9 +11,19 @@
 //! It is used only where the CPU has AVX-512F (chosen at run time); elsewhere the tiled-GEMM
 //! path of [`crate::core::conv`] runs, unchanged. Tests compare both on odd shapes.
 
-/// The largest `cin * k` for which the residual blocks use this kernel; above it the tiled
-/// GEMM was as fast or faster (measured per layer shape, one thread, 2048 frames).
-pub const MAX_DIRECT_K: usize = 768;
+/// Output channels per register block: 6 x 64 frames = 24 of the 32 AVX-512 registers.
+/// Each (input channel, tap) step loads 4 input vectors (which straddle cache lines for the
+/// taps past the first) and 6 broadcast weights for 24 FMAs; with 4 channels, 8 loads fed
+/// only 16 FMAs and the load ports, not the FMA units, set the pace.
+const ROWS: usize = 6;
+
+/// The largest `cin * k` for which the residual blocks use this kernel: every Mimi block
+/// (512 -> 256, k 3 is 1536). Measured per layer shape, one thread, 2048 frames, with 6
+/// output channels per block: 136-161 GFLOP/s up to 256 -> 128, k 3 and 107-154 GFLOP/s
+/// for 512 -> 256, k 3 and 1024 -> 512, k 3, against 115-122 GFLOP/s for `gemm` on the
+/// same products before its im2col copy. With 4 channels per block (until 2026-12) it was
+/// 93-134 GFLOP/s and the limit 768.
+pub const MAX_DIRECT_K: usize = 1536;
 
 /// Whether this CPU runs the AVX-512 kernel (`MIMI_PY_DIRECT_CONV=0` turns it off, to
 /// compare the two paths).
@@ -79,7 +89,7 @@ pub unsafe fn conv(
         }
         let mut co = 0;
         while co < p.cout {
-            let r = (p.cout - co).min(4);
+            let r = (p.cout - co).min(ROWS);
             let blk = Block {
                 co,
                 t,
@@ -91,6 +101,8 @@ pub unsafe fn conv(
                 add,
             };
             match r {
+                6 => block::<6>(p, &blk),
+                5 => block::<5>(p, &blk),
                 4 => block::<4>(p, &blk),
                 3 => block::<3>(p, &blk),
                 2 => block::<2>(p, &blk),

@@ -475,13 +475,18 @@ unsafe fn attend_head_avx2(
 ) {
     use std::arch::x86_64::*;
     let n = k.len() / hd;
-    // Keys transposed, rows padded so that 32 scores from any multiple of 8 stay inside.
+    // Keys transposed, rows padded so that 32 scores from any multiple of 8 stay inside;
+    // for a few queries (a streaming step) transposing costs more than it saves, and each
+    // score is a dot product of rows.
+    let transposed = q.len() / hd >= 8;
     let np = n.next_multiple_of(8) + 32;
-    kt.clear();
-    kt.resize(hd * np, 0.0);
-    for (j, row) in k.chunks_exact(hd).enumerate() {
-        for (d, &x) in row.iter().enumerate() {
-            kt[d * np + j] = x;
+    if transposed {
+        kt.clear();
+        kt.resize(hd * np, 0.0);
+        for (j, row) in k.chunks_exact(hd).enumerate() {
+            for (d, &x) in row.iter().enumerate() {
+                kt[d * np + j] = x;
+            }
         }
     }
     scores.clear();
@@ -493,7 +498,27 @@ unsafe fn attend_head_avx2(
         if lo == hi {
             continue;
         }
-        let mut j0 = lo / 8 * 8;
+        if !transposed {
+            for j in lo..hi {
+                let (qp, kp) = (qi.as_ptr(), k.as_ptr().add(j * hd));
+                let mut acc = _mm256_setzero_ps();
+                let mut d = 0;
+                while d + 8 <= hd {
+                    // SAFETY: d + 8 <= hd, within query i and key row j.
+                    acc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(qp.add(d)),
+                        _mm256_loadu_ps(kp.add(d)),
+                        acc,
+                    );
+                    d += 8;
+                }
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+                let tail: f32 = (d..hd).map(|e| qi[e] * k[j * hd + e]).sum();
+                scores[j] = lanes.iter().sum::<f32>() + tail;
+            }
+        }
+        let mut j0 = if transposed { lo / 8 * 8 } else { hi };
         while j0 < hi {
             let mut acc = [_mm256_setzero_ps(); 4];
             for (d, &qd) in qi.iter().enumerate() {
