@@ -557,10 +557,40 @@ impl ConvSpec {
     }
 }
 
+/// The smallest product depth per tap (`cin * stride`) for which a strided convolution is
+/// computed on its phase-split input.
+const MIN_PHASE_K: usize = 32;
+
+/// `w (cout, cin, k)` reordered to columns `(m, ci, r)` for tap `j = m * stride + r`, zero
+/// where `j >= k`: per tap `m`, a `(cout, cin * stride)` block of each row.
+fn phase_major(w: &[f32], cout: usize, cin: usize, k: usize, stride: usize) -> Vec<f32> {
+    let taps = k.div_ceil(stride);
+    let kk = taps * cin * stride;
+    let mut out = vec![0f32; cout * kk];
+    for co in 0..cout {
+        for m in 0..taps {
+            for ci in 0..cin {
+                for r in 0..stride {
+                    let j = m * stride + r;
+                    if j < k {
+                        out[co * kk + (m * cin + ci) * stride + r] = w[(co * cin + ci) * k + j];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A causal 1-d convolution (`StreamableConv1d`).
 #[derive(Clone, Debug)]
 pub struct Conv1d {
+    /// `(cout, cin * k)` row-major, columns `(ci, j)`; for a phase-split convolution
+    /// (`phases > 0`), columns `(m, ci, r)` for tap `j = m * stride + r` (zero past `k`).
     w: Vec<f32>,
+    /// Taps per phase of a strided convolution computed on its phase-split input (see
+    /// [`Conv1d::run_phased`]); 0 for the plain layout.
+    phases: usize,
     b: Option<Vec<f32>>,
     cin: usize,
     pub(crate) cout: usize,
@@ -592,8 +622,19 @@ impl Conv1d {
         } else {
             None
         };
+        let phases = if stride > 1 && dilation == 1 && cin * stride >= MIN_PHASE_K {
+            k.div_ceil(stride)
+        } else {
+            0
+        };
+        let w = if phases > 0 {
+            phase_major(&w, cout, cin, k, stride)
+        } else {
+            w
+        };
         Ok(Self {
             w,
+            phases,
             b,
             cin,
             cout,
@@ -756,8 +797,8 @@ impl Conv1d {
         let flops = 2 * n * (hidden * kk + cout * hidden);
         let tiles = tiles(1, n, max_cols(kk + hidden), flops);
         let (b1, b2) = (self.b.as_deref(), second.b.as_deref());
-        // The direct kernel where it measured faster: small residual blocks (single thread,
-        // 2048 frames: 64->32 k3 1.9x, 128->64 k3 1.2x; 512->256 k3 0.94x, so gemm there).
+        // The direct kernel where the CPU has AVX-512: every Mimi residual block (see
+        // direct::MAX_DIRECT_K for the per-layer measurements).
         if kk <= direct::MAX_DIRECT_K && crate::core::direct::available() {
             let first = direct::Direct {
                 w: &self.w,
@@ -862,11 +903,68 @@ impl Conv1d {
         out
     }
 
+    /// A strided convolution without im2col. The input is split once into its `stride`
+    /// phases, row `(ci, r)` holding frames `u * stride + r`; tap `j = m * stride + r` of
+    /// output frame `t` reads frame `t + m` of phase row `(ci, r)`. So for each of the
+    /// `phases` taps `m`, the products of all `(ci, r)` are one matrix product with the phase
+    /// rows shifted by `m`, a strided view `gemm` packs itself: `phases` products of depth
+    /// `cin * stride`, accumulated, instead of an im2col copy `k` times the input (Mimi's
+    /// down-sampling: `k = 2 * stride`, two products).
+    fn run_phased(&self, x: &Padded, n: usize, residual: Option<&Frames>) -> Frames {
+        let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.phases);
+        let (cs, kk, len) = (cin * s, self.w.len() / cout, n + taps - 1);
+        let mut ph = Frames::uninit(cs, len);
+        par_rows(&mut ph.data, len, |row, dst| {
+            x.gather(row / s, row % s, s, dst)
+        });
+        let mut out = Frames::uninit(cout, n);
+        let ptr = SharedMut(out.data.as_mut_ptr());
+        let flops = 2 * cout * kk * n;
+        let residual = residual.map(|r| r.data.as_slice());
+        let tiles = tiles(cout, n, max_cols(kk), flops);
+        for_tiles(&tiles, flops, |_, (r0, rn, t0, tn)| {
+            for m in 0..taps {
+                // SAFETY: the tile is inside `out` (cout x n) and disjoint from other tiles;
+                // the weight block m of rows r0.. has rn rows of cs (row stride kk); the phase
+                // rows are read at frames t0 + m .. t0 + m + tn <= len.
+                unsafe {
+                    gemm::gemm(
+                        rn,
+                        tn,
+                        cs,
+                        ptr.at(r0 * n + t0),
+                        1,
+                        n as isize,
+                        m > 0,
+                        self.w.as_ptr().add(r0 * kk + m * cs),
+                        1,
+                        kk as isize,
+                        ph.data.as_ptr().add(t0 + m),
+                        1,
+                        len as isize,
+                        1f32,
+                        1f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                }
+            }
+            // SAFETY: as above.
+            unsafe { epilogue(ptr, n, (r0, rn, t0, tn), self.b.as_deref(), residual) };
+        });
+        out
+    }
+
     /// The convolution of padded, activated frames, plus `residual`.
     fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
         let n = self.frames(x.len());
+        if self.phases > 0 && n > crate::core::kernels::GEMV_MAX_ROWS {
+            return self.run_phased(x, n, residual);
+        }
         let (cin, cout, k, s, d) = (self.cin, self.cout, self.k, self.stride, self.dilation);
-        let kk = cin * k;
+        let kk = self.w.len() / cout.max(1);
         if let Some(r) = residual {
             assert_eq!((r.channels, r.len), (cout, n), "residual shape");
         }
@@ -879,7 +977,21 @@ impl Conv1d {
         if n <= crate::core::kernels::GEMV_MAX_ROWS {
             // A streaming step: bound by reading the weights once; matrix-vector kernel.
             let mut cols = vec![0f32; n * kk];
-            if x.left == 0 && x.right == 0 && d == 1 {
+            if self.phases > 0 {
+                // Columns (m, ci, r), as the phase-major weights.
+                let mut g = vec![0f32; n];
+                let (taps, cs) = (self.phases, cin * s);
+                for m in 0..taps {
+                    for ci in 0..cin {
+                        for r in (0..s).filter(|r| m * s + r < k) {
+                            x.gather(ci, m * s + r, s, &mut g);
+                            for (t, v) in g.iter().enumerate() {
+                                cols[t * kk + m * cs + ci * s + r] = *v;
+                            }
+                        }
+                    }
+                }
+            } else if x.left == 0 && x.right == 0 && d == 1 {
                 // A streaming step: each (frame, channel) window is contiguous.
                 for t in 0..n {
                     for ci in 0..cin {
@@ -1251,6 +1363,10 @@ mod tests {
             (16, 8, 8, 4, 1, 301, false),
             (8, 8, 4, 2, 1, 37, true),
             (40, 24, 10, 5, 1, 2000, false),
+            // Phase-split (cin * stride >= 32): a kernel that is not a multiple of the
+            // stride (zero taps), replicate padding, and few frames (matrix-vector path).
+            (16, 12, 7, 3, 1, 400, true),
+            (32, 8, 8, 4, 1, 19, false),
             (4, 6, 1, 1, 1, 9, false),
             // Few output frames with padding: the matrix-vector path's strided gather.
             (6, 4, 5, 2, 1, 5, true),
