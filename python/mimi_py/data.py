@@ -11,7 +11,7 @@ on a cluster (``address=`` or ``RAY_ADDRESS``):
    encoder streams them from disk itself, so no row holds more than that much audio.
 2. :class:`MimiEncoder`, an actor stage: one :class:`~mimi_py.MimiCodec` per actor, loaded once,
    with ``RAYON_NUM_THREADS`` set to ``threads_per_worker`` in the actor's environment. Each file
-   is encoded with ``MimiCodec.encode`` (streams over 1 s chunks inside the codec, so its
+   is encoded with ``MimiCodec.encode`` (streams over short chunks inside the codec, so its
    working memory does not grow with the file), so its codes equal ``MimiCodec.encode`` of the
    file's (resampled, mono) audio exactly. Longer files stream through ``encode_step`` in chunks
    of ``batch_seconds``, ended with ``last=True``, which pads the last partial frame as
@@ -579,7 +579,7 @@ class MimiEncoder:
     :func:`output_schema`.
 
     A row with audio is encoded with :meth:`~mimi_py.MimiCodec.encode` (which runs as
-    streams over 1 s chunks inside, so its working memory is bounded): its codes equal
+    streams over short chunks inside, so its working memory is bounded): its codes equal
     ``MimiCodec.encode`` of the file's audio exactly. A row without audio (a file longer than
     ``max_inline_seconds``) is read from ``source`` here, block by block, and streamed through
     ``encode_step`` in chunks of ``batch_seconds`` (see :meth:`encode_blocks`), so memory does

@@ -568,9 +568,10 @@ fn empty() -> Error {
 /// the number of threads, so results are the same bits on any machine.
 #[derive(Clone, Copy, Debug)]
 struct Offline {
-    /// SEANet encoder input samples per streaming call (1 s: with one segment in flight per
-    /// thread, 10 s encode + decode peaks at 0.60 GB RSS; 2 s chunks gave 0.69 GB and no
-    /// measurable speed).
+    /// SEANet encoder input samples per streaming call (0.5 s). With one segment in flight
+    /// per thread, 10 s encode + decode at 2 threads peaks at 586 MB (VmHWM, moshi-layout
+    /// file); 1 s chunks gave 604 MB and 2 s 690 MB, at speeds within the noise (1 thread,
+    /// best of 6: 0.72-0.74 s against 0.74-0.81 s per 10 s encode).
     encode_chunk: usize,
     /// SEANet decoder code frames per streaming call (~1 s).
     decode_chunk: usize,
@@ -588,7 +589,7 @@ impl Default for Offline {
         // decoder's (8 frames); on 2 threads the split took 10 s encode from 637 to 520 ms
         // and decode from 539 to 478 ms (benches/README.md).
         Self {
-            encode_chunk: 24_000,
+            encode_chunk: 12_000,
             decode_chunk: 12,
             block: 250,
             segment: 125,
