@@ -573,7 +573,10 @@ struct Offline {
     /// file); 1 s chunks gave 604 MB and 2 s 690 MB, at speeds within the noise (1 thread,
     /// best of 6: 0.72-0.74 s against 0.74-0.81 s per 10 s encode).
     encode_chunk: usize,
-    /// SEANet decoder code frames per streaming call (~1 s).
+    /// SEANet decoder code frames per streaming call (~1 s). Each call re-packs the
+    /// transposed convolutions' weights inside `gemm` (the first up-sampling's are 32 MB), so
+    /// longer calls would pack less, but 2 s chunks raised the peak to 627 MB and 4 s to
+    /// 745 MB, at speeds within the noise.
     decode_chunk: usize,
     /// Transformer tokens per call. Mimi, 2 threads: 250 tokens in one call 135 ms, in five
     /// calls of 50 216 ms. Memory: 0.5 MB per batch item.
