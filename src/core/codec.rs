@@ -633,8 +633,8 @@ where
         .collect())
 }
 
-/// A fresh stream of `step` over `x[start..end]` in chunks of `chunk` frames (the last
-/// call told it is last when `last`), without the first `skip` output frames.
+/// A fresh stream of `step(chunk, is_final)` over `x[start..end]` in chunks of `chunk`
+/// frames, without the first `skip` output frames.
 fn stream_window(
     x: &Frames,
     (start, end): (usize, usize),
@@ -772,9 +772,9 @@ impl Codec {
     /// Estimated peak bytes of an offline call on `batch` items of `samples` samples each.
     pub fn offline_memory(&self, batch: usize, samples: usize) -> u64 {
         // SEANet's activations take about 2 KB per sample of audio in flight (measured on
-        // the real model, 64 filters); the native engine has a chunk in flight per pool thread (at
-        // most two counted here: the estimate is for the default offline split), plus
-        // the input, the latents and the output (tens of bytes per sample).
+        // the real model, 64 filters); the native engine has one chunk in flight per running
+        // segment job (two chunks counted, as on 2 threads), plus the input, the latents and
+        // the output (tens of bytes per sample).
         let per_sample = (2048 * self.cfg.seanet.n_filters as u64 / 64).max(64);
         let (in_flight, rest) = match self.engine() {
             Engine::Native => (
