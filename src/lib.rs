@@ -6,9 +6,10 @@
 mod core;
 mod py;
 
-/// What the native benchmark binary (`src/bin/mimi_native_bench.rs`) needs from the core.
+/// What the native benchmark binaries (`src/bin/`) need from the core.
 pub mod bench {
     pub use crate::core::config::TransformerConfig;
+    pub use crate::core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
     pub use crate::core::transformer::{State, Transformer};
     pub use crate::core::weights::{LoadSpec, QkLayout, TensorSource};
 }

@@ -797,8 +797,8 @@ impl Conv1d {
         let flops = 2 * n * (hidden * kk + cout * hidden);
         let tiles = tiles(1, n, max_cols(kk + hidden), flops);
         let (b1, b2) = (self.b.as_deref(), second.b.as_deref());
-        // The direct kernel where the CPU has AVX-512: every Mimi residual block (see
-        // direct::MAX_DIRECT_K for the per-layer measurements).
+        // The direct kernel where the CPU has AVX-512 and it measured faster (see
+        // direct::MAX_DIRECT_K): Mimi's residual blocks up to 256 channels.
         if kk <= direct::MAX_DIRECT_K && crate::core::direct::available() {
             let first = direct::Direct {
                 w: &self.w,
@@ -959,8 +959,8 @@ impl Conv1d {
 
     /// A stride-1 convolution of (padded, activated) frames with the direct kernel, tiles of
     /// frames over the pool: SEANet's outer layers. The decoder's last (64 -> 1, k 7 at
-    /// 24 kHz, one output row) took 4.8 ms per second of audio through gemm, 2.8 ms now (most
-    /// of it the activation of its 64-channel input); 1 thread, best of 20.
+    /// 24 kHz, one output row) took 4.8 ms per second of audio through gemm, 1.9-2.8 ms now
+    /// (most of it the activation of its 64-channel input); 1 thread (`mimi_kernel_bench`).
     fn run_direct(&self, x: &Frames, n: usize, residual: Option<&Frames>) -> Frames {
         let p = direct::Direct {
             w: &self.w,

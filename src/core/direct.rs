@@ -17,13 +17,13 @@
 /// only 16 FMAs and the load ports, not the FMA units, set the pace.
 const ROWS: usize = 6;
 
-/// The largest `cin * k` for which the residual blocks use this kernel: every Mimi block
-/// (512 -> 256, k 3 is 1536). Measured per layer shape, one thread, 2048 frames, with 6
-/// output channels per block: 136-161 GFLOP/s up to 256 -> 128, k 3 and 107-154 GFLOP/s
-/// for 512 -> 256, k 3 and 1024 -> 512, k 3, against 115-122 GFLOP/s for `gemm` on the
-/// same products before its im2col copy. With 4 channels per block (until 2026-12) it was
-/// 93-134 GFLOP/s and the limit 768.
-pub const MAX_DIRECT_K: usize = 1536;
+/// The largest `cin * k` for which stride-1 layers use this kernel. Measured per layer with
+/// `src/bin/mimi_kernel_bench.rs` (1 thread, 1 s of audio, best of 30, against
+/// `MIMI_PY_DIRECT_CONV=0`), with 6 output channels per block: 64 -> 32, k 3 76 against
+/// 61 GFLOP/s; 128 -> 64 110 against 79; 256 -> 128 86-128 against 105-107; 512 -> 256
+/// (1536) 81-117 against 125, so `gemm` there. Isolated, 2048 frames: 136-161 GFLOP/s up to
+/// 256 -> 128, where 4 channels per block (until 2026-12) gave 93-134.
+pub const MAX_DIRECT_K: usize = 768;
 
 /// Whether this CPU runs the AVX-512 kernel (`MIMI_PY_DIRECT_CONV=0` turns it off, to
 /// compare the two paths).

@@ -1,0 +1,78 @@
+//! Per-layer timing of the native convolution engine on the shapes of Mimi's SEANet, one
+//! second of audio per layer: the numbers behind the kernel choices in `src/core/conv.rs` and
+//! `src/core/direct.rs` (benches/README.md → Profile).
+//!
+//! `RAYON_NUM_THREADS=1 cargo run --release --no-default-features --bin mimi_kernel_bench -- [repeats]`
+//! prints one JSON line per layer: the best time of `repeats` (default 20) streaming calls on
+//! a fresh state (the offline engine's path: activation, then the convolution), and GFLOP/s.
+//! `MIMI_PY_DIRECT_CONV=0` turns the AVX-512 direct kernel off, so stride-1 layers take the
+//! im2col + `gemm` path: run it both ways to compare.
+
+#![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
+
+use candle::{DType, Device};
+use candle_nn::{VarBuilder, VarMap};
+use mimi_py::bench::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use std::time::Instant;
+
+/// (name, cin, cout, k, stride, input frames per second of audio, transposed)
+const LAYERS: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
+    ("enc init", 1, 64, 7, 1, 24000, false),
+    ("enc res 64 conv1", 64, 32, 3, 1, 24000, false),
+    ("enc down 64->128 s4", 64, 128, 8, 4, 24000, false),
+    ("enc res 128 conv1", 128, 64, 3, 1, 6000, false),
+    ("enc down 128->256 s5", 128, 256, 10, 5, 6000, false),
+    ("enc res 256 conv1", 256, 128, 3, 1, 1200, false),
+    ("enc down 256->512 s6", 256, 512, 12, 6, 1200, false),
+    ("enc res 512 conv1", 512, 256, 3, 1, 200, false),
+    ("enc down 512->1024 s8", 512, 1024, 16, 8, 200, false),
+    ("enc last", 1024, 512, 3, 1, 25, false),
+    ("dec init", 512, 1024, 7, 1, 25, false),
+    ("dec up 1024->512 s8", 1024, 512, 16, 8, 25, true),
+    ("dec up 512->256 s6", 512, 256, 12, 6, 200, true),
+    ("dec up 256->128 s5", 256, 128, 10, 5, 1200, true),
+    ("dec up 128->64 s4", 128, 64, 8, 4, 6000, true),
+    ("dec last", 64, 1, 7, 1, 24000, false),
+];
+
+fn main() -> candle::Result<()> {
+    let repeats: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    for &(name, cin, cout, k, stride, len, transposed) in LAYERS {
+        let vm = VarMap::new();
+        let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+        let spec = ConvSpec::new(cin, cout, k).stride(stride);
+        let data: Vec<f32> = (0..cin * len)
+            .map(|i| (i % 13) as f32 * 0.01 - 0.06)
+            .collect();
+        let x = Frames::new(cin, len, data);
+        let mut run: Box<dyn FnMut() -> Frames> = if transposed {
+            let conv = ConvTr1d::load(vb, spec)?;
+            Box::new(move || conv.step(&mut ConvState::default(), &x, Some(1.0)))
+        } else {
+            let conv = Conv1d::load(vb, spec)?;
+            Box::new(move || conv.step(&mut ConvState::default(), &x, Some(1.0), None, false))
+        };
+        let mut best = f64::MAX;
+        for _ in 0..repeats {
+            let t = Instant::now();
+            std::hint::black_box(run());
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        // Multiply-adds: every output frame reads cin * k inputs (a transposed convolution
+        // reads cin * k / stride per output frame).
+        let flops = if transposed {
+            2.0 * (cin * cout * k * len) as f64
+        } else {
+            2.0 * (cin * cout * k * (len / stride)) as f64
+        };
+        println!(
+            "{{\"layer\": \"{name}\", \"best_us\": {:.0}, \"gflops\": {:.1}}}",
+            best * 1e6,
+            flops / best / 1e9
+        );
+    }
+    Ok(())
+}
