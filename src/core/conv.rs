@@ -192,12 +192,7 @@ impl Frames {
 
     /// The last `n` frames.
     pub(crate) fn tail(&self, n: usize) -> Frames {
-        let n = n.min(self.len);
-        let mut data = Vec::with_capacity(self.channels * n);
-        for c in 0..self.channels {
-            data.extend_from_slice(&self.row(c)[self.len - n..]);
-        }
-        Frames::new(self.channels, n, data)
+        self.window(self.len - n.min(self.len), self.len)
     }
 }
 

@@ -24,6 +24,32 @@ const BLOCK: usize = 64;
 /// `y = x W^T` for `x: (m, k)` and `W: (n, k)`, both f32 and contiguous.
 struct Gemv;
 
+/// `x`, `W` and `(m, k, n)` of a product `x (m, k) . W (n, k)^T`.
+type Operands<'a> = (&'a [f32], &'a [f32], (usize, usize, usize));
+
+/// The operands of a product op: both f32, contiguous, `m > 0`, the same `k`.
+fn product_operands<'a>(
+    op: &str,
+    s1: &'a CpuStorage,
+    l1: &Layout,
+    s2: &'a CpuStorage,
+    l2: &Layout,
+) -> Result<Operands<'a>> {
+    let (m, k) = l1.shape().dims2()?;
+    let (n, k2) = l2.shape().dims2()?;
+    if k != k2 || m == 0 {
+        candle::bail!("{op}: bad shapes {:?} {:?}", l1.shape(), l2.shape())
+    }
+    let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
+        candle::bail!("{op}: f32 only")
+    };
+    let (Some((xa, xb)), Some((wa, wb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+    else {
+        candle::bail!("{op}: contiguous inputs only")
+    };
+    Ok((&x[xa..xb], &w[wa..wb], (m, k, n)))
+}
+
 #[allow(clippy::needless_range_loop)] // lane-indexed loops mirror the SIMD registers
 #[inline(always)]
 fn dot_rows<const M: usize>(xs: &[&[f32]; M], w: &[f32], out: &mut [f32; M]) {
@@ -220,19 +246,11 @@ impl CustomOp2 for Gemv {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (m, k) = l1.shape().dims2()?;
-        let (n, k2) = l2.shape().dims2()?;
-        if k != k2 || m == 0 || m > GEMV_MAX_ROWS {
-            candle::bail!("mimi-gemv: bad shapes {:?} {:?}", l1.shape(), l2.shape())
+        let (x, w, (m, k, n)) = product_operands(self.name(), s1, l1, s2, l2)?;
+        if m > GEMV_MAX_ROWS {
+            candle::bail!("mimi-gemv: {m} rows, at most {GEMV_MAX_ROWS}")
         }
-        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
-            candle::bail!("mimi-gemv: f32 only")
-        };
-        let (Some((xa, xb)), Some((wa, wb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            candle::bail!("mimi-gemv: contiguous inputs only")
-        };
-        let y = gemv(&x[xa..xb], &w[wa..wb], m, k, n);
+        let y = gemv(x, w, m, k, n);
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
     }
 }
@@ -257,30 +275,15 @@ impl CustomOp2 for WideGemm {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (m, k) = l1.shape().dims2()?;
-        let (n, k2) = l2.shape().dims2()?;
-        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
-            candle::bail!("mimi-wide-gemm: f32 only")
-        };
-        let (Some((xa, _)), Some((wa, _))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            candle::bail!("mimi-wide-gemm: contiguous inputs only")
-        };
-        if k != k2 {
-            candle::bail!(
-                "mimi-wide-gemm: bad shapes {:?} {:?}",
-                l1.shape(),
-                l2.shape()
-            )
-        }
+        let (x, w, (m, k, n)) = product_operands(self.name(), s1, l1, s2, l2)?;
         let mut y = vec![0f32; m * n];
         let par = match rayon::current_num_threads() {
             1 => gemm::Parallelism::None,
             t => gemm::Parallelism::Rayon(t),
         };
         let (k_, n_) = (k as isize, n as isize);
-        // SAFETY: y^T (n, m) column-major is y (m, n); W (n, k) row-major from wa; x^T
-        // (k, m) is x (m, k) row-major from xa: all inside their slices.
+        // SAFETY: y^T (n, m) column-major is y (m, n); W (n, k) row-major; x^T (k, m) is
+        // x (m, k) row-major: all inside their slices.
         unsafe {
             gemm::gemm(
                 n,
@@ -290,10 +293,10 @@ impl CustomOp2 for WideGemm {
                 n_,
                 1,
                 false,
-                w[wa..].as_ptr(),
+                w.as_ptr(),
                 1,
                 k_,
-                x[xa..].as_ptr(),
+                x.as_ptr(),
                 k_,
                 1,
                 0f32,
@@ -471,12 +474,43 @@ impl WindowAttention {
     }
 }
 
+/// `kt` (hd rows of `stride`, zero past the `n` keys) = the keys `k` (n, hd) transposed.
+#[inline(always)]
+fn transpose_keys(k: &[f32], hd: usize, stride: usize, kt: &mut Vec<f32>) {
+    kt.clear();
+    kt.resize(hd * stride, 0.0);
+    for (j, row) in k.chunks_exact(hd).enumerate() {
+        for (d, &x) in row.iter().enumerate() {
+            kt[d * stride + j] = x;
+        }
+    }
+}
+
+/// Query `i`'s scores `s` of keys `lo..`, masked (keys its window does not hold, in a ring's
+/// order, get -inf) and exponentiated in place; returns 1 / their sum.
+#[inline(always)]
+fn softmax_span(op: &WindowAttention, i: usize, lo: usize, s: &mut [f32]) -> f32 {
+    for (j, sj) in (lo..).zip(s.iter_mut()) {
+        if !op.sees(i, j) {
+            *sj = f32::NEG_INFINITY;
+        }
+    }
+    let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    s.iter_mut().for_each(|x| *x = exp_nonpos(*x - max));
+    let mut lanes = [0f32; 8];
+    for c in s.chunks(8) {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    1.0 / lanes.iter().sum::<f32>()
+}
+
 /// One head: `kt` is scratch for the keys transposed (hd, n), `scores` for one query's.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_head_generic(
     op: &WindowAttention,
-    spans: &[(usize, usize)],
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -486,15 +520,10 @@ fn attend_head_generic(
     out: &mut [f32],
 ) {
     let n = k.len() / hd;
-    kt.resize(hd * n, 0.0);
-    for (j, row) in k.chunks_exact(hd).enumerate() {
-        for (d, &x) in row.iter().enumerate() {
-            kt[d * n + j] = x;
-        }
-    }
+    transpose_keys(k, hd, n, kt);
     scores.resize(n, 0.0);
     for (i, (qi, oi)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
-        let (lo, hi) = spans[i];
+        let (lo, hi) = op.spans[i];
         oi.fill(0.0);
         if lo == hi {
             continue;
@@ -507,24 +536,12 @@ fn attend_head_generic(
                 *sj += qd * kj;
             }
         }
-        let mut max = f32::NEG_INFINITY;
-        for (j, sj) in (lo..hi).zip(s.iter_mut()) {
-            if !op.sees(i, j) {
-                *sj = f32::NEG_INFINITY;
-            }
-            max = max.max(*sj);
-        }
-        let mut sum = 0f32;
-        for sj in s.iter_mut() {
-            *sj = exp_nonpos(*sj - max);
-            sum += *sj;
-        }
+        let inv = softmax_span(op, i, lo, s);
         for (&w, vj) in s.iter().zip(v[lo * hd..hi * hd].chunks_exact(hd)) {
             for (o, &x) in oi.iter_mut().zip(vj) {
                 *o += w * x;
             }
         }
-        let inv = 1.0 / sum;
         oi.iter_mut().for_each(|o| *o *= inv);
     }
 }
@@ -536,7 +553,6 @@ fn attend_head_generic(
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_head_avx2(
     op: &WindowAttention,
-    spans: &[(usize, usize)],
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -553,19 +569,13 @@ unsafe fn attend_head_avx2(
     let transposed = q.len() / hd >= 8;
     let np = n.next_multiple_of(8) + 32;
     if transposed {
-        kt.clear();
-        kt.resize(hd * np, 0.0);
-        for (j, row) in k.chunks_exact(hd).enumerate() {
-            for (d, &x) in row.iter().enumerate() {
-                kt[d * np + j] = x;
-            }
-        }
+        transpose_keys(k, hd, np, kt);
     }
     scores.clear();
     scores.resize(np, 0.0);
     let (ktp, sp) = (kt.as_ptr(), scores.as_mut_ptr());
     for (i, (qi, oi)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
-        let (lo, hi) = spans[i];
+        let (lo, hi) = op.spans[i];
         oi.fill(0.0);
         if lo == hi {
             continue;
@@ -607,20 +617,7 @@ unsafe fn attend_head_avx2(
             j0 += 32;
         }
         let s = &mut scores[lo..hi];
-        for (j, sj) in (lo..hi).zip(s.iter_mut()) {
-            if !op.sees(i, j) {
-                *sj = f32::NEG_INFINITY;
-            }
-        }
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        s.iter_mut().for_each(|x| *x = exp_nonpos(*x - max));
-        let mut lanes = [0f32; 8];
-        for c in s.chunks(8) {
-            for (l, &x) in lanes.iter_mut().zip(c) {
-                *l += x;
-            }
-        }
-        let inv = 1.0 / lanes.iter().sum::<f32>();
+        let inv = softmax_span(op, i, lo, s);
         // Weighted values, 64 dimensions (8 registers) at a time, then the rest by lanes.
         let mut d0 = 0;
         while d0 + 8 <= hd {
@@ -653,7 +650,6 @@ unsafe fn attend_head_avx2(
 #[allow(clippy::too_many_arguments)]
 fn attend_head(
     op: &WindowAttention,
-    spans: &[(usize, usize)],
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -666,10 +662,10 @@ fn attend_head(
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports the features the function was compiled for.
-            return unsafe { attend_head_avx2(op, spans, q, k, v, hd, kt, scores, out) };
+            return unsafe { attend_head_avx2(op, q, k, v, hd, kt, scores, out) };
         }
     }
-    attend_head_generic(op, spans, q, k, v, hd, kt, scores, out)
+    attend_head_generic(op, q, k, v, hd, kt, scores, out)
 }
 
 impl candle::CustomOp3 for WindowAttention {
@@ -713,13 +709,12 @@ impl candle::CustomOp3 for WindowAttention {
             )
         }
         let (q, k, v) = (&q[qa..qb], &k[ka..kb], &v[va..vb]);
-        let spans = &self.spans;
         let mut out = vec![0f32; b * h * t * hd];
         let head = |(i, o): (usize, &mut [f32])| {
             let (mut kt, mut scores) = (Vec::new(), Vec::new());
             let (qs, ks) = (t * hd, n * hd);
             let (q, k, v) = (&q[i * qs..][..qs], &k[i * ks..][..ks], &v[i * ks..][..ks]);
-            attend_head(self, spans, q, k, v, hd, &mut kt, &mut scores, o);
+            attend_head(self, q, k, v, hd, &mut kt, &mut scores, o);
         };
         if b * h > 1 && rayon::current_num_threads() > 1 {
             out.par_chunks_mut(t * hd).enumerate().for_each(head);
@@ -880,7 +875,7 @@ mod tests {
                     let (qh, kh) = (&qf[h * t * hd..][..t * hd], &kf[h * n * hd..][..n * hd]);
                     let vh = &vf[h * n * hd..][..n * hd];
                     let (mut kt, mut sc) = (Vec::new(), Vec::new());
-                    attend_head_generic(&op, &op.spans, qh, kh, vh, hd, &mut kt, &mut sc, &mut o);
+                    attend_head_generic(&op, qh, kh, vh, hd, &mut kt, &mut sc, &mut o);
                     for (a, b) in o.iter().zip(got4[h * t..(h + 1) * t].concat()) {
                         assert!(
                             (a - b).abs() <= 1e-5,
