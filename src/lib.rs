@@ -10,6 +10,7 @@ mod py;
 pub mod bench {
     pub use crate::core::config::TransformerConfig;
     pub use crate::core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+    pub use crate::core::kernels::gemv;
     pub use crate::core::transformer::{State, Transformer};
     pub use crate::core::weights::{LoadSpec, QkLayout, TensorSource};
 }

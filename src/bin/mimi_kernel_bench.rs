@@ -7,12 +7,18 @@
 //! a fresh state (the offline engine's path: activation, then the convolution), and GFLOP/s.
 //! `MIMI_PY_DIRECT_CONV=0` turns the AVX-512 direct kernel off, so stride-1 layers take the
 //! im2col + `gemm` path: run it both ways to compare.
+//!
+//! `... --bin mimi_kernel_bench -- gemv [megabytes]` times the matrix-vector kernel instead
+//! (every linear layer of a streaming step): 1, 2 and 4 input rows against the transformer's
+//! weight shapes, cycling through `megabytes` (default 400: more than this machine's cache,
+//! as in a streaming codec frame; 100 is one transformer's weights) of distinct matrices, and
+//! prints the weight bytes read per second.
 
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use candle::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use mimi_py::bench::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use mimi_py::bench::{gemv, Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
 use std::time::Instant;
 
 /// (name, cin, cout, k, stride, input frames per second of audio, transposed)
@@ -35,11 +41,44 @@ const LAYERS: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
     ("dec last", 64, 1, 7, 1, 24000, false),
 ];
 
+/// The matrix-vector kernel on the transformer's shapes (see the module docs).
+fn bench_gemv(megabytes: usize) {
+    for (n, k) in [(1536usize, 512usize), (512, 512), (2048, 512), (512, 2048)] {
+        let mats = (megabytes * 1_000_000 / (n * k * 4)).max(1);
+        let ws: Vec<Vec<f32>> = (0..mats)
+            .map(|i| {
+                (0..n * k)
+                    .map(|j| ((i * 7 + j) % 13) as f32 * 0.01)
+                    .collect()
+            })
+            .collect();
+        for m in [1usize, 2, 4] {
+            let x: Vec<f32> = (0..m * k).map(|j| (j % 5) as f32).collect();
+            let mut best = f64::MAX;
+            for _ in 0..15 {
+                let t = Instant::now();
+                for w in &ws {
+                    std::hint::black_box(gemv(&x, w, m, k, n));
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let gb = (mats * n * k * 4) as f64 / 1e9;
+            println!(
+                "{{\"gemv\": \"{n}x{k}\", \"rows\": {m}, \"best_ms\": {:.2}, \"gb_per_s\": {:.1}}}",
+                best * 1e3,
+                gb / best
+            );
+        }
+    }
+}
+
 fn main() -> candle::Result<()> {
-    let repeats: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("gemv") {
+        bench_gemv(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(400));
+        return Ok(());
+    }
+    let repeats: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
     for &(name, cin, cout, k, stride, len, transposed) in LAYERS {
         let vm = VarMap::new();
         let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);

@@ -98,97 +98,85 @@ fn gemv_block_generic<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut 
     }
 }
 
+/// `R` weight rows against `M` input rows, starting at weight row `o`: one 8-lane accumulator
+/// per (weight row, input row) pair, so each weight load serves `M` products and each input
+/// load `R`, and `R` weight streams are in flight at once (one stream at a time leaves the
+/// loads waiting on memory). Every pair sums in the same order (8 lanes, then the same
+/// horizontal sum, then the tail), so a row's result does not depend on how many rows share
+/// the call or which tile computed it.
 #[allow(clippy::needless_range_loop)] // lane-indexed loops mirror the SIMD registers
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_block_avx2<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+#[inline]
+unsafe fn gemv_tile_avx2<const R: usize, const M: usize>(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    o: usize,
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
-    let xs: [*const f32; M] = std::array::from_fn(|r| x[r * k..].as_ptr());
-    let main = k / 16 * 16;
-    for (o, wrow) in w.chunks_exact(k).enumerate() {
-        let wp = wrow.as_ptr();
-        let mut acc0 = [_mm256_setzero_ps(); M];
-        let mut acc1 = [_mm256_setzero_ps(); M];
-        let mut i = 0;
-        while i < main {
-            // SAFETY: i + 16 <= k, and every row of x and w has k elements.
-            let w0 = _mm256_loadu_ps(wp.add(i));
-            let w1 = _mm256_loadu_ps(wp.add(i + 8));
-            for r in 0..M {
-                acc0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r].add(i)), w0, acc0[r]);
-                acc1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r].add(i + 8)), w1, acc1[r]);
+    let xs: [&[f32]; M] = std::array::from_fn(|r| &x[r * k..(r + 1) * k]);
+    let ws: [&[f32]; R] = std::array::from_fn(|j| &w[(o + j) * k..(o + j + 1) * k]);
+    let main = k / 8 * 8;
+    let mut acc = [[_mm256_setzero_ps(); M]; R];
+    let next = w.len().min((o + 2 * R) * k);
+    let mut i = 0;
+    while i < main {
+        if i % 16 == 0 {
+            // The next tile's rows, one cache line each: with only R (2 to 8) streams of
+            // demand loads, a core leaves most of its memory bandwidth unused.
+            for j in 0..R {
+                let at = (o + R + j) * k + i;
+                if at < next {
+                    _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(at) as *const i8);
+                }
             }
-            i += 16;
         }
+        // SAFETY: i + 8 <= k, and every row of x and w has k elements.
+        let wv: [__m256; R] = std::array::from_fn(|j| _mm256_loadu_ps(ws[j].as_ptr().add(i)));
+        for r in 0..M {
+            let xv = _mm256_loadu_ps(xs[r].as_ptr().add(i));
+            for j in 0..R {
+                acc[j][r] = _mm256_fmadd_ps(wv[j], xv, acc[j][r]);
+            }
+        }
+        i += 8;
+    }
+    for j in 0..R {
         for r in 0..M {
             let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0[r], acc1[r]));
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[j][r]);
             let mut total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
                 + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
             for t in main..k {
-                total += *xs[r].add(t) * wrow[t];
+                total += xs[r][t] * ws[j][t];
             }
-            out[o * M + r] = total;
+            out[(o + j) * M + r] = total;
         }
     }
 }
 
-/// The single-row case (a streaming step at batch 1): four weight rows at a time, two
-/// accumulators each, so eight independent FMA chains hide the FMA latency and each load of
-/// x serves four rows.
-#[allow(clippy::needless_range_loop)] // lane-indexed loops mirror the SIMD registers
+/// `M` input rows against a block of weight rows, `R` weight rows per tile (eight or more
+/// accumulators, within AVX2's sixteen registers), the rows left over one at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_block_avx2_m1(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let xp = x.as_ptr();
-    let main = k / 16 * 16;
+unsafe fn gemv_block_avx2<const R: usize, const M: usize>(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    out: &mut [f32],
+) {
     let rows = w.len() / k;
-    let hsum = |v: __m256| -> f32 {
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
-            + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
-    };
     let mut o = 0;
-    while o + 4 <= rows {
-        let wp: [*const f32; 4] = std::array::from_fn(|r| w[(o + r) * k..].as_ptr());
-        let mut a0 = [_mm256_setzero_ps(); 4];
-        let mut a1 = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i < main {
-            // SAFETY: i + 16 <= k; x has k elements and every weight row has k elements.
-            let x0 = _mm256_loadu_ps(xp.add(i));
-            let x1 = _mm256_loadu_ps(xp.add(i + 8));
-            for r in 0..4 {
-                a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wp[r].add(i)), x0, a0[r]);
-                a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wp[r].add(i + 8)), x1, a1[r]);
-            }
-            i += 16;
-        }
-        for r in 0..4 {
-            let mut total = hsum(_mm256_add_ps(a0[r], a1[r]));
-            for t in main..k {
-                total += x[t] * *wp[r].add(t);
-            }
-            out[o + r] = total;
-        }
-        o += 4;
+    while o + R <= rows {
+        gemv_tile_avx2::<R, M>(x, w, k, o, out);
+        o += R;
     }
-    if o < rows {
-        gemv_block_avx2::<1>(x, &w[o * k..], k, &mut out[o..]);
+    while o < rows {
+        gemv_tile_avx2::<1, M>(x, w, k, o, out);
+        o += 1;
     }
-}
-
-fn gemv_block_m1(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports the features the function was compiled for.
-            return unsafe { gemv_block_avx2_m1(x, w, k, out) };
-        }
-    }
-    gemv_block_generic::<1>(x, w, k, out)
 }
 
 fn gemv_block<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
@@ -196,7 +184,13 @@ fn gemv_block<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports the features the function was compiled for.
-            return unsafe { gemv_block_avx2::<M>(x, w, k, out) };
+            return unsafe {
+                match M {
+                    1 => gemv_block_avx2::<8, M>(x, w, k, out),
+                    2 | 3 => gemv_block_avx2::<4, M>(x, w, k, out),
+                    _ => gemv_block_avx2::<2, M>(x, w, k, out),
+                }
+            };
         }
     }
     gemv_block_generic::<M>(x, w, k, out)
@@ -206,7 +200,7 @@ fn gemv_block<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
 pub fn gemv(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut yt = vec![0f32; n * m];
     let f: fn(&[f32], &[f32], usize, &mut [f32]) = match m {
-        1 => gemv_block_m1,
+        1 => gemv_block::<1>,
         2 => gemv_block::<2>,
         3 => gemv_block::<3>,
         _ => gemv_block::<4>,
@@ -431,8 +425,10 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 
 /// `softmax(q k^T + mask) v` for queries at positions `pos..pos + t`, over keys at
 /// positions `key_pos` (any order: a ring buffer's old keys, then the new ones): query `p`
-/// sees the keys at positions `(p - context, p]`. q: (bh, t, hd), keys/values: (bh, n, hd),
-/// all f32 and contiguous; q is already scaled. Per query it computes only the span of keys
+/// sees the keys at positions `(p - context, p]`. Inputs, all f32 and contiguous: the new
+/// rows `(q, k, v)` stacked (3, b, heads, t, hd), q already scaled; the key and value rings
+/// (b, heads, slots, hd), of which the first `key_pos.len() - t` slots per head are the old
+/// keys (read in place: no copy of the rings per call). Per query it computes only the span of keys
 /// it can see (half of the work of the masked product for a pass from position 0), with no
 /// (t, n) mask tensor, and the heads run in parallel.
 pub struct WindowAttention {
@@ -474,12 +470,41 @@ impl WindowAttention {
     }
 }
 
+/// The keys (or values) of one head, in key order: the ring's `n_old` oldest slots, then
+/// the call's new rows; read in place, so a streaming step copies no ring.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    old: &'a [f32],
+    new: &'a [f32],
+    hd: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn len(&self) -> usize {
+        (self.old.len() + self.new.len()) / self.hd
+    }
+
+    #[inline(always)]
+    fn row(&self, j: usize) -> &'a [f32] {
+        let n_old = self.old.len() / self.hd;
+        match j.checked_sub(n_old) {
+            None => &self.old[j * self.hd..][..self.hd],
+            Some(i) => &self.new[i * self.hd..][..self.hd],
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'a [f32]> {
+        let (old, new) = (self.old, self.new);
+        old.chunks_exact(self.hd).chain(new.chunks_exact(self.hd))
+    }
+}
+
 /// `kt` (hd rows of `stride`, zero past the `n` keys) = the keys `k` (n, hd) transposed.
 #[inline(always)]
-fn transpose_keys(k: &[f32], hd: usize, stride: usize, kt: &mut Vec<f32>) {
+fn transpose_keys(k: Rows, hd: usize, stride: usize, kt: &mut Vec<f32>) {
     kt.clear();
     kt.resize(hd * stride, 0.0);
-    for (j, row) in k.chunks_exact(hd).enumerate() {
+    for (j, row) in k.iter().enumerate() {
         for (d, &x) in row.iter().enumerate() {
             kt[d * stride + j] = x;
         }
@@ -512,14 +537,14 @@ fn softmax_span(op: &WindowAttention, i: usize, lo: usize, s: &mut [f32]) -> f32
 fn attend_head_generic(
     op: &WindowAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: Rows,
+    v: Rows,
     hd: usize,
     kt: &mut Vec<f32>,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let n = k.len() / hd;
+    let n = k.len();
     transpose_keys(k, hd, n, kt);
     scores.resize(n, 0.0);
     for (i, (qi, oi)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
@@ -537,7 +562,7 @@ fn attend_head_generic(
             }
         }
         let inv = softmax_span(op, i, lo, s);
-        for (&w, vj) in s.iter().zip(v[lo * hd..hi * hd].chunks_exact(hd)) {
+        for (&w, vj) in s.iter().zip((lo..hi).map(|j| v.row(j))) {
             for (o, &x) in oi.iter_mut().zip(vj) {
                 *o += w * x;
             }
@@ -550,19 +575,19 @@ fn attend_head_generic(
 /// dimension, and the weighted sum of values in registers, 64 dimensions at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // indices mirror the registers
 unsafe fn attend_head_avx2(
     op: &WindowAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: Rows,
+    v: Rows,
     hd: usize,
     kt: &mut Vec<f32>,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let n = k.len() / hd;
+    let n = k.len();
     // Keys transposed, rows padded so that 32 scores from any multiple of 8 stay inside;
     // for a few queries (a streaming step) transposing costs more than it saves, and each
     // score is a dot product of rows.
@@ -582,7 +607,8 @@ unsafe fn attend_head_avx2(
         }
         if !transposed {
             for j in lo..hi {
-                let (qp, kp) = (qi.as_ptr(), k.as_ptr().add(j * hd));
+                let kj = k.row(j);
+                let (qp, kp) = (qi.as_ptr(), kj.as_ptr());
                 let mut acc = _mm256_setzero_ps();
                 let mut d = 0;
                 while d + 8 <= hd {
@@ -596,7 +622,7 @@ unsafe fn attend_head_avx2(
                 }
                 let mut lanes = [0f32; 8];
                 _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-                let tail: f32 = (d..hd).map(|e| qi[e] * k[j * hd + e]).sum();
+                let tail: f32 = (d..hd).map(|e| qi[e] * kj[e]).sum();
                 scores[j] = lanes.iter().sum::<f32>() + tail;
             }
         }
@@ -626,7 +652,7 @@ unsafe fn attend_head_avx2(
             for (j, &w) in (lo..hi).zip(s.iter()) {
                 let wv = _mm256_set1_ps(w);
                 // SAFETY: d0 + 8 * w8 <= hd, within value row j.
-                let row = v.as_ptr().add(j * hd + d0);
+                let row = v.row(j).as_ptr().add(d0);
                 for (r, a) in acc.iter_mut().enumerate().take(w8) {
                     *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * r)), *a);
                 }
@@ -638,10 +664,7 @@ unsafe fn attend_head_avx2(
             d0 += 8 * w8;
         }
         for d in d0..hd {
-            let dot: f32 = (lo..hi)
-                .zip(s.iter())
-                .map(|(j, &w)| w * v[j * hd + d])
-                .sum();
+            let dot: f32 = (lo..hi).zip(s.iter()).map(|(j, &w)| w * v.row(j)[d]).sum();
             oi[d] = dot * inv;
         }
     }
@@ -651,8 +674,8 @@ unsafe fn attend_head_avx2(
 fn attend_head(
     op: &WindowAttention,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: Rows,
+    v: Rows,
     hd: usize,
     kt: &mut Vec<f32>,
     scores: &mut Vec<f32>,
@@ -682,16 +705,20 @@ impl candle::CustomOp3 for WindowAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (b, h, t, hd) = l1.shape().dims4()?;
-        let (b2, h2, n, hd2) = l2.shape().dims4()?;
-        if (b2, h2, hd2) != (b, h, hd) || l3.shape() != l2.shape() || n != self.key_pos.len() {
+        let (three, b, h, t, hd) = l1.shape().dims5()?;
+        let (b2, h2, slots, hd2) = l2.shape().dims4()?;
+        let n_old = self.key_pos.len().checked_sub(t);
+        let fits = n_old.is_some_and(|n_old| n_old <= slots);
+        if three != 3 || (b2, h2, hd2) != (b, h, hd) || l3.shape() != l2.shape() || !fits {
             candle::bail!(
-                "mimi-window-attention: shapes {:?} {:?}",
+                "mimi-window-attention: shapes {:?} {:?} for {} keys",
                 l1.shape(),
-                l2.shape()
+                l2.shape(),
+                self.key_pos.len()
             )
         }
-        let (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) = (s1, s2, s3) else {
+        let n_old = n_old.unwrap_or(0);
+        let (CpuStorage::F32(new), CpuStorage::F32(k), CpuStorage::F32(v)) = (s1, s2, s3) else {
             candle::bail!("mimi-window-attention: f32 only")
         };
         let offsets = (
@@ -699,7 +726,7 @@ impl candle::CustomOp3 for WindowAttention {
             l2.contiguous_offsets(),
             l3.contiguous_offsets(),
         );
-        let (Some((qa, qb)), Some((ka, kb)), Some((va, vb))) = offsets else {
+        let (Some((na, nb)), Some((ka, kb)), Some((va, vb))) = offsets else {
             candle::bail!("mimi-window-attention: contiguous inputs only")
         };
         if t != self.spans.len() {
@@ -708,13 +735,27 @@ impl candle::CustomOp3 for WindowAttention {
                 self.spans.len()
             )
         }
-        let (q, k, v) = (&q[qa..qb], &k[ka..kb], &v[va..vb]);
+        let (new, k, v) = (&new[na..nb], &k[ka..kb], &v[va..vb]);
+        let (q, knew, vnew) = (
+            &new[..b * h * t * hd],
+            &new[b * h * t * hd..2 * b * h * t * hd],
+            &new[2 * b * h * t * hd..],
+        );
         let mut out = vec![0f32; b * h * t * hd];
         let head = |(i, o): (usize, &mut [f32])| {
             let (mut kt, mut scores) = (Vec::new(), Vec::new());
-            let (qs, ks) = (t * hd, n * hd);
-            let (q, k, v) = (&q[i * qs..][..qs], &k[i * ks..][..ks], &v[i * ks..][..ks]);
-            attend_head(self, q, k, v, hd, &mut kt, &mut scores, o);
+            let (qs, ring) = (t * hd, slots * hd);
+            let k = Rows {
+                old: &k[i * ring..][..n_old * hd],
+                new: &knew[i * qs..][..qs],
+                hd,
+            };
+            let v = Rows {
+                old: &v[i * ring..][..n_old * hd],
+                new: &vnew[i * qs..][..qs],
+                hd,
+            };
+            attend_head(self, &q[i * qs..][..qs], k, v, hd, &mut kt, &mut scores, o);
         };
         if b * h > 1 && rayon::current_num_threads() > 1 {
             out.par_chunks_mut(t * hd).enumerate().for_each(head);
@@ -861,8 +902,17 @@ mod tests {
                         .matmul(&v)
                         .unwrap(),
                 );
+                // The op reads the old keys from rings with spare slots (which must not be
+                // read) and the new ones from the stacked (q, k, v).
                 let op = WindowAttention::new(pos, t, context, key_pos.clone());
-                let got4 = rows(q.apply_op3_no_bwd(&k, &v, &op).unwrap());
+                let n_old = n - t;
+                let ring = |x: &Tensor| {
+                    let spare = (x.narrow(2, 0, n_old.min(1)).unwrap() * f64::NAN).unwrap();
+                    Tensor::cat(&[&x.narrow(2, 0, n_old).unwrap(), &spare], 2).unwrap()
+                };
+                let new = |x: &Tensor| x.narrow(2, n_old, t).unwrap();
+                let stacked = Tensor::stack(&[&q, &new(&k), &new(&v)], 0).unwrap();
+                let got4 = rows(stacked.apply_op3_no_bwd(&ring(&k), &ring(&v), &op).unwrap());
                 // Queries that see no key: zeros (candle gives NaN there).
                 // The portable fallback computes the same, head by head.
                 let (qf, kf, vf) = (
@@ -872,9 +922,14 @@ mod tests {
                 );
                 for h in 0..6 {
                     let mut o = vec![0f32; t * hd];
-                    let (qh, kh) = (&qf[h * t * hd..][..t * hd], &kf[h * n * hd..][..n * hd]);
-                    let vh = &vf[h * n * hd..][..n * hd];
+                    fn split(x: &[f32], at: usize, hd: usize) -> Rows<'_> {
+                        let (old, new) = x.split_at(at * hd);
+                        Rows { old, new, hd }
+                    }
+                    let (kh, vh) = (&kf[h * n * hd..][..n * hd], &vf[h * n * hd..][..n * hd]);
+                    let qh = &qf[h * t * hd..][..t * hd];
                     let (mut kt, mut sc) = (Vec::new(), Vec::new());
+                    let (kh, vh) = (split(kh, n_old, hd), split(vh, n_old, hd));
                     attend_head_generic(&op, qh, kh, vh, hd, &mut kt, &mut sc, &mut o);
                     for (a, b) in o.iter().zip(got4[h * t..(h + 1) * t].concat()) {
                         assert!(
@@ -892,6 +947,38 @@ mod tests {
                         };
                         assert!(ok, "hd {hd} pos {pos} row {row}: {a} vs {b}");
                     }
+                }
+            }
+        }
+    }
+
+    /// A streaming step's rows share one matrix-vector call: each row's result must be the
+    /// same bits whether it came alone or with others, in whichever tile of weight rows.
+    #[test]
+    fn gemv_rows_do_not_depend_on_their_neighbours() {
+        use crate::core::testutil::test_input;
+        for (n, k) in [(1, 7), (13, 37), (67, 515), (130, 64)] {
+            let w = test_input(1, n, k, 5);
+            let x = test_input(1, 4, k, 6);
+            let alone: Vec<Vec<f32>> = (0..4)
+                .map(|r| gemv(&x[r * k..(r + 1) * k], &w, 1, k, n))
+                .collect();
+            for m in 2..=4 {
+                let y = gemv(&x[..m * k], &w, m, k, n);
+                for (r, want) in alone.iter().enumerate().take(m) {
+                    assert_eq!(&y[r * n..(r + 1) * n], want.as_slice(), "n {n} k {k} m {m}");
+                }
+            }
+            // and the products themselves, against a sum in f64
+            for (r, got) in alone.iter().enumerate() {
+                for (o, &g) in got.iter().enumerate() {
+                    let want: f64 = (0..k)
+                        .map(|i| x[r * k + i] as f64 * w[o * k + i] as f64)
+                        .sum();
+                    assert!(
+                        (g as f64 - want).abs() < 1e-5 * (k as f64).sqrt(),
+                        "{g} vs {want}"
+                    );
                 }
             }
         }

@@ -743,29 +743,29 @@ impl Transformer {
                 let w = candle_nn::ops::softmax_last_dim(&q.matmul(&keys.t()?)?)?;
                 w.matmul(&vals)?
             } else {
-                let (keys, vals) = if n_old == 0 {
-                    (k.clone(), v.clone())
-                } else {
-                    (
-                        Tensor::cat(&[&cache.k.narrow(2, 0, n_old)?, &k], 2)?,
-                        Tensor::cat(&[&cache.v.narrow(2, 0, n_old)?, &v], 2)?,
-                    )
-                };
                 let m = t.min(c);
                 pending.push((k.narrow(2, t - m, m)?, v.narrow(2, t - m, m)?));
-                if let Some(op) = &window {
-                    q.contiguous()?.apply_op3_no_bwd(
-                        &keys.contiguous()?,
-                        &vals.contiguous()?,
-                        op,
-                    )?
-                } else {
-                    let scores = q.matmul(&keys.t()?)?;
-                    let scores = match &mask {
-                        Some(m) => scores.broadcast_add(m)?,
-                        None => scores,
-                    };
-                    candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?
+                match &window {
+                    // The rings are read in place, the new rows from one small stack.
+                    Some(op) => {
+                        Tensor::stack(&[&q, &k, &v], 0)?.apply_op3_no_bwd(&cache.k, &cache.v, op)?
+                    }
+                    None => {
+                        let (keys, vals) = if n_old == 0 {
+                            (k, v)
+                        } else {
+                            (
+                                Tensor::cat(&[&cache.k.narrow(2, 0, n_old)?, &k], 2)?,
+                                Tensor::cat(&[&cache.v.narrow(2, 0, n_old)?, &v], 2)?,
+                            )
+                        };
+                        let scores = q.matmul(&keys.t()?)?;
+                        let scores = match &mask {
+                            Some(m) => scores.broadcast_add(m)?,
+                            None => scores,
+                        };
+                        candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?
+                    }
                 }
             };
             xs = self.finish_layer(layer, xs, &attn)?;
