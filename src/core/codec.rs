@@ -1,11 +1,11 @@
 //! The Mimi codec (audio <-> tokens), computed with candle.
 //!
-//! Reused from candle-transformers' `mimi`: the split residual vector quantizer, and on
-//! GPUs the SEANet encoder/decoder and the learnt down/upsampling convolutions. On the CPU
-//! those convolutional parts run on this crate's native engine ([`crate::core::seanet`], the same
-//! functions, several times faster). Owned here: the two transformers (this crate's
-//! [`Transformer`], exact window, unbounded streams), the wiring, the checkpoint readers for both
-//! real layouts, and the streaming state.
+//! Reused from candle-transformers' `mimi`: on GPUs, the SEANet encoder/decoder and the learnt
+//! down/upsampling convolutions. On the CPU those convolutional parts run on this crate's
+//! native engine ([`crate::core::seanet`], the same functions, several times faster). Owned
+//! here: the two transformers (this crate's [`Transformer`], exact window, unbounded streams),
+//! the quantizer ([`Quantizer`]), the wiring, the checkpoint readers for both real layouts, and
+//! the streaming state.
 //!
 //! Offline calls use fresh, private state and never touch the streaming state; streaming
 //! calls go through [`EncodeStream`] / [`DecodeStream`].
@@ -13,13 +13,13 @@
 use crate::core::config::{CodecConfig, PadMode};
 use crate::core::conv::{self, Conv1d, ConvSpec, ConvTr1d, Frames};
 use crate::core::error::{Cancel, Error, Result};
+use crate::core::quantizer::Quantizer;
 use crate::core::seanet;
 use crate::core::transformer::{State, Transformer};
 use crate::core::weights::{self, QkLayout, TensorSource};
 use candle::{DType, Device, Module, StreamTensor, StreamingModule, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::conv::{ConvDownsample1d, ConvTrUpsample1d};
-use candle_transformers::models::mimi::quantization::SplitResidualVectorQuantizer;
 use candle_transformers::models::mimi::seanet::{SeaNetDecoder, SeaNetEncoder};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -304,7 +304,7 @@ pub struct Codec {
     convs: Convs,
     enc_tr: Transformer,
     dec_tr: Transformer,
-    quantizer: SplitResidualVectorQuantizer,
+    quantizer: Quantizer,
     device: Device,
     dtype: DType,
 }
@@ -693,14 +693,8 @@ impl Codec {
         // The quantizer always computes in f32, whatever the codec's dtype: a code is an
         // argmin over distances to nearby centroids, so it is kept at full precision, and the
         // latents are cast to f32 on the way in (and back to `dtype` on the way out).
-        let quantizer = SplitResidualVectorQuantizer::new(
-            cfg.quantizer_dim,
-            Some(cfg.seanet.dimension),
-            Some(cfg.seanet.dimension),
-            cfg.quantizer_n_q,
-            cfg.quantizer_bins,
-            source.var_builder(DType::F32, device).pp("quantizer"),
-        )?;
+        let quantizer =
+            Quantizer::load(cfg, &source.var_builder(DType::F32, device).pp("quantizer"))?;
         let [enc_w, dec_w] = Self::transformer_weights(cfg, &source, device, dtype)?;
         Self::report_unread(cfg, &source);
         source.finish()?;
@@ -820,12 +814,12 @@ impl Codec {
     /// padded, as in candle and transformers.
     pub fn encode(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let latents = self.encode_pre_quantize(pcm, cancel)?;
-        Ok(self.quantizer.encode(&latents.to_dtype(DType::F32)?)?)
+        self.quantizer.encode(&latents.to_dtype(DType::F32)?)
     }
 
     /// The quantizer's reconstruction of codes: (B, n_q, T) -> (B, dimension, T).
     pub fn decode_latent(&self, codes: &Tensor) -> Result<Tensor> {
-        Ok(self.quantizer.decode(codes)?)
+        self.quantizer.decode(codes)
     }
 
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).

@@ -2,7 +2,7 @@
 //!
 //! Dependency order, each module importing only those above it:
 //! `error` → `config`, `device` → `kernels`, `direct` → `weights` → `conv` → `seanet`,
-//! `transformer` → `codec`. See ARCHITECTURE.md for what each one owns.
+//! `quantizer`, `transformer` → `codec`. See ARCHITECTURE.md for what each one owns.
 
 pub mod codec;
 pub mod config;
@@ -11,6 +11,7 @@ pub mod device;
 pub mod direct;
 pub mod error;
 pub mod kernels;
+pub mod quantizer;
 pub mod seanet;
 pub mod transformer;
 pub mod weights;

@@ -1,0 +1,264 @@
+//! The split residual vector quantizer (Mimi's: a semantic quantizer of one codebook and an
+//! acoustic one of `n_q - 1`, both fed the latents), computed as candle-transformers'
+//! `mimi::quantization` computes it, plus a CPU path for streaming steps.
+//!
+//! candle's module holds every codebook twice (`embed_sum` and the centroids), and its encode
+//! runs ~8 small ops per codebook through its general kernels: ~2 ms of a streaming frame for
+//! one or two latent frames. Here the centroids are held once, and the general path performs
+//! candle's tensor ops in candle's order (the same bits: a Rust test compares both with
+//! candle's module). For up to [`GEMV_MAX_ROWS`] frames on the CPU in f32, encode computes the
+//! same steps on slices instead: the products with the matrix-vector kernel (each codebook
+//! read once for all rows), then argmin and the residual update in one pass.
+
+use crate::core::config::CodecConfig;
+use crate::core::error::{Error, Result};
+use crate::core::kernels::{gemv, GEMV_MAX_ROWS};
+use candle::{DType, Module, Tensor, D};
+use candle_nn::{Conv1d, VarBuilder};
+
+/// candle's floor on a centroid's usage count when it averages `embed_sum`.
+const USAGE_EPSILON: f64 = 1e-5;
+
+/// One codebook: its centroids (bins, dim) and half their squared norms (bins).
+struct Codebook {
+    centroids: Tensor,
+    half_norms: Tensor,
+}
+
+/// One of the split pair: its projections in (input_dim -> dim) and out, and its codebooks.
+struct Residual {
+    input_proj: Conv1d,
+    output_proj: Conv1d,
+    codebooks: Vec<Codebook>,
+}
+
+pub struct Quantizer {
+    /// The semantic quantizer, then the acoustic one.
+    parts: [Residual; 2],
+}
+
+/// The f32 data of a contiguous CPU tensor, for `f`.
+fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle::Storage::Cpu(candle::CpuStorage::F32(v)), Some((a, b))) => Ok(f(&v[a..b])),
+        _ => Err(Error::Internal(
+            "the quantizer's CPU path needs contiguous f32 CPU tensors".into(),
+        )),
+    }
+}
+
+/// The index of the first smallest value, as candle's `argmin` picks it.
+fn argmin(v: impl Iterator<Item = f32>) -> usize {
+    let (mut at, mut best) = (0, f32::NAN);
+    for (i, x) in v.enumerate() {
+        if i == 0 || best > x {
+            (at, best) = (i, x);
+        }
+    }
+    at
+}
+
+impl Codebook {
+    /// Centroids `embed_sum / max(cluster_usage, eps)`, as candle computes them.
+    fn load(vb: &VarBuilder, bins: usize, dim: usize) -> Result<Self> {
+        vb.get(1, "initialized")?; // part of the layout, unused
+        let usage = vb.get(bins, "cluster_usage")?;
+        let centroids = vb
+            .get((bins, dim), "embed_sum")?
+            .broadcast_div(&usage.maximum(USAGE_EPSILON)?.unsqueeze(1)?)?;
+        let half_norms = ((&centroids * &centroids)?.sum(D::Minus1)? / 2.0)?;
+        Ok(Self {
+            centroids,
+            half_norms,
+        })
+    }
+
+    /// The centroids of codes (B, T): (B, dim, T).
+    fn lookup(&self, codes: &Tensor) -> Result<Tensor> {
+        let (b, t) = codes.dims2()?;
+        let rows = self.centroids.index_select(&codes.flatten_all()?, 0)?;
+        Ok(rows.reshape((b, t, self.centroids.dim(1)?))?.t()?)
+    }
+
+    /// The nearest centroid of each row of `x` (B, dim, T): codes (B, T).
+    fn nearest(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, _, t) = x.dims3()?;
+        let dots = x.t()?.flatten_to(1)?.matmul(&self.centroids.t()?)?;
+        let codes = self.half_norms.broadcast_sub(&dots)?.argmin(D::Minus1)?;
+        Ok(codes.reshape((b, t))?)
+    }
+}
+
+impl Residual {
+    fn load(vb: &VarBuilder, n: usize, cfg: &CodecConfig) -> Result<Self> {
+        let (dim, input_dim, bins) = (cfg.quantizer_dim, cfg.seanet.dimension, cfg.quantizer_bins);
+        let conv = |shape, name| -> Result<Conv1d> {
+            Ok(Conv1d::new(vb.get(shape, name)?, None, Default::default()))
+        };
+        Ok(Self {
+            input_proj: conv((dim, input_dim, 1), "input_proj.weight")?,
+            output_proj: conv((input_dim, dim, 1), "output_proj.weight")?,
+            codebooks: (0..n)
+                .map(|i| Codebook::load(&vb.pp(format!("layers.{i}.codebook")), bins, dim))
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// Codes (B, n, T) of latents `x` (B, input_dim, T), each codebook quantizing what the
+    /// ones before it left.
+    fn encode(&self, x: &Tensor) -> Result<Tensor> {
+        let mut residual = self.input_proj.forward(x)?;
+        let mut codes = Vec::with_capacity(self.codebooks.len());
+        for book in &self.codebooks {
+            let c = book.nearest(&residual)?;
+            residual = (residual - book.lookup(&c)?)?;
+            codes.push(c);
+        }
+        Ok(Tensor::stack(&codes, 1)?)
+    }
+
+    /// [`Self::encode`] of `rows <= GEMV_MAX_ROWS` rows `xs` (rows, input_dim) on slices:
+    /// writes codebook `j`'s code of row `i` at `codes[i * stride + j]`.
+    fn encode_rows(&self, xs: &[f32], rows: usize, codes: &mut [u32], stride: usize) -> Result<()> {
+        let (dim, k) = self.input_proj.weight().dims3().map(|(o, i, _)| (o, i))?;
+        let mut r = with_slice(self.input_proj.weight(), |w| gemv(xs, w, rows, k, dim))?;
+        for (j, book) in self.codebooks.iter().enumerate() {
+            with_slice(&book.half_norms, |half| {
+                with_slice(&book.centroids, |e| {
+                    let dots = gemv(&r, e, rows, dim, half.len());
+                    for (i, row) in dots.chunks_exact(half.len()).enumerate() {
+                        let code = argmin(half.iter().zip(row).map(|(h, d)| h - d));
+                        codes[i * stride + j] = code as u32;
+                        let centroid = &e[code * dim..(code + 1) * dim];
+                        let residual = &mut r[i * dim..(i + 1) * dim];
+                        residual.iter_mut().zip(centroid).for_each(|(a, c)| *a -= c);
+                    }
+                })
+            })??;
+        }
+        Ok(())
+    }
+
+    /// Latents (B, input_dim, T) of codes (B, n, T): the centroids summed in order.
+    fn decode(&self, codes: &Tensor) -> Result<Tensor> {
+        let mut sum: Option<Tensor> = None;
+        for (j, book) in self.codebooks.iter().enumerate() {
+            let q = book.lookup(&codes.narrow(1, j, 1)?.squeeze(1)?)?;
+            sum = Some(match sum {
+                None => q,
+                Some(s) => (s + q)?,
+            });
+        }
+        let sum = sum.ok_or_else(|| Error::Internal("decoding with no codebook".into()))?;
+        Ok(self.output_proj.forward(&sum)?)
+    }
+}
+
+impl Quantizer {
+    /// Reads the quantizer's tensors from `vb` (at `quantizer.`, f32).
+    pub fn load(cfg: &CodecConfig, vb: &VarBuilder) -> Result<Self> {
+        let n_acoustic = cfg.quantizer_n_q.saturating_sub(1);
+        Ok(Self {
+            parts: [
+                Residual::load(&vb.pp("semantic_residual_vector_quantizer"), 1, cfg)?,
+                Residual::load(
+                    &vb.pp("acoustic_residual_vector_quantizer"),
+                    n_acoustic,
+                    cfg,
+                )?,
+            ],
+        })
+    }
+
+    fn n_q(&self) -> usize {
+        self.parts.iter().map(|p| p.codebooks.len()).sum()
+    }
+
+    /// Codes (B, n_q, T) u32 of latents (B, input_dim, T) f32.
+    pub fn encode(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, _, t) = x.dims3()?;
+        let rows = b * t;
+        if rows == 0 {
+            return Ok(Tensor::zeros((b, self.n_q(), t), DType::U32, x.device())?);
+        }
+        if rows > GEMV_MAX_ROWS || !x.device().is_cpu() || x.dtype() != DType::F32 {
+            let parts = self
+                .parts
+                .iter()
+                .filter(|p| !p.codebooks.is_empty())
+                .map(|p| p.encode(x))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Tensor::cat(&parts, 1)?);
+        }
+        let n_q = self.n_q();
+        let xs = x.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let mut codes = vec![0u32; rows * n_q];
+        self.parts[0].encode_rows(&xs, rows, &mut codes, n_q)?;
+        self.parts[1].encode_rows(&xs, rows, &mut codes[1..], n_q)?;
+        let codes = Tensor::from_vec(codes, (b, t, n_q), x.device())?;
+        Ok(codes.t()?.contiguous()?)
+    }
+
+    /// The reconstruction of codes (B, n_q, T): latents (B, input_dim, T).
+    pub fn decode(&self, codes: &Tensor) -> Result<Tensor> {
+        let semantic = self.parts[0].decode(&codes.narrow(1, 0, 1)?)?;
+        if self.n_q() == 1 {
+            return Ok(semantic);
+        }
+        let acoustic = self.parts[1].decode(&codes.narrow(1, 1, self.n_q() - 1)?)?;
+        Ok((semantic + acoustic)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::testutil::test_input;
+    use crate::core::weights::TensorSource;
+    use candle::Device;
+    use candle_transformers::models::mimi::quantization::SplitResidualVectorQuantizer as Split;
+    use std::sync::Arc;
+
+    /// Both paths give candle's codes and decoding, on the real shapes (512 -> 256, 2048
+    /// bins, 8 codebooks): the slice path for 1 to 4 rows, the tensor path above.
+    #[test]
+    fn encode_matches_candles_module() {
+        let dev = Device::Cpu;
+        let source = Arc::new(TensorSource::seeded(3, None));
+        for n_q in [1, 8] {
+            let cfg = CodecConfig::mimi(n_q);
+            let vb = source.var_builder(DType::F32, &dev).pp("quantizer");
+            let ours = Quantizer::load(&cfg, &vb).unwrap();
+            let (dim, d, bins) = (cfg.quantizer_dim, cfg.seanet.dimension, cfg.quantizer_bins);
+            let reference = Split::new(dim, Some(d), Some(d), n_q, bins, vb).unwrap();
+            for (b, t) in [(1, 1), (1, 2), (2, 2), (1, 4), (3, 1), (1, 9), (2, 0)] {
+                // latents at about their real scale
+                let seed = b as u64 * 10 + t as u64;
+                let x = Tensor::from_vec(test_input(b, d, t, seed), (b, d, t), &dev).unwrap();
+                let x = (x * 4.0).unwrap();
+                let got = ours.encode(&x).unwrap();
+                assert_eq!(got.dims(), &[b, n_q, t]);
+                if t == 0 {
+                    continue; // candle's module fails on no frames
+                }
+                let want = reference.encode(&x).unwrap();
+                assert_eq!(
+                    got.to_vec3::<u32>().unwrap(),
+                    want.to_vec3::<u32>().unwrap(),
+                    "n_q {n_q} b {b} t {t}"
+                );
+                let back = ours.decode(&got).unwrap();
+                let back_ref = reference.decode(&want).unwrap();
+                assert_eq!(crate::core::testutil::max_abs_diff(&back, &back_ref), 0.0);
+            }
+        }
+    }
+
+    #[test]
+    fn argmin_picks_the_first_smallest() {
+        assert_eq!(argmin([3.0, 1.0, 2.0, 1.0].into_iter()), 1);
+        assert_eq!(argmin([0.5].into_iter()), 0);
+        assert_eq!(argmin([2.0, f32::NAN, 1.0].into_iter()), 2);
+    }
+}
