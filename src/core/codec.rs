@@ -873,18 +873,22 @@ impl Codec {
             crate::core::error::check_cancel(cancel)?;
             let b1 = (b0 + o.block.max(1) * hop).min(len);
             let last = b1 == len;
+            // The SEANet's high-rate layers stream over chunks (which bounds memory); its
+            // tail, at the frame rate with large weights, takes the segment in one call.
             let job = |i: usize, s0: usize, s1: usize| {
                 let start = s0.saturating_sub(warm);
                 let mut es = seanet::EncoderState::default();
-                let skip = (s0 - start) / hop;
-                stream_window(
+                let head = stream_window(
                     &audio[i],
                     (start, s1),
                     o.encode_chunk,
-                    skip,
-                    self.cfg.seanet.dimension,
-                    |x, end| Ok(encoder.apply(&mut es, x, last && end, cancel)?),
-                )
+                    0,
+                    encoder.head_channels(),
+                    |x, end| Ok(encoder.head(&mut es, x, last && end, cancel)?),
+                )?;
+                let y = encoder.tail(&mut es, &head, last);
+                let skip = ((s0 - start) / hop).min(y.len);
+                Ok(y.window(skip, y.len))
             };
             let x = split(b, (b0, b1), o.segment * hop, job)?;
             // The transformer's output; empty frames still flush the downsampling's padding.
@@ -945,17 +949,20 @@ impl Codec {
                 .map(|(t, y)| Frames::cat(dim, &[t.window(0, t.len), y]))
                 .collect();
             let (off, end) = (tails[0].len, ext[0].len);
+            // The SEANet's first layers (frame rate, large weights) take the segment in one
+            // call; the rest streams over chunks, which bounds memory.
             let job = |i: usize, s0: usize, s1: usize| {
                 let start = s0.saturating_sub(warm);
                 let mut ds = seanet::DecoderState::default();
-                let chunk = o.decode_chunk * per_frame;
+                let head = decoder.head(&mut ds, &ext[i].window(start, s1));
+                let chunk = o.decode_chunk * per_frame * decoder.head_stride();
                 stream_window(
-                    &ext[i],
-                    (start, s1),
+                    &head,
+                    (0, head.len),
                     chunk,
                     (s0 - start) * hop,
                     self.cfg.seanet.channels,
-                    |x, _| Ok(decoder.apply(&mut ds, x, cancel)?),
+                    |x, _| Ok(decoder.rest(&mut ds, x, cancel)?),
                 )
             };
             for (out, y) in audio.iter_mut().zip(split(b, (off, end), o.segment, job)?) {

@@ -587,7 +587,7 @@ pub struct Conv1d {
     /// [`Conv1d::run_phased`]); 0 for the plain layout.
     phases: usize,
     b: Option<Vec<f32>>,
-    cin: usize,
+    pub(crate) cin: usize,
     pub(crate) cout: usize,
     pub(crate) k: usize,
     pub(crate) stride: usize,
