@@ -54,7 +54,7 @@ fn bench_gemv(megabytes: usize) {
                     .collect()
             })
             .collect();
-        for m in [1usize, 2, 4] {
+        for m in [1usize, 2, 4, 8] {
             let x: Vec<f32> = (0..m * k).map(|j| (j % 5) as f32).collect();
             let mut best = f64::MAX;
             for _ in 0..15 {

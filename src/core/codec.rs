@@ -568,14 +568,16 @@ fn empty() -> Error {
 /// the number of threads, so results are the same bits on any machine.
 #[derive(Clone, Copy, Debug)]
 struct Offline {
-    /// SEANet encoder input samples per streaming call (0.5 s). With one segment in flight
-    /// per thread, 10 s encode + decode at 2 threads peaks at 586 MB (VmHWM, moshi-layout
-    /// file); 1 s chunks gave 604 MB and 2 s 690 MB, at speeds within the noise (1 thread,
-    /// best of 6: 0.72-0.74 s against 0.74-0.81 s per 10 s encode).
+    /// SEANet encoder input samples per streaming call of its high-rate layers (0.5 s; the
+    /// frame-rate tail takes each segment in one call, see `Encoder::tail`). With one segment
+    /// in flight per thread, 10 s encode + decode at 2 threads peaked at 586 MB (VmHWM,
+    /// moshi-layout file, before the tail was split off); 1 s chunks gave 604 MB and 2 s
+    /// 690 MB, at speeds within the noise.
     encode_chunk: usize,
-    /// SEANet decoder code frames per streaming call (~1 s). Each call re-packs the
-    /// transposed convolutions' weights inside `gemm` (the first up-sampling's are 32 MB), so
-    /// longer calls would pack less, but 2 s chunks raised the peak to 627 MB and 4 s to
+    /// SEANet decoder code frames per streaming call of the layers after its first
+    /// up-sampling (~1 s; the first convolution and up-sampling take each segment in one
+    /// call, see `Decoder::head`). Longer calls would re-pack the other transposed
+    /// convolutions' weights less often, but 2 s chunks raised the peak to 627 MB and 4 s to
     /// 745 MB, at speeds within the noise.
     decode_chunk: usize,
     /// Transformer tokens per call. Mimi, 2 threads: 250 tokens in one call 135 ms, in five

@@ -16,7 +16,7 @@ use candle::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Module, Result, Sh
 use rayon::prelude::*;
 
 /// Input rows up to which the matrix-vector kernel is used.
-pub const GEMV_MAX_ROWS: usize = 4;
+pub const GEMV_MAX_ROWS: usize = 8;
 
 /// Output features per parallel task.
 const BLOCK: usize = 64;
@@ -157,8 +157,9 @@ unsafe fn gemv_tile_avx2<const R: usize, const M: usize>(
     }
 }
 
-/// `M` input rows against a block of weight rows, `R` weight rows per tile (eight or more
-/// accumulators, within AVX2's sixteen registers), the rows left over one at a time.
+/// `M` input rows against a block of weight rows, `R` weight rows per tile, so that the
+/// `R x M` accumulators (8 at most) fit in AVX2's sixteen registers with the loads (5 to 8
+/// input rows: one weight row per tile); the rows left over one at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemv_block_avx2<const R: usize, const M: usize>(
@@ -188,7 +189,8 @@ fn gemv_block<const M: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
                 match M {
                     1 => gemv_block_avx2::<8, M>(x, w, k, out),
                     2 | 3 => gemv_block_avx2::<4, M>(x, w, k, out),
-                    _ => gemv_block_avx2::<2, M>(x, w, k, out),
+                    4 => gemv_block_avx2::<2, M>(x, w, k, out),
+                    _ => gemv_block_avx2::<1, M>(x, w, k, out),
                 }
             };
         }
@@ -203,7 +205,11 @@ pub fn gemv(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         1 => gemv_block::<1>,
         2 => gemv_block::<2>,
         3 => gemv_block::<3>,
-        _ => gemv_block::<4>,
+        4 => gemv_block::<4>,
+        5 => gemv_block::<5>,
+        6 => gemv_block::<6>,
+        7 => gemv_block::<7>,
+        _ => gemv_block::<8>,
     };
     // Handing work to the pool costs a wake-up and a context switch per call; with one thread
     // (or a small matrix) run on the calling thread instead.
@@ -427,10 +433,10 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// positions `key_pos` (any order: a ring buffer's old keys, then the new ones): query `p`
 /// sees the keys at positions `(p - context, p]`. Inputs, all f32 and contiguous: the new
 /// rows `(q, k, v)` stacked (3, b, heads, t, hd), q already scaled; the key and value rings
-/// (b, heads, slots, hd), of which the first `key_pos.len() - t` slots per head are the old
-/// keys (read in place: no copy of the rings per call). Per query it computes only the span of keys
-/// it can see (half of the work of the masked product for a pass from position 0), with no
-/// (t, n) mask tensor, and the heads run in parallel.
+/// (b, heads, slots, hd), whose first `key_pos.len() - t` slots per head are the old keys
+/// (read in place: no copy of the rings per call). Per query it computes only the span of
+/// keys it can see (half of the work of the masked product for a pass from position 0), with
+/// no (t, n) mask tensor, and the heads run in parallel.
 pub struct WindowAttention {
     pos: u64,
     context: u64,
@@ -959,11 +965,11 @@ mod tests {
         use crate::core::testutil::test_input;
         for (n, k) in [(1, 7), (13, 37), (67, 515), (130, 64)] {
             let w = test_input(1, n, k, 5);
-            let x = test_input(1, 4, k, 6);
-            let alone: Vec<Vec<f32>> = (0..4)
+            let x = test_input(1, 8, k, 6);
+            let alone: Vec<Vec<f32>> = (0..8)
                 .map(|r| gemv(&x[r * k..(r + 1) * k], &w, 1, k, n))
                 .collect();
-            for m in 2..=4 {
+            for m in 2..=8 {
                 let y = gemv(&x[..m * k], &w, m, k, n);
                 for (r, want) in alone.iter().enumerate().take(m) {
                     assert_eq!(&y[r * n..(r + 1) * n], want.as_slice(), "n {n} k {k} m {m}");

@@ -179,7 +179,7 @@ impl Encoder {
     }
 
     /// The layers at the higher rates: all but the last down-sampling and the last
-    /// convolution. Output: [`Self::head_channels`] at `1 / ratios[0]` the frame rate.
+    /// convolution. Output: [`Self::head_channels`] at `ratios[0]` times the frame rate.
     pub fn head(
         &self,
         st: &mut EncoderState,
