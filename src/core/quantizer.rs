@@ -232,7 +232,18 @@ mod tests {
             let ours = Quantizer::load(&cfg, &vb).unwrap();
             let (dim, d, bins) = (cfg.quantizer_dim, cfg.seanet.dimension, cfg.quantizer_bins);
             let reference = Split::new(dim, Some(d), Some(d), n_q, bins, vb).unwrap();
-            for (b, t) in [(1, 1), (1, 2), (2, 2), (1, 4), (3, 1), (2, 4), (1, 9), (2, 0)] {
+            // (batch, frames): the slice path up to 8 rows, the tensor path past it, none
+            let shapes = [
+                (1, 1),
+                (1, 2),
+                (2, 2),
+                (1, 4),
+                (3, 1),
+                (2, 4),
+                (1, 9),
+                (2, 0),
+            ];
+            for (b, t) in shapes {
                 // latents at about their real scale
                 let seed = b as u64 * 10 + t as u64;
                 let x = Tensor::from_vec(test_input(b, d, t, seed), (b, d, t), &dev).unwrap();
