@@ -108,6 +108,26 @@ def minor_faults() -> int | None:
         return None
 
 
+def context_switches() -> dict | None:
+    """Voluntary and involuntary context switches of every thread of this process so far
+    (`/proc/self/task/*/status`; threads that already exited are not counted)."""
+    total = {"voluntary": 0, "nonvoluntary": 0}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    for kind in total:
+                        if line.startswith(f"{kind}_ctxt_switches:"):
+                            total[kind] += int(line.split()[1])
+        except OSError:
+            continue  # the thread ended
+    return total
+
+
 # ---------------------------------------------------------------------------------------------
 # machine facts
 

@@ -1312,9 +1312,10 @@ def render_markdown(res) -> str:
         )
         L.append("")
         L.append(
-            "| engine | encode_step median | p99 | decode_step median | p99 | encode+decode median | p99 |"
+            "| engine | encode_step median | p99 | decode_step median | p99 | encode+decode median | p99 "
+            "| context switches per frame (voluntary / involuntary) | CPU÷wall |"
         )
-        L.append("| --- | --- | --- | --- | --- | --- | --- |")
+        L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         starved = []
         for r in st["runs"]:
             if r.get("ok"):
@@ -1322,12 +1323,15 @@ def render_markdown(res) -> str:
                 flag = " ⚠" if torch_starved(r) else ""
                 if flag:
                     starved.append(f"{r['engine']} (CPU÷wall {r['cpu_per_wall']:.2f})")
+                cs = r.get("context_switches_per_frame")
+                cs_txt = f"{cs['voluntary']:.1f} / {cs['nonvoluntary']:.1f}" if cs else "—"
                 L.append(
                     f"| {r['engine']}{flag} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
-                    f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} |"
+                    f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} | {cs_txt} | "
+                    f"{r.get('cpu_per_wall', float('nan')):.2f} |"
                 )
             else:
-                L.append(f"| {r['engine']} | error: {fmt_err(r)} | | | | | |")
+                L.append(f"| {r['engine']} | error: {fmt_err(r)} | | | | | | | |")
         for eng, why in st.get("skipped", {}).items():
             L.append(f"| {eng} | {why} | | | | | |")
         if starved:

@@ -418,8 +418,11 @@ def task_codec_streaming(spec):
     eng.reset()
     enc, dec, tot = [], [], []
     missing = 0
+    switches0 = None
     with Timer() as tt:
         for i in range(warm + frames):
+            if i == warm:
+                switches0 = common.context_switches()
             chunk = pcm[:, :, i * fs : (i + 1) * fs]
             t0 = time.perf_counter()
             codes = eng.encode_step(chunk)
@@ -433,6 +436,10 @@ def task_codec_streaming(spec):
                 enc.append(t1 - t0)
                 dec.append(t2 - t1)
                 tot.append(t2 - t0)
+    switches1 = common.context_switches()
+    per_frame = None
+    if switches0 is not None and switches1 is not None:
+        per_frame = {k: round((switches1[k] - switches0[k]) / frames, 1) for k in switches0}
     return {
         "engine": spec["engine"],
         "version": eng.version(),
@@ -444,6 +451,7 @@ def task_codec_streaming(spec):
         "encode_step": common.summary_us(enc),
         "decode_step": common.summary_us(dec),
         "frame_total": common.summary_us(tot),
+        "context_switches_per_frame": per_frame,
         "cpu_per_wall": round(tt.cpu / tt.wall, 2),
         **mem_info(),
     }
