@@ -89,10 +89,38 @@ pub fn expected_tensors(cfg: &TransformerConfig) -> Vec<(String, Vec<usize>)> {
 enum Store {
     /// A memory-mapped safetensors file, read tensor by tensor on request.
     Mapped(MmapedSafetensors),
-    /// Tensors already read, under their full names.
-    Tensors(HashMap<String, Tensor>),
+    /// Tensors already read, under their full names. Each one leaves the map when it is
+    /// read ([`Taken`]), so a model that copies it into its own layout does not hold both.
+    Tensors(Mutex<Taken>),
     /// Seeded weights with the initialisation of a fresh model (see [`seeded_tensor`]).
     Seeded { seed: u64, layer_scale: f32 },
+}
+
+/// The tensors of [`Store::Tensors`] not read yet, and the names of those that were.
+struct Taken {
+    left: HashMap<String, Tensor>,
+    read: HashSet<String>,
+}
+
+impl Taken {
+    fn contains(&self, name: &str) -> bool {
+        self.left.contains_key(name) || self.read.contains(name)
+    }
+
+    /// The tensor `name`, handed over once: a second read is a loader bug, reported as a
+    /// problem (never a silently different tensor).
+    fn take(&mut self, name: &str) -> std::result::Result<Option<Tensor>, String> {
+        match self.left.remove(name) {
+            Some(t) => {
+                self.read.insert(name.to_string());
+                Ok(Some(t))
+            }
+            None if self.read.contains(name) => Err(format!(
+                "tensor {name:?} was read twice while loading (internal error, please report)"
+            )),
+            None => Ok(None),
+        }
+    }
 }
 
 /// A validating source of named tensors (see the module doc).
@@ -157,8 +185,13 @@ impl TensorSource {
     }
 
     /// Tensors already in memory, under their full names; `origin` names them in messages.
+    /// The source owns them and lets each go once it has been read.
     pub fn tensors(tensors: HashMap<String, Tensor>, origin: impl Into<String>) -> Self {
-        Self::new(Store::Tensors(tensors), origin.into())
+        let taken = Taken {
+            left: tensors,
+            read: HashSet::new(),
+        };
+        Self::new(Store::Tensors(Mutex::new(taken)), origin.into())
     }
 
     /// Seeded weights; layer scales get `layer_scale` (1 if `None`).
@@ -182,7 +215,10 @@ impl TensorSource {
     pub fn names(&self) -> Vec<String> {
         match &self.store {
             Store::Mapped(st) => st.tensors().into_iter().map(|(n, _)| n).collect(),
-            Store::Tensors(t) => t.keys().cloned().collect(),
+            Store::Tensors(t) => {
+                let t = locked(t);
+                t.left.keys().chain(t.read.iter()).cloned().collect()
+            }
             Store::Seeded { .. } => Vec::new(),
         }
     }
@@ -216,16 +252,24 @@ impl TensorSource {
                 Tensor::from_vec(data, shape, &Device::Cpu).map_err(|e| e.to_string())
             }
             Store::Tensors(map) => {
-                let t = map.get(name).ok_or_else(missing)?;
-                check_tensor(name, Some(t.dtype()), t.dims(), shape, t.dtype())?;
-                Ok(t.clone())
+                let mut map = locked(map);
+                // Checked before it is taken: a mis-shaped tensor stays for the report.
+                let t = map.left.get(name);
+                if let Some(t) = t {
+                    check_tensor(name, Some(t.dtype()), t.dims(), shape, t.dtype())?;
+                }
+                map.take(name)?.ok_or_else(missing)
             }
             Store::Mapped(st) => {
                 let view = st.get(name).map_err(|_| missing())?;
                 let dtype = DType::try_from(view.dtype()).ok();
                 check_tensor(name, dtype, view.shape(), shape, view.dtype())?;
-                st.load(name, &Device::Cpu)
-                    .map_err(|e| format!("could not read tensor {name:?}: {e}"))
+                let t = st
+                    .load(name, &Device::Cpu)
+                    .map_err(|e| format!("could not read tensor {name:?}: {e}"))?;
+                // Copied out: its pages of the mapping need not stay resident.
+                release_mapped(view.data());
+                Ok(t)
             }
         }
     }
@@ -234,7 +278,7 @@ impl TensorSource {
     pub fn contains(&self, name: &str) -> bool {
         match &self.store {
             Store::Mapped(st) => st.get(name).is_ok(),
-            Store::Tensors(t) => t.contains_key(name),
+            Store::Tensors(t) => locked(t).contains(name),
             Store::Seeded { .. } => !name.ends_with("_g") && !name.ends_with("_v"),
         }
     }
@@ -310,9 +354,10 @@ impl SimpleBackend for Backend {
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle::Result<Tensor> {
         match &self.0.store {
-            Store::Tensors(t) => match t.get(name) {
-                Some(t) => t.to_dtype(dtype)?.to_device(dev),
-                None => candle::bail!("missing tensor {name:?}"),
+            Store::Tensors(t) => match locked(t).take(name) {
+                Ok(Some(t)) => t.to_dtype(dtype)?.to_device(dev),
+                Ok(None) => candle::bail!("missing tensor {name:?}"),
+                Err(msg) => candle::bail!("{msg}"),
             },
             _ => candle::bail!("tensor {name:?} needs a shape"),
         }
@@ -539,4 +584,44 @@ pub fn open_safetensors(path: &Path) -> Result<candle::safetensors::MmapedSafete
             path.display()
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source() -> TensorSource {
+        let t = Tensor::arange(0f32, 6., &Device::Cpu).unwrap();
+        let t = t.reshape((2, 3)).unwrap();
+        TensorSource::tensors(HashMap::from([("w".to_string(), t)]), "test tensors")
+    }
+
+    #[test]
+    fn in_memory_tensors_are_handed_over_once() {
+        let src = source();
+        let t = src.get("w", &[2, 3]).expect("first read");
+        assert_eq!(t.to_vec2::<f32>().unwrap()[1], [3., 4., 5.]);
+        // Read, the tensor is gone from the source, but its name is still provided.
+        assert!(src.contains("w"));
+        assert_eq!(src.names(), ["w"]);
+        assert!(src.finish().is_ok());
+        // A second read is reported, not answered with something else.
+        assert!(src.get("w", &[2, 3]).is_none());
+        let msg = src.finish().unwrap_err().to_string();
+        assert!(msg.contains("read twice"), "{msg}");
+    }
+
+    #[test]
+    fn a_mis_shaped_tensor_is_reported_and_kept() {
+        let src = source();
+        assert!(src.get("w", &[3, 2]).is_none());
+        let msg = src.finish().unwrap_err().to_string();
+        assert!(msg.contains("has shape [2, 3], expected [3, 2]"), "{msg}");
+        assert!(src.get("nope", &[1]).is_none());
+        assert!(src
+            .finish()
+            .unwrap_err()
+            .to_string()
+            .contains("missing tensor \"nope\""));
+    }
 }
