@@ -488,7 +488,7 @@ fn keep_awake(done: &AtomicBool, owner: Option<usize>) {
                 idle += 1;
                 // Now and then, let another process have the core (an oversubscribed
                 // machine); otherwise stay hot.
-                if idle % 256 == 0 {
+                if idle.is_multiple_of(256) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
