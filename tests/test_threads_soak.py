@@ -243,6 +243,46 @@ def test_one_codec_shared_by_8_threads_offline_and_streaming():
         np.testing.assert_array_equal(r, serial_dec)
 
 
+SPIN_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    sys.path.insert(0, "tests")
+    import mimi_py as M
+    from test_threads_soak import small_codec, FRAME
+    codec = small_codec()
+    pcm = (np.random.default_rng(5).standard_normal((1, 1, 7 * FRAME + 11)) * 0.1).astype(np.float32)
+    codes = [codec.encode_step(pcm[..., i : i + 700]) for i in range(0, pcm.shape[-1], 700)]
+    codes = np.concatenate([c for c in codes if c is not None], axis=-1)
+    audio = codec.decode(codec.encode(pcm))
+    print(json.dumps({"codes": codes.tolist(), "audio": audio.ravel().tolist()}))
+    """
+)
+
+
+@pytest.mark.parametrize("spin", ["0", "1"])
+def test_pool_spin_setting_changes_no_result(spin):
+    """MIMI_PY_SPIN=0 (idle workers park) and the default (they spin for the length of a call)
+    give the same bits as each other and as a 1-thread pool, streaming and offline."""
+    out = {}
+    for name, env in (
+        ("threads2", {"MIMI_PY_SPIN": spin, "RAYON_NUM_THREADS": "2"}),
+        ("threads1", {"RAYON_NUM_THREADS": "1"}),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c", SPIN_CHILD],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, **env),
+            cwd=str(REPO),
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[name] = json.loads(proc.stdout)
+    assert len(out["threads1"]["codes"][0][0]) == 7
+    assert out["threads2"] == out["threads1"]
+
+
 def test_one_codec_hammered_with_resets():
     codec = small_codec()
     rng = np.random.default_rng(4)
