@@ -94,8 +94,9 @@ pub fn interruptible<R: Send + 'static>(
     std::thread::Builder::new()
         .name("mimi_py-worker".into())
         .spawn(move || {
+            let before = crate::core::device::resident_bytes();
             let r = catch_panic(|| f(&flag));
-            crate::core::device::trim_heap();
+            crate::core::device::trim_heap_after(before);
             let _ = tx.send(r);
         })
         .map_err(|e| Error::Internal(format!("cannot start a worker thread: {e}")))?;
