@@ -15,10 +15,10 @@
 //! The model itself (weights) is immutable and shared between clones.
 
 use crate::core::config::{Norm as NormKind, PositionalEmbedding, TransformerConfig};
-use crate::core::kernels::{Linear, WindowAttention};
+use crate::core::kernels::{residual_add, Linear, WindowAttention};
 use candle::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::mimi::transformer::{LayerScale, Mlp, Norm};
+use candle_transformers::models::mimi::transformer::{Mlp, Norm};
 use std::collections::{BTreeMap, HashMap};
 
 /// Queries processed per internal block when a call is longer than this; results do not
@@ -124,8 +124,9 @@ struct Layer {
     norm2: Norm,
     attn: Attention,
     mlp: FeedForward,
-    ls1: Option<LayerScale>,
-    ls2: Option<LayerScale>,
+    /// Layer scales (candle's `LayerScale` weights, one value per feature).
+    ls1: Option<Tensor>,
+    ls2: Option<Tensor>,
 }
 
 impl Attention {
@@ -164,7 +165,7 @@ impl Layer {
             NormKind::LayerNorm => ("input_layernorm", "post_attention_layernorm"),
         };
         let scale = |name: &str| match cfg.layer_scale {
-            Some(init) => LayerScale::new(d, init, vb.pp(name)).map(Some),
+            Some(_) => vb.pp(name).get(d, "scale").map(Some),
             None => Ok(None),
         };
         Ok(Self {
@@ -588,17 +589,9 @@ impl Transformer {
             .transpose(1, 2)?
             .reshape((b, t, self.cfg.d_model))?
             .apply(&layer.attn.out)?;
-        let attn = match &layer.ls1 {
-            Some(ls) => ls.forward(&attn)?,
-            None => attn,
-        };
-        let xs = (xs + attn)?;
+        let xs = residual_add(&xs, &attn, layer.ls1.as_ref())?;
         let ff = xs.apply(&layer.norm2)?.apply(&layer.mlp)?;
-        let ff = match &layer.ls2 {
-            Some(ls) => ls.forward(&ff)?,
-            None => ff,
-        };
-        xs + ff
+        residual_add(&xs, &ff, layer.ls2.as_ref())
     }
 
     /// Positions for `t` steps of rows starting at `pos` (one each): the rotary tables
