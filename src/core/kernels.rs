@@ -42,14 +42,26 @@ fn product_operands<'a>(
     if k != k2 || m == 0 {
         candle::bail!("{op}: bad shapes {:?} {:?}", l1.shape(), l2.shape())
     }
-    let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
+    let (x, w) = f32_slices(op, s1, l1, s2, l2)?;
+    Ok((x, w, (m, k, n)))
+}
+
+/// The values of two contiguous f32 CPU operands of a custom op named `op`.
+fn f32_slices<'a>(
+    op: &str,
+    s1: &'a CpuStorage,
+    l1: &Layout,
+    s2: &'a CpuStorage,
+    l2: &Layout,
+) -> Result<(&'a [f32], &'a [f32])> {
+    let (CpuStorage::F32(x), CpuStorage::F32(y)) = (s1, s2) else {
         candle::bail!("{op}: f32 only")
     };
-    let (Some((xa, xb)), Some((wa, wb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+    let (Some((xa, xb)), Some((ya, yb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
     else {
         candle::bail!("{op}: contiguous inputs only")
     };
-    Ok((&x[xa..xb], &w[wa..wb], (m, k, n)))
+    Ok((&x[xa..xb], &y[ya..yb]))
 }
 
 #[allow(clippy::needless_range_loop)] // lane-indexed loops mirror the SIMD registers
@@ -483,14 +495,7 @@ impl CustomOp2 for ResidualAdd {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(x), CpuStorage::F32(y)) = (s1, s2) else {
-            candle::bail!("{}: f32 only", self.name())
-        };
-        let (Some((xa, xb)), Some((ya, yb))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            candle::bail!("{}: contiguous inputs only", self.name())
-        };
-        let (x, y) = (&x[xa..xb], &y[ya..yb]);
+        let (x, y) = f32_slices(self.name(), s1, l1, s2, l2)?;
         if l1.shape() != l2.shape() || self.d == 0 || x.len() % self.d != 0 {
             candle::bail!(
                 "{}: bad shapes {:?} {:?}",
