@@ -21,23 +21,30 @@ check: core-free lint stubtest test-rust test-python
 dev:
 	maturin develop --profile fast
 
-# src/core is the computation: it must not use the Python binding crates.
+# crates/mimi-core is the computation: pyo3 and numpy must not be anywhere in its dependency
+# tree (the compiler then keeps the boundary), and its test binaries must not link libpython.
 core-free:
-	@if grep -rnE '(^|[^A-Za-z0-9_])(pyo3|numpy)::|extern crate (pyo3|numpy)' src/core; then \
-		echo "src/core must not use pyo3 or numpy (they belong in src/py)"; exit 1; \
-	else echo "src/core is free of pyo3/numpy"; fi
+	@if cargo tree -p mimi-core -e normal,build,dev -i pyo3 >/dev/null 2>&1 || \
+		cargo tree -p mimi-core -e normal,build,dev -i numpy >/dev/null 2>&1; then \
+		echo "mimi-core depends on pyo3 or numpy (they belong in src/)"; exit 1; \
+	else echo "mimi-core's dependency tree is free of pyo3/numpy"; fi
 
 lint:
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
 stubtest:
 	$(PYTHON) -m mypy.stubtest mimi_py --mypy-config-file pyproject.toml --allowlist .stubtest-allowlist
 
+# The core's tests (no Python needed). The binding crate has no Rust tests: pytest covers it.
 test-rust:
-	cargo test
+	cargo test -p mimi-core
+	@for t in $$(cargo test -p mimi-core --no-run --message-format=json 2>/dev/null | \
+		$(PYTHON) -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]'); do \
+		if ldd "$$t" | grep -q libpython; then echo "$$t links libpython"; exit 1; fi; \
+	done; echo "the core's test binaries do not link libpython"
 
 test-python:
 	PATH="$(NO_RUST_PATH)" $(PYTHON) -m pytest -q

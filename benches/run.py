@@ -308,9 +308,9 @@ def ensure_native(args) -> dict:
     if args.rebuild_native or not NATIVE_BIN.exists():
         if shutil.which("cargo") is None:
             return {"skipped": "cargo not found, cannot build the native bench"}
-        log("building the native bench: cargo build --release --no-default-features --bin mimi_native_bench")
+        log("building the native bench: cargo build --release -p mimi-core --bin mimi_native_bench")
         proc = subprocess.run(
-            ["cargo", "build", "--release", "--no-default-features", "--bin", "mimi_native_bench"],
+            ["cargo", "build", "--release", "-p", "mimi-core", "--bin", "mimi_native_bench"],
             cwd=str(REPO),
             capture_output=True,
             text=True,

@@ -1,20 +1,12 @@
 //! mimi_py: Kyutai's Mimi streaming transformer and codec for Python, computed by candle.
 //!
-//! `core` is the computation and knows nothing of Python; `py` is the boundary. This file
-//! only registers the module. See ARCHITECTURE.md for the map.
+//! The computation is the `mimi-core` crate (crates/mimi-core), which knows nothing of
+//! Python; `py` is the boundary. This file only registers the module. See ARCHITECTURE.md
+//! for the map.
 
-mod core;
 mod py;
 
-/// What the native benchmark binaries (`src/bin/`) need from the core.
-pub mod bench {
-    pub use crate::core::config::TransformerConfig;
-    pub use crate::core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
-    pub use crate::core::kernels::gemv;
-    pub use crate::core::transformer::{State, Transformer};
-    pub use crate::core::weights::{LoadSpec, QkLayout, TensorSource};
-}
-
+use crate::py::errors::PyResult;
 use pyo3::prelude::*;
 
 #[pymodule(gil_used = false)]
@@ -33,16 +25,16 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-        let features = crate::core::device::compiled_features();
+        let features = mimi_core::runtime::device::compiled_features();
         m.add("features", PyFrozenSet::new(m.py(), features)?)?;
-        m.add("candle_version", "0.11.1")
+        Ok(m.add("candle_version", mimi_core::CANDLE_VERSION)?)
     }
 
     /// Test hook: panics inside the guarded boundary, to show that a Rust panic arrives as
     /// `InternalError` (a `MimiError`), never as `PanicException`.
     #[pyfunction]
     fn _panic_for_tests(py: Python<'_>) -> PyResult<()> {
-        guard::detached(py, |_| -> crate::core::error::Result<()> {
+        guard::detached(py, |_| -> mimi_core::error::Result<()> {
             panic!("forced panic for tests")
         })
     }

@@ -1,16 +1,17 @@
 //! `MimiCodec`: the Python class around [`Codec`].
 
-use crate::core::codec::{self, CheckpointLayout, Codec, DecodeStream, EncodeStream};
-use crate::core::config::CodecConfig;
-use crate::core::device;
-use crate::core::error::{Error, Result};
-use crate::core::weights::{self, TensorSource};
 use crate::py::config::{self as pyconfig, value_of, PyCodecConfig};
 use crate::py::convert::{self, HostArray};
+use crate::py::errors::PyResult;
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
 use crate::py::rows;
 use crate::py::weights::WeightsArg;
 use candle::{DType, Tensor};
+use mimi_core::codec::{self, CheckpointLayout, Codec, DecodeStream, EncodeStream};
+use mimi_core::config::CodecConfig;
+use mimi_core::error::{Error, Result};
+use mimi_core::runtime::{device, memory};
+use mimi_core::weights::{self, TensorSource};
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
@@ -98,7 +99,7 @@ fn check_weights_memory(cfg: &CodecConfig) -> Result<()> {
     let codebooks = (cfg.quantizer_n_q as u64)
         .saturating_mul(cfg.quantizer_bins as u64)
         .saturating_mul(cfg.quantizer_dim as u64 + 2);
-    device::check_memory(
+    memory::check_memory(
         (2 * tr_params + codebooks).saturating_mul(12),
         "this codec's weights",
         "check the config's sizes (quantizer_bins, quantizer_dim, transformer)",
@@ -373,7 +374,7 @@ impl PyMimiCodec {
         };
         convert::check_size(&shape3, "pcm")?;
         let needed = self.codec.offline_memory(shape3[0], shape3[2]);
-        device::check_memory(
+        memory::check_memory(
             needed,
             "this call",
             "encode long audio in chunks with encode_step (or the CLI, which streams)",
@@ -389,7 +390,7 @@ impl PyMimiCodec {
     fn check_decode_size(&self, shape: &[usize]) -> PyResult<()> {
         let samples = shape[2].saturating_mul(self.codec.config().frame_size());
         convert::check_size(&[shape[0], self.n_channels(), samples], "decoded audio")?;
-        device::check_memory(
+        memory::check_memory(
             self.codec.offline_memory(shape[0], samples),
             "this call",
             "decode long code sequences in shorter chunks (decode_step streams them)",
@@ -501,6 +502,7 @@ impl PyMimiCodec {
         py.import("mimi_py.hub")?
             .getattr("from_pretrained")?
             .call((repo_id,), Some(&kwargs))
+            .map_err(Into::into)
     }
 
     /// Audio to codes. ``pcm``: (batch, channels, samples) or (samples,), any real float
@@ -822,9 +824,10 @@ impl PyMimiCodec {
     }
 
     fn __reduce__(&self) -> PyResult<()> {
-        Err(PyTypeError::new_err(
-            "a MimiCodec cannot be pickled; rebuild it from its checkpoint",
-        ))
+        Err(
+            PyTypeError::new_err("a MimiCodec cannot be pickled; rebuild it from its checkpoint")
+                .into(),
+        )
     }
 
     fn __repr__(&self) -> String {

@@ -1,10 +1,11 @@
 //! `TransformerConfig` and `CodecConfig` for Python: thin wrappers over the core's config
 //! tables. Every field's getter, `to_dict`, `replace`, `__repr__`, pickling and equality come
-//! from the one table in `crate::core::config`; this module only converts Python values to
+//! from the one table in `mimi_core::config`; this module only converts Python values to
 //! and from the core's dynamic [`Value`].
 
-use crate::core::config::{CodecConfig, Field, TransformerConfig, Value};
-use crate::core::error::{Error, Result};
+use crate::py::errors::PyResult;
+use mimi_core::config::{CodecConfig, Field, TransformerConfig, Value};
+use mimi_core::error::{Error, Result};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
@@ -172,7 +173,7 @@ macro_rules! py_config {
             }
         }
 
-        crate::$fields!(py_getters, $py, $field_to_py);
+        mimi_core::$fields!(py_getters, $py, $field_to_py);
     };
 }
 
@@ -326,7 +327,8 @@ pub fn transformer_config(v: Option<&Bound<'_, PyAny>>) -> PyResult<TransformerC
                 Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
                     "config must be a TransformerConfig or a dict, got {}",
                     c.get_type().name()?
-                ))),
+                ))
+                .into()),
             },
         },
     }
@@ -344,6 +346,7 @@ pub fn codec_config(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<CodecConfig
         Ok(d) => Ok(Some(PyCodecConfig::from_kwargs(Some(d))?.0)),
         Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(
             "config must be a CodecConfig or a dict",
-        )),
+        )
+        .into()),
     }
 }

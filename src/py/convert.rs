@@ -6,7 +6,8 @@
 //! Objects that are not arrays but expose `__array__` go through `numpy.asarray` first.
 //! Outputs: a `Vec<f32>` moved into a new numpy array without a copy.
 
-use crate::core::error::{Error, Result};
+use crate::py::errors::PyResult;
+use mimi_core::error::{Error, Result};
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{
     IntoPyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,
@@ -45,7 +46,8 @@ pub fn as_ndarray<'py>(
             _ => Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "{what} must be a numpy array, got {}",
                 type_name(obj)
-            ))),
+            ))
+            .into()),
         },
         Err(e) => {
             let err = pyo3::exceptions::PyTypeError::new_err(format!(
@@ -53,7 +55,7 @@ pub fn as_ndarray<'py>(
                 type_name(obj)
             ));
             err.set_cause(py, Some(e));
-            Err(err)
+            Err(err.into())
         }
     }
 }

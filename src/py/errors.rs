@@ -5,7 +5,7 @@
 //! hook `_core._error_class_names()` exposes [`CLASS_NAMES`] so that a test can check that
 //! the two sides agree.
 
-use crate::core::error::Error;
+use mimi_core::error::Error;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -47,7 +47,7 @@ fn class_name(e: &Error) -> &'static str {
 static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 /// The class `name` of `mimi_py.errors`.
-fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+fn class<'py>(py: Python<'py>, name: &str) -> pyo3::PyResult<Bound<'py, PyType>> {
     let module =
         ERRORS_MODULE.get_or_try_init(py, || py.import("mimi_py.errors").map(Bound::unbind))?;
     Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
@@ -67,8 +67,53 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
     err
 }
 
-impl From<Error> for PyErr {
-    fn from(e: Error) -> PyErr {
-        Python::attach(|py| to_pyerr(py, e))
+/// The binding's error: a core [`Error`] (mapped to its class when it reaches Python) or an
+/// exception raised by Python itself. The core's `Error` cannot convert into `PyErr` directly
+/// (both types are foreign to this crate), so binding functions return [`PyResult`], whose
+/// `?` accepts both.
+pub enum PyError {
+    Core(Error),
+    Py(PyErr),
+}
+
+/// The result type of every binding function (pyo3 accepts any error that becomes a `PyErr`).
+pub type PyResult<T> = std::result::Result<T, PyError>;
+
+impl From<Error> for PyError {
+    fn from(e: Error) -> Self {
+        PyError::Core(e)
+    }
+}
+
+impl From<PyErr> for PyError {
+    fn from(e: PyErr) -> Self {
+        PyError::Py(e)
+    }
+}
+
+impl<'a, 'py> From<pyo3::CastError<'a, 'py>> for PyError {
+    fn from(e: pyo3::CastError<'a, 'py>) -> Self {
+        PyError::Py(e.into())
+    }
+}
+
+impl From<numpy::BorrowError> for PyError {
+    fn from(e: numpy::BorrowError) -> Self {
+        PyError::Py(e.into())
+    }
+}
+
+impl From<std::convert::Infallible> for PyError {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
+impl From<PyError> for PyErr {
+    fn from(e: PyError) -> PyErr {
+        match e {
+            PyError::Core(e) => Python::attach(|py| to_pyerr(py, e)),
+            PyError::Py(e) => e,
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! applies to every class: a call that panicked while holding a stream's lock may have left
 //! it half-updated, so the next call resets that stream and raises `InternalError`.
 
-use crate::core::error::{Error, Result};
+use crate::py::errors::PyResult;
+use mimi_core::error::{Error, Result};
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -75,8 +76,7 @@ pub fn detached<R: Send>(
     py: Python<'_>,
     f: impl FnOnce(&Detached) -> Result<R> + Send,
 ) -> PyResult<R> {
-    py.detach(|| catch_panic(|| f(&Detached(()))))
-        .map_err(PyErr::from)
+    Ok(py.detach(|| catch_panic(|| f(&Detached(()))))?)
 }
 
 /// Runs `f` on a worker thread while this thread, detached from the interpreter, waits and
@@ -94,22 +94,22 @@ pub fn interruptible<R: Send + 'static>(
     std::thread::Builder::new()
         .name("mimi_py-worker".into())
         .spawn(move || {
-            let before = crate::core::device::resident_bytes();
+            let before = mimi_core::runtime::memory::resident_bytes();
             let r = catch_panic(|| f(&flag));
-            crate::core::device::trim_heap_after(before);
+            mimi_core::runtime::memory::trim_heap_after(before);
             let _ = tx.send(r);
         })
         .map_err(|e| Error::Internal(format!("cannot start a worker thread: {e}")))?;
     py.detach(move || loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok(r) => return r.map_err(PyErr::from),
+            Ok(r) => return Ok(r?),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(Error::Internal("worker thread ended without a result".into()).into())
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if let Err(e) = Python::attach(|py| py.check_signals()) {
                     cancel.store(true, Ordering::Relaxed);
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }

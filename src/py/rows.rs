@@ -1,8 +1,9 @@
 //! Per-row arguments of the batched streaming calls: `active=` (which rows step) and
 //! `rows=` (which rows `reset_state` resets), read and checked once for both classes.
 
-use crate::core::error::{Error, Result};
 use crate::py::convert;
+use crate::py::errors::PyResult;
+use mimi_core::error::{Error, Result};
 use numpy::{PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 

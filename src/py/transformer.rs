@@ -4,17 +4,18 @@
 //! through [`guard::detached`], which takes the state's lock only while detached and
 //! catches panics.
 
-use crate::core::config::TransformerConfig;
-use crate::core::device;
-use crate::core::error::{Error, Result};
-use crate::core::transformer::{State, Transformer};
-use crate::core::weights::{self, LoadSpec, QkLayout, TensorSource};
 use crate::py::config::{self as pyconfig, PyTransformerConfig};
 use crate::py::convert;
+use crate::py::errors::PyResult;
 use crate::py::guard::{self, Detached, Reset, Shared};
 use crate::py::rows;
 use crate::py::weights::WeightsArg;
 use candle::{DType, Tensor};
+use mimi_core::config::TransformerConfig;
+use mimi_core::error::{Error, Result};
+use mimi_core::runtime::{device, memory};
+use mimi_core::transformer::{State, Transformer};
+use mimi_core::weights::{self, LoadSpec, QkLayout, TensorSource};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -101,7 +102,7 @@ impl PyStreamingTransformer {
         let shape = convert::shape_of(&arr);
         self.check_input(&shape)?;
         let active = rows::active(active, shape[0])?;
-        device::check_memory(
+        memory::check_memory(
             call_memory(&self.config, &shape),
             "this call",
             "split the input into shorter chunks (results do not depend on chunking)",
@@ -197,7 +198,7 @@ impl PyStreamingTransformer {
         let expected = "a path to a .safetensors file";
         let source = crate::py::weights::read(weights, seed.unwrap_or(0), prefix, expected)?;
         let params = weights::transformer_params(&config);
-        device::check_memory(
+        memory::check_memory(
             params * 8,
             &format!("a transformer with {params} parameters"),
             "check the config's sizes",
@@ -328,7 +329,8 @@ impl PyStreamingTransformer {
         Err(PyTypeError::new_err(
             "a StreamingTransformer cannot be pickled; save its weights with state_dict() and \
              rebuild it with StreamingTransformer(config, weights)",
-        ))
+        )
+        .into())
     }
 
     /// The weights as a dict of float32 numpy arrays, under candle's tensor names (no

@@ -1,9 +1,10 @@
 //! The `weights=` argument, read once for every class: a checkpoint path (any `os.PathLike`),
 //! a mapping of names to numpy arrays, or `None` for seeded weights.
 
-use crate::core::error::Error;
 use crate::py::convert;
+use crate::py::errors::PyResult;
 use candle::{Device, Tensor};
+use mimi_core::error::Error;
 use numpy::{PyArrayDescrMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -51,7 +52,8 @@ pub fn read(
     Err(PyTypeError::new_err(format!(
         "weights must be {expected}, a mapping of names to numpy arrays, or None; got {}",
         type_name(w)
-    )))
+    ))
+    .into())
 }
 
 fn read_mapping(mapping: &Bound<'_, PyMapping>, prefix: &str) -> PyResult<HashMap<String, Tensor>> {

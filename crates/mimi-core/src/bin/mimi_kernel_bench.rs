@@ -2,7 +2,7 @@
 //! second of audio per layer: the numbers behind the kernel choices in `src/core/conv.rs` and
 //! `src/core/direct.rs` (benches/README.md → Profile).
 //!
-//! `RAYON_NUM_THREADS=1 cargo run --release --no-default-features --bin mimi_kernel_bench -- [repeats]`
+//! `RAYON_NUM_THREADS=1 cargo run --release -p mimi-core --bin mimi_kernel_bench -- [repeats]`
 //! prints one JSON line per layer: the best time of `repeats` (default 20) streaming calls on
 //! a fresh state (the offline engine's path: activation, then the convolution), and GFLOP/s.
 //! `MIMI_PY_DIRECT_CONV=0` turns the AVX-512 direct kernel off, so stride-1 layers take the
@@ -20,7 +20,8 @@
 
 use candle::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use mimi_py::bench::{gemv, Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use mimi_core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use mimi_core::kernels::gemv;
 use std::time::Instant;
 
 /// (name, cin, cout, k, stride, input frames per second of audio, transposed)

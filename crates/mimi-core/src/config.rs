@@ -6,7 +6,7 @@
 //! binding turns into `to_dict`, `replace`, `__repr__` and pickling. Field names are
 //! candle's. Strings such as `"rope"` or `"weight_norm"` are parsed into enums here, once.
 
-use crate::core::error::{Error, Result};
+use crate::error::{Error, Result};
 use candle_transformers::models::mimi::{conv, seanet, transformer, NormType};
 
 /// A dynamic value, as a Python keyword argument or a JSON value holds it.

@@ -8,8 +8,8 @@
 //! all of them in one `WeightsError`. The same source backs candle's `VarBuilder` (the
 //! codec's convolutions and quantizer) through [`TensorSource::var_builder`].
 
-use crate::core::config::{Norm, TransformerConfig};
-use crate::core::error::{Error, Result};
+use crate::config::{Norm, TransformerConfig};
+use crate::error::{Error, Result};
 use candle::safetensors::MmapedSafetensors;
 use candle::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;

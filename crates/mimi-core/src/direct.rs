@@ -9,7 +9,7 @@
 //! Bias and a residual are added when the block is stored.
 //!
 //! It is used only where the CPU has AVX-512F (chosen at run time); elsewhere the tiled-GEMM
-//! path of [`crate::core::conv`] runs, unchanged. Tests compare both on odd shapes.
+//! path of [`crate::conv`] runs, unchanged. Tests compare both on odd shapes.
 
 /// Output channels per register block: 6 x 64 frames = 24 of the 32 AVX-512 registers.
 /// Each (input channel, tap) step loads 4 input vectors (which straddle cache lines for the
@@ -32,7 +32,7 @@ pub fn available() -> bool {
     {
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AVX512.get_or_init(|| {
-            std::env::var_os("MIMI_PY_DIRECT_CONV").is_none_or(|v| v != "0")
+            crate::runtime::settings::get().direct_conv
                 && std::arch::is_x86_feature_detected!("avx512f")
         })
     }

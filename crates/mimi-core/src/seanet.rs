@@ -1,14 +1,14 @@
 //! The SEANet encoder and decoder (candle's `mimi::seanet`), assembled from the native
-//! convolutions of [`crate::core::conv`]: residual blocks, strided down/upsampling and the
+//! convolutions of [`crate::conv`]: residual blocks, strided down/upsampling and the
 //! outer convolutions, with their streaming states. The codec's Rust tests compare the whole
 //! SEANet against candle's modules, offline and streaming.
 
 use candle::Result;
 use candle_nn::VarBuilder;
 
-use crate::core::config::SeanetConfig;
-use crate::core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
-use crate::core::error::Cancel;
+use crate::config::SeanetConfig;
+use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use crate::error::Cancel;
 
 #[derive(Clone, Debug)]
 struct ResBlock {
@@ -57,7 +57,7 @@ impl ResBlock {
         st.convs.resize_with(2, ConvState::default);
         let (a, b) = st.convs.split_at_mut(1);
         let (c1, c2) = (&self.convs[0], &self.convs[1]);
-        if x.len > crate::core::kernels::GEMV_MAX_ROWS && c1.stride == 1 && c2.k == 1 {
+        if x.len > crate::kernels::GEMV_MAX_ROWS && c1.stride == 1 && c2.k == 1 {
             // The pointwise second convolution keeps no state: fuse the two.
             return match c1.prepare(&mut a[0], x, Some(alpha), last) {
                 None => Frames::empty(c2.cout),
@@ -192,7 +192,7 @@ impl Encoder {
         let mut x = self.init.step(&mut st.init, x, None, None, last);
         let stages = self.layers.len();
         for (i, ((res, down), ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
-            crate::core::error::check_cancel(cancel)?;
+            crate::error::check_cancel(cancel)?;
             ls.0.resize_with(res.len(), Default::default);
             for (r, rs) in res.iter().zip(ls.0.iter_mut()) {
                 x = r.apply(rs, &x, self.alpha, last);
@@ -321,7 +321,7 @@ impl Decoder {
         st.layers.resize_with(self.layers.len(), Default::default);
         let mut y: Option<Frames> = None; // the latest layer's output (`x` before any)
         for (i, ((up, res), ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
-            crate::core::error::check_cancel(cancel)?;
+            crate::error::check_cancel(cancel)?;
             if i > 0 {
                 y = Some(up.step(&mut ls.0, y.as_ref().unwrap_or(x), a));
             }

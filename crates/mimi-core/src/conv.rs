@@ -15,21 +15,21 @@
 //!   convolution over the last `ceil(k/s)` input frames, written straight into the strided
 //!   output (no col2im, no overlap-add);
 //! * the ELU is computed once per element with a vectorisable exponential;
-//! * few frames (a streaming step) use the matrix-vector kernel of [`crate::core::kernels`].
+//! * few frames (a streaming step) use the matrix-vector kernel of [`crate::kernels`].
 //!
 //! Streaming and offline share the code: a layer's state is the tail of its (activated) input
 //! that the next frames still need. The offline path pads like candle's `forward` (causal left
 //! padding plus the extra right padding that completes the last stride); the streaming path
 //! keeps the tail instead, so its outputs are those of the offline path for every complete
-//! frame. Rust tests below compare both against candle's modules. [`crate::core::seanet`]
+//! frame. Rust tests below compare both against candle's modules. [`crate::seanet`]
 //! assembles these into the encoder and decoder.
 
 use candle::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
-use crate::core::config::PadMode;
-use crate::core::direct;
+use crate::config::PadMode;
+use crate::direct;
 
 /// A raw pointer shared by tiles that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -280,7 +280,7 @@ impl<'a> Padded<'a> {
 /// `e^x - 1` for `x <= 0`, vectorisable.
 #[inline(always)]
 fn expm1_nonpos(x: f32) -> f32 {
-    crate::core::kernels::exp_nonpos(x) - 1.0
+    crate::kernels::exp_nonpos(x) - 1.0
 }
 
 #[inline(always)]
@@ -794,7 +794,7 @@ impl Conv1d {
         let (b1, b2) = (self.b.as_deref(), second.b.as_deref());
         // The direct kernel where the CPU has AVX-512 and it measured faster (see
         // direct::MAX_DIRECT_K): Mimi's residual blocks up to 256 channels.
-        if kk <= direct::MAX_DIRECT_K && crate::core::direct::available() {
+        if kk <= direct::MAX_DIRECT_K && crate::direct::available() {
             let first = direct::Direct {
                 w: &self.w,
                 cout: hidden,
@@ -985,13 +985,13 @@ impl Conv1d {
     /// The convolution of padded, activated frames, plus `residual`.
     fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
         let n = self.frames(x.len());
-        if self.phases > 0 && n > crate::core::kernels::GEMV_MAX_ROWS {
+        if self.phases > 0 && n > crate::kernels::GEMV_MAX_ROWS {
             return self.run_phased(x, n, residual);
         }
         if self.stride == 1
             && x.left == 0
             && x.right == 0
-            && n > crate::core::kernels::GEMV_MAX_ROWS
+            && n > crate::kernels::GEMV_MAX_ROWS
             && self.cin * self.k <= direct::MAX_DIRECT_K
             && direct::available()
         {
@@ -1008,7 +1008,7 @@ impl Conv1d {
         }
         let bias = self.b.as_deref();
         let mut out = Frames::uninit(cout, n);
-        if n <= crate::core::kernels::GEMV_MAX_ROWS {
+        if n <= crate::kernels::GEMV_MAX_ROWS {
             // A streaming step: bound by reading the weights once; matrix-vector kernel.
             let mut cols = vec![0f32; n * kk];
             if self.phases > 0 {
@@ -1044,7 +1044,7 @@ impl Conv1d {
                     }
                 }
             }
-            let y = crate::core::kernels::gemv(&cols, &self.w, n, kk, cout);
+            let y = crate::kernels::gemv(&cols, &self.w, n, kk, cout);
             for co in 0..cout {
                 let b = bias.map_or(0.0, |b| b[co]);
                 for t in 0..n {
@@ -1230,7 +1230,7 @@ impl ConvTr1d {
         }
         let tk = taps * cin;
         let bias = self.b.as_deref();
-        if n <= crate::core::kernels::GEMV_MAX_ROWS {
+        if n <= crate::kernels::GEMV_MAX_ROWS {
             let mut cols = vec![0f32; n * tk];
             for t in 0..n {
                 for m in 0..taps {
@@ -1240,7 +1240,7 @@ impl ConvTr1d {
                 }
             }
             // Rows (co, j): y (n, cout * stride).
-            let y = crate::core::kernels::gemv(&cols, &self.w, n, tk, s * cout);
+            let y = crate::kernels::gemv(&cols, &self.w, n, tk, s * cout);
             for co in 0..cout {
                 let b = bias.map_or(0.0, |b| b[co]);
                 for t in 0..n {

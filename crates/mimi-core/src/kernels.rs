@@ -556,8 +556,7 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// same results, fewer busy cycles on a machine shared with other work, more context switches
 /// (like OpenMP's `OMP_WAIT_POLICY=passive`).
 pub fn spin() -> bool {
-    static SPIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| std::env::var_os("MIMI_PY_SPIN").is_none_or(|v| v != "0"))
+    crate::runtime::settings::get().spin
 }
 
 /// Sets its flag when dropped.
@@ -1070,7 +1069,7 @@ mod tests {
         let dev = Device::Cpu;
         let input = |seed, shape: (usize, usize, usize, usize)| {
             let (a, b, c, d) = shape;
-            let data = crate::core::testutil::test_input(a * b, c, d, seed);
+            let data = crate::testutil::test_input(a * b, c, d, seed);
             Tensor::from_vec(data, shape, &dev).unwrap()
         };
         // (pos, t, context, key positions): a fresh pass; a ring of 5 old keys (slot order)
@@ -1167,7 +1166,7 @@ mod tests {
     /// same bits whether it came alone or with others, in whichever tile of weight rows.
     #[test]
     fn gemv_rows_do_not_depend_on_their_neighbours() {
-        use crate::core::testutil::test_input;
+        use crate::testutil::test_input;
         for (n, k) in [(1, 7), (13, 37), (67, 515), (130, 64)] {
             let w = test_input(1, n, k, 5);
             let x = test_input(1, 8, k, 6);
@@ -1210,17 +1209,16 @@ mod tests {
             (250, 512, 1536),
             (9, 16, 16),
         ] {
-            let x = Tensor::from_vec(crate::core::testutil::test_input(1, m, k, 1), (m, k), &dev)
-                .unwrap();
-            let w = Tensor::from_vec(crate::core::testutil::test_input(1, n, k, 2), (n, k), &dev)
-                .unwrap();
-            let b =
-                Tensor::from_vec(crate::core::testutil::test_input(1, 1, n, 3), n, &dev).unwrap();
+            let x =
+                Tensor::from_vec(crate::testutil::test_input(1, m, k, 1), (m, k), &dev).unwrap();
+            let w =
+                Tensor::from_vec(crate::testutil::test_input(1, n, k, 2), (n, k), &dev).unwrap();
+            let b = Tensor::from_vec(crate::testutil::test_input(1, 1, n, 3), n, &dev).unwrap();
             let reference = candle_nn::Linear::new(w.clone(), Some(b.clone()));
             let ours = Linear::new(w, Some(b)).unwrap();
             for shape in [vec![m, k], vec![1, m, k]] {
                 let xs = x.reshape(shape.as_slice()).unwrap();
-                let d = crate::core::testutil::max_abs_diff(
+                let d = crate::testutil::max_abs_diff(
                     &ours.forward(&xs).unwrap(),
                     &reference.forward(&xs).unwrap(),
                 );

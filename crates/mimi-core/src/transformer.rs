@@ -14,8 +14,8 @@
 //!
 //! The model itself (weights) is immutable and shared between clones.
 
-use crate::core::config::{Norm as NormKind, PositionalEmbedding, TransformerConfig};
-use crate::core::kernels::{residual_add, Linear, WindowAttention};
+use crate::config::{Norm as NormKind, PositionalEmbedding, TransformerConfig};
+use crate::kernels::{residual_add, Linear, WindowAttention};
 use candle::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::transformer::{Mlp, Norm};
@@ -104,7 +104,7 @@ impl FeedForward {
 impl Module for FeedForward {
     fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Plain { fc1, fc2 } => crate::core::kernels::gelu_erf(&xs.apply(fc1)?)?.apply(fc2),
+            Self::Plain { fc1, fc2 } => crate::kernels::gelu_erf(&xs.apply(fc1)?)?.apply(fc2),
             Self::Gated {
                 lin_in,
                 lin_out,
@@ -287,10 +287,10 @@ impl Transformer {
     /// refusing any problem, and builds it.
     pub fn load(
         cfg: &TransformerConfig,
-        src: &crate::core::weights::TensorSource,
-        spec: &crate::core::weights::LoadSpec,
-    ) -> crate::core::error::Result<Self> {
-        let w = crate::core::weights::load_transformer_only(cfg, src, spec)?;
+        src: &crate::weights::TensorSource,
+        spec: &crate::weights::LoadSpec,
+    ) -> crate::error::Result<Self> {
+        let w = crate::weights::load_transformer_only(cfg, src, spec)?;
         Ok(Self::new(cfg, w, spec.device, spec.dtype)?)
     }
 
@@ -357,13 +357,13 @@ impl Transformer {
     /// Runs `xs` (batch, time, d_model) through the transformer, continuing `state`.
     /// The caller has checked the shape and that the batch matches the state's.
     pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
-        crate::core::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
+        crate::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
     }
 
     /// Runs `xs` (rows.len(), time, d_model) for the batch rows `rows` only (sorted, distinct,
     /// below the batch size), each continuing its own stream; the other rows are untouched.
     pub fn forward_rows(&self, state: &mut State, xs: &Tensor, rows: &[usize]) -> Result<Tensor> {
-        crate::core::kernels::in_pool(|| {
+        crate::kernels::in_pool(|| {
             let (b, t, _) = xs.dims3()?;
             if t == 0 || b == 0 {
                 return Ok(xs.clone());
@@ -431,7 +431,7 @@ impl Transformer {
         let mut outs = Vec::with_capacity(t.div_ceil(block));
         let mut start = 0;
         while start < t {
-            crate::core::error::check_cancel(cancel)?;
+            crate::error::check_cancel(cancel)?;
             let len = block.min(t - start);
             let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
             let x = xs.narrow(1, start, len)?.contiguous()?;
@@ -458,7 +458,7 @@ impl Transformer {
         let mut outs = Vec::with_capacity(t.div_ceil(block));
         let mut start = 0;
         while start < t {
-            crate::core::error::check_cancel(cancel)?;
+            crate::error::check_cancel(cancel)?;
             let len = block.min(t - start);
             let p = pos + start as u64;
             outs.push(self.forward_block(p, caches, &xs.narrow(1, start, len)?)?);
@@ -774,9 +774,9 @@ impl Transformer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config::{Field, Value};
-    use crate::core::testutil::{max_abs_diff, test_input};
-    use crate::core::weights::{self, QkLayout, TensorSource};
+    use crate::config::{Field, Value};
+    use crate::testutil::{max_abs_diff, test_input};
+    use crate::weights::{self, QkLayout, TensorSource};
     use candle::StreamingModule;
 
     fn small_cfg(pe: &str, norm: &str, gating: Option<&str>, context: usize) -> TransformerConfig {

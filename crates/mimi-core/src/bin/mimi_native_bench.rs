@@ -12,7 +12,9 @@
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use candle::{DType, Device, StreamingModule, Tensor};
-use mimi_py::bench::{LoadSpec, QkLayout, State, TensorSource, Transformer, TransformerConfig};
+use mimi_core::config::TransformerConfig;
+use mimi_core::transformer::{State, Transformer};
+use mimi_core::weights::{LoadSpec, QkLayout, TensorSource};
 use std::collections::HashMap;
 use std::time::Instant;
 

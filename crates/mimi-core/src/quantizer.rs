@@ -10,9 +10,9 @@
 //! same steps on slices instead: the products with the matrix-vector kernel (each codebook
 //! read once for all rows), then argmin and the residual update in one pass.
 
-use crate::core::config::CodecConfig;
-use crate::core::error::{Error, Result};
-use crate::core::kernels::{gemv, GEMV_MAX_ROWS};
+use crate::config::CodecConfig;
+use crate::error::{Error, Result};
+use crate::kernels::{gemv, GEMV_MAX_ROWS};
 use candle::{DType, Module, Tensor, D};
 use candle_nn::{Conv1d, VarBuilder};
 
@@ -214,8 +214,8 @@ impl Quantizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::testutil::test_input;
-    use crate::core::weights::TensorSource;
+    use crate::testutil::test_input;
+    use crate::weights::TensorSource;
     use candle::Device;
     use candle_transformers::models::mimi::quantization::SplitResidualVectorQuantizer as Split;
     use std::sync::Arc;
@@ -261,7 +261,7 @@ mod tests {
                 );
                 let back = ours.decode(&got).unwrap();
                 let back_ref = reference.decode(&want).unwrap();
-                assert_eq!(crate::core::testutil::max_abs_diff(&back, &back_ref), 0.0);
+                assert_eq!(crate::testutil::max_abs_diff(&back, &back_ref), 0.0);
             }
         }
     }

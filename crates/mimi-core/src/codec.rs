@@ -2,7 +2,7 @@
 //!
 //! Reused from candle-transformers' `mimi`: on GPUs, the SEANet encoder/decoder and the learnt
 //! down/upsampling convolutions. On the CPU those convolutional parts run on this crate's
-//! native engine ([`crate::core::seanet`], the same functions, several times faster). Owned
+//! native engine ([`crate::seanet`], the same functions, several times faster). Owned
 //! here: the two transformers (this crate's [`Transformer`], exact window, unbounded streams),
 //! the quantizer ([`Quantizer`]), the wiring, the checkpoint readers for both real layouts, and
 //! the streaming state.
@@ -10,13 +10,13 @@
 //! Offline calls use fresh, private state and never touch the streaming state; streaming
 //! calls go through [`EncodeStream`] / [`DecodeStream`].
 
-use crate::core::config::{CodecConfig, PadMode};
-use crate::core::conv::{self, Conv1d, ConvSpec, ConvTr1d, Frames};
-use crate::core::error::{Cancel, Error, Result};
-use crate::core::quantizer::Quantizer;
-use crate::core::seanet;
-use crate::core::transformer::{State, Transformer};
-use crate::core::weights::{self, QkLayout, TensorSource};
+use crate::config::{CodecConfig, PadMode};
+use crate::conv::{self, Conv1d, ConvSpec, ConvTr1d, Frames};
+use crate::error::{Cancel, Error, Result};
+use crate::quantizer::Quantizer;
+use crate::seanet;
+use crate::transformer::{State, Transformer};
+use crate::weights::{self, QkLayout, TensorSource};
 use candle::{DType, Device, Module, StreamTensor, StreamingModule, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::conv::{ConvDownsample1d, ConvTrUpsample1d};
@@ -236,7 +236,7 @@ pub fn available_codebooks(tensors: &HashMap<String, Tensor>) -> usize {
 /// Which implementation computes the convolutional parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// This crate's CPU engine ([`crate::core::seanet`]); CPU and f32 only.
+    /// This crate's CPU engine ([`crate::seanet`]); CPU and f32 only.
     Native,
     /// candle's modules (any device).
     Candle,
@@ -550,7 +550,7 @@ fn per_row<I>(
 /// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
 /// the pool's threads.
 fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    crate::core::kernels::in_pool(|| {
+    crate::kernels::in_pool(|| {
         let r = f();
         rayon::broadcast(|_| conv::release_buffers());
         r
@@ -804,9 +804,9 @@ impl Codec {
                 ..
             } => {
                 let x = encoder.forward(pcm)?;
-                crate::core::error::check_cancel(cancel)?;
+                crate::error::check_cancel(cancel)?;
                 let x = run_transformer_c(&self.enc_tr, &mut State::default(), &x, cancel)?;
-                crate::core::error::check_cancel(cancel)?;
+                crate::error::check_cancel(cancel)?;
                 Ok(downsample.forward(&x)?)
             }
         }
@@ -839,7 +839,7 @@ impl Codec {
                 let x = per_item(&x, |xi| Ok(upsample.forward(xi)?))?;
                 let x = run_transformer_c(&self.dec_tr, &mut State::default(), &x, cancel)?;
                 per_item(&x, |xi| {
-                    crate::core::error::check_cancel(cancel)?;
+                    crate::error::check_cancel(cancel)?;
                     Ok(decoder.forward(xi)?)
                 })
             }
@@ -872,7 +872,7 @@ impl Codec {
         let mut parts = Vec::new();
         let mut b0 = 0;
         while b0 < len {
-            crate::core::error::check_cancel(cancel)?;
+            crate::error::check_cancel(cancel)?;
             let b1 = (b0 + o.block.max(1) * hop).min(len);
             let last = b1 == len;
             // The SEANet's high-rate layers stream over chunks (which bounds memory); its
@@ -938,7 +938,7 @@ impl Codec {
         let mut audio: Vec<Vec<Frames>> = (0..b).map(|_| Vec::new()).collect();
         let block = o.block.div_ceil(per_frame).max(1);
         for t0 in (0..len).step_by(block) {
-            crate::core::error::check_cancel(cancel)?;
+            crate::error::check_cancel(cancel)?;
             let n = block.min(len - t0);
             let Some(u) = per_row(items, &all, &x.narrow(2, t0, n)?, &self.device, up)? else {
                 continue;
@@ -1026,7 +1026,7 @@ impl Codec {
             }
             None => None,
         };
-        let out = crate::core::kernels::in_pool(|| -> Result<Option<Tensor>> {
+        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
             match self.latents_step_rows(s, pcm, false, rows)? {
                 Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
                 None => Ok(None),
@@ -1060,7 +1060,7 @@ impl Codec {
             ));
         }
         let n = pcm.dim(2)?;
-        let out = crate::core::kernels::in_pool(|| -> Result<Option<Tensor>> {
+        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
             match self.latents_step(s, pcm, true)? {
                 Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
                 None => Ok(None),
@@ -1185,7 +1185,7 @@ impl Codec {
             None => None,
         };
         let t = codes.dim(2)?;
-        let out = crate::core::kernels::in_pool(|| {
+        let out = crate::kernels::in_pool(|| {
             let x = self.decode_latent(codes)?.to_dtype(self.dtype)?;
             self.latents_decode_step_rows(s, &x, rows)
         })?;
@@ -1314,7 +1314,7 @@ mod tests {
 mod conv_transpose_tests {
     use super::*;
 
-    use crate::core::testutil::max_abs_diff as max_diff;
+    use crate::testutil::max_abs_diff as max_diff;
 
     /// candle 0.11.1's CPU conv_transpose1d is wrong for batch items after the first; the
     /// codec works around it (`per_item`, per-item decode streams). If this test starts
@@ -1324,12 +1324,7 @@ mod conv_transpose_tests {
         let dev = Device::Cpu;
         let vb = Arc::new(TensorSource::seeded(1, None)).var_builder(DType::F32, &dev);
         let up = ConvTrUpsample1d::new(2, 8, true, true, vb.pp("upsample")).unwrap();
-        let x = Tensor::from_vec(
-            crate::core::testutil::test_input(2, 5, 8, 3),
-            (2, 8, 5),
-            &dev,
-        )
-        .unwrap();
+        let x = Tensor::from_vec(crate::testutil::test_input(2, 5, 8, 3), (2, 8, 5), &dev).unwrap();
         let single = up.forward(&x.narrow(0, 1, 1).unwrap()).unwrap();
         let batched = up.forward(&x).unwrap().narrow(0, 1, 1).unwrap();
         assert!(
@@ -1347,7 +1342,7 @@ mod conv_transpose_tests {
 #[cfg(test)]
 mod engine_tests {
     use super::*;
-    use crate::core::testutil::test_input;
+    use crate::testutil::test_input;
 
     fn small(replicate: bool) -> CodecConfig {
         let mut c = CodecConfig::mimi(4);
@@ -1383,7 +1378,7 @@ mod engine_tests {
 
     fn diff(a: &Tensor, b: &Tensor) -> f32 {
         assert_eq!(a.dims(), b.dims());
-        crate::core::testutil::max_abs_diff(a, b)
+        crate::testutil::max_abs_diff(a, b)
     }
 
     /// The native engine computes candle's functions: latents, codes and audio, offline and

@@ -1,0 +1,82 @@
+//! # mimi-core
+//!
+//! Kyutai's Mimi codec (24 kHz audio ⇄ 12.5 Hz tokens) and its streaming transformer in Rust,
+//! on Hugging Face candle. This crate is the whole computation; the Python package `mimi_py`
+//! is a thin binding over it (its `src/` crate), and nothing here depends on Python.
+//!
+//! What it adds to candle's `mimi`: an exact sliding-window attention whose streaming state
+//! is owned per stream and per row (copies are independent, resets are complete, results do
+//! not depend on how the input is chunked), a native CPU engine for the convolutions, both
+//! real checkpoint layouts, typed errors ([`Error`]) and up-front checks.
+//!
+//! ```
+//! use mimi_core::candle::{DType, Device, Tensor};
+//! use mimi_core::{Codec, CodecConfig, TensorSource};
+//!
+//! # fn main() -> mimi_core::Result<()> {
+//! // A small seeded codec (no download); `TensorSource::file(path)` reads a checkpoint.
+//! let mut cfg = CodecConfig::mimi(4);
+//! cfg.seanet.n_filters = 8;
+//! cfg.seanet.dimension = 64;
+//! cfg.transformer.d_model = 64;
+//! cfg.transformer.num_heads = 4;
+//! cfg.transformer.num_layers = 2;
+//! cfg.transformer.dim_feedforward = 128;
+//! let codec = Codec::new(&cfg, TensorSource::seeded(0, None), &Device::Cpu, DType::F32)?;
+//!
+//! // Offline: (batch, channels, samples) -> codes (batch, codebooks, frames).
+//! let pcm = (Tensor::arange(0f32, 4.0 * 1920.0, &Device::Cpu)? * 0.01)?.sin()?.reshape((1, 1, 4 * 1920))?;
+//! let codes = codec.encode(&pcm, None)?;
+//! assert_eq!(codes.dims(), &[1, 4, 4]);
+//!
+//! // Streaming: any chunking gives the offline codes of every whole frame.
+//! let mut stream = codec.encode_stream();
+//! let first = codec.encode_step(&mut stream, &pcm.narrow(2, 0, 3000)?)?;
+//! let rest = codec.encode_step(&mut stream, &pcm.narrow(2, 3000, 4 * 1920 - 3000)?)?;
+//! let frames = first.map_or(0, |c| c.dim(2).unwrap()) + rest.map_or(0, |c| c.dim(2).unwrap());
+//! assert_eq!(frames, 4);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Modules, each importing only those above it: [`error`] → [`config`], [`runtime`] →
+//! [`kernels`] → [`weights`] → [`conv`] → [`seanet`], [`quantizer`], [`transformer`] →
+//! [`codec`]. ARCHITECTURE.md in the repository is the map.
+
+pub mod codec;
+pub mod config;
+pub mod conv;
+pub mod direct;
+pub mod error;
+pub mod kernels;
+pub mod quantizer;
+pub mod runtime;
+pub mod seanet;
+pub mod transformer;
+pub mod weights;
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+/// The candle this crate computes with (re-exported, so a user's tensors are the same type).
+pub use candle;
+pub use codec::{Codec, DecodeStream, EncodeStream};
+pub use config::{CodecConfig, TransformerConfig};
+pub use error::{Error, Result};
+pub use weights::TensorSource;
+
+/// The version of candle this crate is built on (checked against Cargo.lock by a test).
+pub const CANDLE_VERSION: &str = "0.11.1";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn candle_version_is_the_locked_one() {
+        let lock = include_str!("../../../Cargo.lock");
+        let pos = lock
+            .find("name = \"candle-core\"")
+            .expect("candle-core in Cargo.lock");
+        let version = lock[pos..].lines().nth(1).expect("a version line");
+        assert_eq!(version, format!("version = \"{}\"", super::CANDLE_VERSION));
+    }
+}

@@ -1,0 +1,137 @@
+//! The process-wide switches, declared once: every environment variable mimi_py reads is in
+//! [`TABLE`], and this is the only module that reads one (`mimi_py.settings()` in Python shows
+//! the effective values; the README's settings table is checked against [`TABLE`]).
+//!
+//! Each value is read once, on first use, so a switch must be set before the first call that
+//! needs it (in practice: before the process starts, or before `import mimi_py`).
+
+use std::sync::OnceLock;
+
+/// One environment switch: its name, its default, and what it does.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// The environment variable.
+    pub name: &'static str,
+    /// The value in effect when the variable is unset, as written in the README.
+    pub default: &'static str,
+    /// What it changes.
+    pub doc: &'static str,
+}
+
+/// Every switch, in the order the README lists them.
+pub const TABLE: &[Setting] = &[
+    Setting {
+        name: "RAYON_NUM_THREADS",
+        default: "the available cores",
+        doc: "threads of the compute pool (read once, by rayon, when the pool starts)",
+    },
+    Setting {
+        name: "MIMI_PY_SPIN",
+        default: "1",
+        doc: "1: the pool's other workers spin for the length of a call (fewer context \
+              switches); 0: they park between parallel loops (same results)",
+    },
+    Setting {
+        name: "MIMI_PY_DIRECT_CONV",
+        default: "1",
+        doc: "1: stride-1 convolutions use the AVX-512 direct kernel where the CPU has it; \
+              0: always gemm (same codes within float rounding; for comparing the two)",
+    },
+    Setting {
+        name: "MIMI_PY_HEAP_KEEP_MB",
+        default: "256",
+        doc: "working memory an offline call may leave to the next one (MB); a call that grew \
+              the process by more gives its free memory back to the OS; 0: always give back",
+    },
+    Setting {
+        name: "MIMI_PY_NO_CUDA_PRELOAD",
+        default: "0",
+        doc: "1: a CUDA build does not preload pip's nvidia-* libraries at import \
+              (read by mimi_py/_cuda.py, before the extension loads)",
+    },
+];
+
+/// The effective values of the switches the core reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Threads of the compute pool.
+    pub threads: usize,
+    /// `MIMI_PY_SPIN`.
+    pub spin: bool,
+    /// `MIMI_PY_DIRECT_CONV`.
+    pub direct_conv: bool,
+    /// `MIMI_PY_HEAP_KEEP_MB`.
+    pub heap_keep_mb: u64,
+    /// `MIMI_PY_NO_CUDA_PRELOAD`.
+    pub no_cuda_preload: bool,
+}
+
+/// A switch that is on unless set to `0` (`off_by_default`: off unless set to non-`0`).
+fn flag(name: &str, on_by_default: bool) -> bool {
+    match std::env::var_os(name) {
+        None => on_by_default,
+        Some(v) if v.is_empty() => on_by_default,
+        Some(v) => v != "0",
+    }
+}
+
+fn number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(default)
+}
+
+impl Settings {
+    /// Reads the environment now (tests and [`get`]).
+    pub fn from_env() -> Self {
+        Settings {
+            threads: rayon::current_num_threads(),
+            spin: flag("MIMI_PY_SPIN", true),
+            direct_conv: flag("MIMI_PY_DIRECT_CONV", true),
+            heap_keep_mb: number("MIMI_PY_HEAP_KEEP_MB", 256),
+            no_cuda_preload: flag("MIMI_PY_NO_CUDA_PRELOAD", false),
+        }
+    }
+
+    /// `(name, effective value)` for every row of [`TABLE`], in its order.
+    pub fn entries(&self) -> Vec<(&'static str, String)> {
+        TABLE
+            .iter()
+            .map(|s| {
+                let v = match s.name {
+                    "RAYON_NUM_THREADS" => self.threads.to_string(),
+                    "MIMI_PY_SPIN" => u8::from(self.spin).to_string(),
+                    "MIMI_PY_DIRECT_CONV" => u8::from(self.direct_conv).to_string(),
+                    "MIMI_PY_HEAP_KEEP_MB" => self.heap_keep_mb.to_string(),
+                    _ => u8::from(self.no_cuda_preload).to_string(),
+                };
+                (s.name, v)
+            })
+            .collect()
+    }
+}
+
+/// The settings of this process, read once.
+pub fn get() -> &'static Settings {
+    static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    SETTINGS.get_or_init(Settings::from_env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_has_a_value_and_the_defaults_hold() {
+        let s = Settings::from_env();
+        let entries = s.entries();
+        assert_eq!(entries.len(), TABLE.len());
+        for (row, (name, _)) in TABLE.iter().zip(&entries) {
+            assert_eq!(row.name, *name);
+        }
+        assert!(flag("MIMI_PY_TEST_UNSET_SWITCH", true));
+        assert!(!flag("MIMI_PY_TEST_UNSET_SWITCH", false));
+        assert_eq!(number("MIMI_PY_TEST_UNSET_SWITCH", 256), 256);
+    }
+}
