@@ -30,6 +30,26 @@ mod _core {
         Ok(m.add("candle_version", mimi_core::CANDLE_VERSION)?)
     }
 
+    /// The effective value of every environment switch (the README's settings table), as
+    /// strings: `{"MIMI_PY_SPIN": "1", "RAYON_NUM_THREADS": "2", ...}`. Each is read once, on
+    /// first use, so set them before the process starts.
+    #[pyfunction]
+    fn settings() -> std::collections::BTreeMap<&'static str, String> {
+        mimi_core::runtime::settings::get()
+            .entries()
+            .into_iter()
+            .collect()
+    }
+
+    /// The settings table: `(name, default, what it does)` for every switch.
+    #[pyfunction]
+    fn _settings_table() -> Vec<(&'static str, &'static str, &'static str)> {
+        mimi_core::runtime::settings::TABLE
+            .iter()
+            .map(|s| (s.name, s.default, s.doc))
+            .collect()
+    }
+
     /// Test hook: panics inside the guarded boundary, to show that a Rust panic arrives as
     /// `InternalError` (a `MimiError`), never as `PanicException`.
     #[pyfunction]

@@ -15,6 +15,7 @@ from ._core import (
     __version__,
     candle_version,
     features,
+    settings,
 )
 from .errors import (
     ComputeError,
@@ -53,4 +54,5 @@ __all__ = [
     "__version__",
     "candle_version",
     "features",
+    "settings",
 ]

@@ -19,8 +19,10 @@ __all__ = [
     "_error_class_names",
     "_panic_for_tests",
     "_poison_for_tests",
+    "_settings_table",
     "candle_version",
     "features",
+    "settings",
 ]
 __version__: str
 candle_version: str
@@ -308,6 +310,15 @@ def _panic_for_tests() -> None:
 
 def _poison_for_tests(obj: StreamingTransformer | MimiCodec) -> None:
     """Test hook: a panic while holding obj's stream lock (the next call resets it)."""
+
+def settings() -> dict[str, str]:
+    """The effective value of every environment switch (the README's settings table).
+
+    Each switch is read once, on first use: set it before the process starts.
+    """
+
+def _settings_table() -> list[tuple[str, str, str]]:
+    """The settings table: (name, default, what it does) for every switch."""
 
 def _error_class_names() -> list[str]:
     """Test hook: the exception class names the Rust error mapping uses."""

@@ -1,23 +1,24 @@
 //! `MimiCodec`: the Python class around [`Codec`].
 
-use crate::py::config::{self as pyconfig, value_of, PyCodecConfig};
+use crate::py::config::{self as pyconfig, PyCodecConfig};
 use crate::py::convert::{self, HostArray};
 use crate::py::errors::PyResult;
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
 use crate::py::rows;
 use crate::py::weights::WeightsArg;
 use candle::{DType, Tensor};
-use mimi_core::codec::{self, CheckpointLayout, Codec, DecodeStream, EncodeStream};
+use mimi_core::codec::{
+    Checkpoint, CheckpointDir, CheckpointLayout, Codec, DecodeStream, EncodeStream, Rows,
+};
 use mimi_core::config::CodecConfig;
 use mimi_core::error::{Error, Result};
-use mimi_core::runtime::{device, memory};
-use mimi_core::weights::{self, TensorSource};
+use mimi_core::runtime::device;
+use mimi_core::weights::TensorSource;
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The Mimi audio codec: 24 kHz audio <-> discrete codes at 12.5 Hz, offline and streaming.
@@ -43,69 +44,6 @@ impl<T> Reset for Option<T> {
     }
 }
 
-/// A checkpoint directory (`config.json` + `model.safetensors`, as on the Hugging Face hub):
-/// its file, and its config unless one was given.
-fn read_dir(
-    py: Python<'_>,
-    dir: &Path,
-    cfg: Option<CodecConfig>,
-    num_codebooks: Option<usize>,
-) -> PyResult<(PathBuf, Option<CodecConfig>)> {
-    let json = dir.join("config.json");
-    let cfg = match cfg {
-        Some(c) => Some(c),
-        None if json.is_file() => Some(read_hf_config(py, &json, num_codebooks)?),
-        None => None,
-    };
-    let file = dir.join("model.safetensors");
-    if !file.is_file() {
-        return Err(Error::Weights(format!(
-            "directory {} has no model.safetensors",
-            dir.display()
-        ))
-        .into());
-    }
-    Ok((file, cfg))
-}
-
-fn read_hf_config(
-    py: Python<'_>,
-    json: &Path,
-    num_codebooks: Option<usize>,
-) -> PyResult<CodecConfig> {
-    let text = std::fs::read_to_string(json).map_err(|e| Error::WeightsIo {
-        msg: format!("cannot read {}", json.display()),
-        source: e,
-    })?;
-    let parsed = py
-        .import("json")?
-        .call_method1("loads", (text,))
-        .map_err(|e| {
-            Error::Weights(format!(
-                "{} is not valid JSON: {}",
-                json.display(),
-                e.value(py)
-            ))
-        })?;
-    if !parsed.is_instance_of::<pyo3::types::PyDict>() {
-        return Err(Error::Weights(format!("{} is not a JSON object", json.display())).into());
-    }
-    Ok(CodecConfig::from_hf(&value_of(&parsed), num_codebooks)?)
-}
-
-/// Refuses configs whose weights cannot fit in memory.
-fn check_weights_memory(cfg: &CodecConfig) -> Result<()> {
-    let tr_params = weights::transformer_params(&cfg.transformer);
-    let codebooks = (cfg.quantizer_n_q as u64)
-        .saturating_mul(cfg.quantizer_bins as u64)
-        .saturating_mul(cfg.quantizer_dim as u64 + 2);
-    memory::check_memory(
-        (2 * tr_params + codebooks).saturating_mul(12),
-        "this codec's weights",
-        "check the config's sizes (quantizer_bins, quantizer_dim, transformer)",
-    )
-}
-
 /// Builds the codec (detached): opens the device, reads the weights, loads the model.
 fn build(
     cfg: &CodecConfig,
@@ -114,20 +52,14 @@ fn build(
     dtype: DType,
 ) -> Result<(Codec, String, Option<CheckpointLayout>)> {
     let (dev, device_name) = device::parse_device(device_spec)?;
-    let checkpoint = |raw, origin| codec::checkpoint_source(raw, origin, cfg);
-    let (source, layout) = match arg {
-        WeightsArg::Seed(s) => (TensorSource::seeded(s, cfg.transformer.layer_scale), None),
-        WeightsArg::Path(p) => {
-            let (s, l) = checkpoint(
-                weights::read_all(&p)?,
-                format!("checkpoint {}", p.display()),
-            )?;
-            (s, Some(l))
-        }
-        WeightsArg::Mapping(m) => {
-            let (s, l) = checkpoint(m, "weights mapping".to_string())?;
-            (s, Some(l))
-        }
+    let checkpoint = match arg {
+        WeightsArg::Seed(s) => Err(TensorSource::seeded(s, cfg.transformer.layer_scale)),
+        WeightsArg::Path(p) => Ok(Checkpoint::read(&p, cfg)?),
+        WeightsArg::Mapping(m) => Ok(Checkpoint::from_tensors(m, "weights mapping".into(), cfg)?),
+    };
+    let (source, layout) = match checkpoint {
+        Ok(c) => (c.source, Some(c.layout)),
+        Err(seeded) => (seeded, None),
     };
     let codec = Codec::new(cfg, source, &dev, dtype)?;
     Ok((codec, device_name, layout))
@@ -192,85 +124,6 @@ fn tensor_f32(t: &Tensor) -> Result<(Vec<f32>, Vec<usize>)> {
 
 fn tensor_u32(t: &Tensor) -> Result<(Vec<u32>, Vec<usize>)> {
     Ok((t.flatten_all()?.to_vec1::<u32>()?, t.dims().to_vec()))
-}
-
-/// Refuses an input whose batch is not the stream's.
-fn check_stream_batch(stream: Option<usize>, b: usize, which: &str) -> Result<()> {
-    match stream {
-        Some(sb) if sb != b => Err(Error::Shape(format!(
-            "this {which} stream holds state for batch size {sb}, got batch size {b}; \
-             call reset_state() before streaming another batch size"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// One encoder step of the rows `rows` (all if `None`); inactive rows' codes are zeros.
-#[allow(clippy::type_complexity)]
-fn encode_rows(
-    codec: &Codec,
-    stream: &mut EncodeStream,
-    host: HostArray,
-    rows: Option<&[usize]>,
-) -> Result<Option<(Vec<u32>, Vec<usize>)>> {
-    let (b, c, n) = (host.shape[0], host.shape[1], host.shape[2]);
-    let Some(rows) = rows else {
-        if n == 0 {
-            return Ok(None);
-        }
-        let x = Tensor::from_vec(host.data, (b, c, n), codec.device())?.to_dtype(codec.dtype())?;
-        return codec
-            .encode_step(stream, &x)?
-            .map(|c| tensor_u32(&c))
-            .transpose();
-    };
-    let k = codec.config().quantizer_n_q;
-    let frames = n / codec.config().frame_size();
-    let x = convert::select_rows(&host.data, c * n, rows);
-    let x = Tensor::from_vec(x, (rows.len(), c, n), codec.device())?.to_dtype(codec.dtype())?;
-    let codes = match codec.encode_step_rows(stream, &x, Some((rows, b)))? {
-        Some(codes) => tensor_u32(&codes)?.0,
-        None => vec![0; rows.len() * k * frames],
-    };
-    if frames == 0 {
-        return Ok(None);
-    }
-    let out = convert::scatter_rows(&codes, k * frames, rows, b);
-    Ok(Some((out, vec![b, k, frames])))
-}
-
-/// One decoder step of the rows `rows` (all if `None`); inactive rows' audio is zeros.
-#[allow(clippy::type_complexity)]
-fn decode_rows(
-    codec: &Codec,
-    stream: &mut DecodeStream,
-    data: Vec<u32>,
-    shape: &[usize],
-    rows: Option<&[usize]>,
-) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
-    let (b, k, t) = (shape[0], shape[1], shape[2]);
-    if t == 0 {
-        stream.start(b);
-        return Ok(None);
-    }
-    let Some(rows) = rows else {
-        let c = Tensor::from_vec(data, shape, codec.device())?;
-        return codec
-            .decode_step(stream, &c)?
-            .map(|a| tensor_f32(&a))
-            .transpose();
-    };
-    let (ch, len) = (codec.config().channels, t * codec.config().frame_size());
-    let c = convert::select_rows(&data, k * t, rows);
-    let c = Tensor::from_vec(c, (rows.len(), k, t), codec.device())?;
-    let audio = match codec.decode_step_rows(stream, &c, Some((rows, b)))? {
-        Some(a) => tensor_f32(&a)?.0,
-        None => vec![0.0; rows.len() * ch * len],
-    };
-    Ok(Some((
-        convert::scatter_rows(&audio, ch * len, rows, b),
-        vec![b, ch, len],
-    )))
 }
 
 impl PyMimiCodec {
@@ -351,7 +204,7 @@ impl PyMimiCodec {
         &self,
         x: &Bound<'_, PyAny>,
         active: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(HostArray, Option<Vec<usize>>)> {
+    ) -> PyResult<(HostArray, Option<Rows>)> {
         let arr = convert::as_ndarray(x, "pcm")?;
         convert::check_float(&arr, "pcm")?;
         let shape = convert::shape_of(&arr);
@@ -373,16 +226,16 @@ impl PyMimiCodec {
             }
         };
         convert::check_size(&shape3, "pcm")?;
-        let needed = self.codec.offline_memory(shape3[0], shape3[2]);
-        memory::check_memory(
-            needed,
-            "this call",
+        self.codec.check_offline_memory(
+            shape3[0],
+            shape3[2],
             "encode long audio in chunks with encode_step (or the CLI, which streams)",
         )?;
         let rows = rows::active(active, shape3[0])?;
         let mut host = convert::read_f32(&arr, "pcm")?;
         host.shape = shape3;
-        convert::check_finite(&host, rows.as_deref(), "pcm")?;
+        let stepping = rows.as_ref().map(|r| r.indices());
+        convert::check_finite(&host, stepping.as_deref(), "pcm")?;
         Ok((host, rows))
     }
 
@@ -390,9 +243,9 @@ impl PyMimiCodec {
     fn check_decode_size(&self, shape: &[usize]) -> PyResult<()> {
         let samples = shape[2].saturating_mul(self.codec.config().frame_size());
         convert::check_size(&[shape[0], self.n_channels(), samples], "decoded audio")?;
-        memory::check_memory(
-            self.codec.offline_memory(shape[0], samples),
-            "this call",
+        self.codec.check_offline_memory(
+            shape[0],
+            samples,
             "decode long code sequences in shorter chunks (decode_step streams them)",
         )?;
         Ok(())
@@ -410,7 +263,7 @@ impl PyMimiCodec {
         &self,
         x: &Bound<'_, PyAny>,
         active: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(Vec<u32>, Vec<usize>, Option<Vec<usize>>)> {
+    ) -> PyResult<(Vec<u32>, Vec<usize>, Option<Rows>)> {
         let arr = convert::as_ndarray(x, "codes")?;
         check_codes_dtype(&arr)?;
         let shape = convert::shape_of(&arr);
@@ -425,7 +278,9 @@ impl PyMimiCodec {
             }
         }
         let rows = rows::active(active, shape[0])?;
-        let data = read_codes(&arr, self.codec.config().quantizer_bins, rows.as_deref())?;
+        let stepping = rows.as_ref().map(|r| r.indices());
+        let bins = self.codec.config().quantizer_bins;
+        let data = read_codes(&arr, bins, stepping.as_deref())?;
         Ok((data, shape, rows))
     }
 }
@@ -452,15 +307,15 @@ impl PyMimiCodec {
         let mut arg = crate::py::weights::read(weights, seed.unwrap_or(0), "", expected)?;
         if let WeightsArg::Path(dir) = &arg {
             if dir.is_dir() {
-                let (file, c) = read_dir(py, dir, cfg, num_codebooks)?;
-                (arg, cfg) = (WeightsArg::Path(file), c);
+                let found = CheckpointDir::open(dir, num_codebooks)?;
+                cfg = cfg.or(found.config);
+                arg = WeightsArg::Path(found.weights);
             }
         }
         let mut cfg = cfg.unwrap_or_default();
         if let Some(n) = num_codebooks {
             cfg.quantizer_n_q = n;
         }
-        check_weights_memory(&cfg)?;
         let device_spec = device.to_string();
         let (codec, device_name, layout) =
             guard::detached(py, move |_| build(&cfg, arg, &device_spec, dtype))?;
@@ -542,7 +397,7 @@ impl PyMimiCodec {
         let (data, shape) = interruptible(py, move |cancel| {
             let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
                 .to_dtype(codec.dtype())?;
-            tensor_f32(&codec.encode_pre_quantize(&x, Some(cancel))?)
+            tensor_f32(&codec.encode_latents(&x, Some(cancel))?)
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
@@ -557,7 +412,7 @@ impl PyMimiCodec {
         let codec = self.codec.clone();
         let (data, shape) = guard::detached(py, move |_| {
             let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-            tensor_f32(&codec.decode_latent(&c)?)
+            tensor_f32(&codec.decode_latents(&c)?)
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
@@ -618,19 +473,16 @@ impl PyMimiCodec {
         let out = guard::detached(py, move |d| {
             let mut g = enc.lock(d)?;
             let stream = g.get_or_insert_with(|| codec.encode_stream());
-            check_stream_batch(stream.batch(), host.shape[0], "encoder")?;
             if !last {
-                return encode_rows(&codec, stream, host, rows.as_deref());
+                return codec.encode_step_host(stream, host, rows);
             }
-            let shape = host.shape.clone();
-            let x = Tensor::from_vec(host.data, shape.as_slice(), codec.device())?;
-            let codes = codec.encode_last(stream, &x.to_dtype(codec.dtype())?)?;
+            let codes = codec.encode_last_host(stream, host)?;
             *g = None;
-            codes.map(|c| tensor_u32(&c)).transpose()
+            Ok(codes)
         })?;
         match out {
             None => Ok(None),
-            Some((d, s)) => Ok(Some(convert::to_numpy(py, d, &s)?)),
+            Some(a) => Ok(Some(convert::to_numpy(py, a.data, &a.shape)?)),
         }
     }
 
@@ -651,12 +503,11 @@ impl PyMimiCodec {
         let out = guard::detached(py, move |d| {
             let mut g = dec.lock(d)?;
             let stream = g.get_or_insert_with(|| codec.decode_stream());
-            check_stream_batch(stream.batch(), shape[0], "decoder")?;
-            decode_rows(&codec, stream, data, &shape, rows.as_deref())
+            codec.decode_step_host(stream, mimi_core::HostArray::new(data, shape), rows)
         })?;
         match out {
             None => Ok(None),
-            Some((d, s)) => Ok(Some(convert::to_numpy(py, d, &s)?)),
+            Some(a) => Ok(Some(convert::to_numpy(py, a.data, &a.shape)?)),
         }
     }
 

@@ -16,11 +16,7 @@ use numpy::{
 use pyo3::prelude::*;
 
 /// A float32 array read from Python, in C order.
-#[derive(Debug, Clone)]
-pub struct HostArray {
-    pub data: Vec<f32>,
-    pub shape: Vec<usize>,
-}
+pub type HostArray = mimi_core::HostArray<f32>;
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()

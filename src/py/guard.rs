@@ -94,10 +94,7 @@ pub fn interruptible<R: Send + 'static>(
     std::thread::Builder::new()
         .name("mimi_py-worker".into())
         .spawn(move || {
-            let before = mimi_core::runtime::memory::resident_bytes();
-            let r = catch_panic(|| f(&flag));
-            mimi_core::runtime::memory::trim_heap_after(before);
-            let _ = tx.send(r);
+            let _ = tx.send(catch_panic(|| f(&flag)));
         })
         .map_err(|e| Error::Internal(format!("cannot start a worker thread: {e}")))?;
     py.detach(move || loop {

@@ -26,8 +26,11 @@ fn read_ints(a: &Bound<'_, numpy::PyUntypedArray>) -> PyResult<Vec<i64>> {
     Ok(ro.as_array().iter().copied().collect())
 }
 
-/// `active=`: a boolean array of shape `(batch,)`; the sorted indices of the active rows.
-pub fn active(obj: Option<&Bound<'_, PyAny>>, batch: usize) -> PyResult<Option<Vec<usize>>> {
+/// `active=`: a boolean array of shape `(batch,)`: the rows that step.
+pub fn active(
+    obj: Option<&Bound<'_, PyAny>>,
+    batch: usize,
+) -> PyResult<Option<mimi_core::codec::Rows>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
@@ -48,8 +51,7 @@ pub fn active(obj: Option<&Bound<'_, PyAny>>, batch: usize) -> PyResult<Option<V
         ))
         .into());
     }
-    let mask = read_bools(&a)?;
-    Ok(Some((0..batch).filter(|&r| mask[r]).collect()))
+    Ok(Some(mimi_core::codec::Rows::from_mask(&read_bools(&a)?)))
 }
 
 /// `rows=`: `None`, a boolean mask, or a sequence of row indices.
@@ -80,31 +82,8 @@ pub fn rows(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Rows>> {
 /// The sorted, distinct rows a selection names in a batch of `batch` rows (`None`: the
 /// stream has not started, so any index is accepted and names nothing yet).
 pub fn resolve(rows: &Rows, batch: Option<usize>) -> Result<Vec<usize>> {
-    let out_of_range = |r: String| {
-        Error::Shape(format!(
-            "row {r} is out of range for a stream of batch size {}",
-            batch.map_or("?".into(), |b| b.to_string())
-        ))
-    };
-    let mut out: Vec<usize> = match rows {
-        Rows::Mask(m) => {
-            if let Some(b) = batch.filter(|&b| b != m.len()) {
-                return Err(Error::Shape(format!(
-                    "a boolean rows mask must have one entry per row ({b}), got {}",
-                    m.len()
-                )));
-            }
-            (0..m.len()).filter(|&r| m[r]).collect()
-        }
-        Rows::Indices(ix) => ix
-            .iter()
-            .map(|&r| match usize::try_from(r) {
-                Ok(r) if batch.is_none_or(|b| r < b) => Ok(r),
-                _ => Err(out_of_range(r.to_string())),
-            })
-            .collect::<Result<_>>()?,
-    };
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
+    match rows {
+        Rows::Mask(m) => mimi_core::codec::Rows::resolve_mask(m, batch),
+        Rows::Indices(ix) => mimi_core::codec::Rows::resolve_indices(ix, batch),
+    }
 }

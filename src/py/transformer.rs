@@ -101,7 +101,7 @@ impl PyStreamingTransformer {
         convert::check_float(&arr, "x")?;
         let shape = convert::shape_of(&arr);
         self.check_input(&shape)?;
-        let active = rows::active(active, shape[0])?;
+        let active = rows::active(active, shape[0])?.map(|r| r.indices().into_owned());
         memory::check_memory(
             call_memory(&self.config, &shape),
             "this call",

@@ -48,6 +48,7 @@ pub mod config;
 pub mod conv;
 pub mod direct;
 pub mod error;
+pub mod host;
 pub mod kernels;
 pub mod quantizer;
 pub mod runtime;
@@ -63,6 +64,7 @@ pub use candle;
 pub use codec::{Codec, DecodeStream, EncodeStream};
 pub use config::{CodecConfig, TransformerConfig};
 pub use error::{Error, Result};
+pub use host::HostArray;
 pub use weights::TensorSource;
 
 /// The version of candle this crate is built on (checked against Cargo.lock by a test).

@@ -166,7 +166,7 @@ impl Encoder {
 
     /// Streaming: the frames this chunk of audio completes; with `last`, the audio ends
     /// here (see [`Conv1d::step`]). Offline = one chunk with `last`, or any chunking of it.
-    /// The same as [`Self::tail`] of [`Self::head`].
+    /// The same as [`Self::frame_rate`] of [`Self::high_rate`].
     pub fn apply(
         &self,
         st: &mut EncoderState,
@@ -174,13 +174,13 @@ impl Encoder {
         last: bool,
         cancel: Cancel,
     ) -> Result<Frames> {
-        let h = self.head(st, x, last, cancel)?;
-        Ok(self.tail(st, &h, last))
+        let h = self.high_rate(st, x, last, cancel)?;
+        Ok(self.frame_rate(st, &h, last))
     }
 
     /// The layers at the higher rates: all but the last down-sampling and the last
-    /// convolution. Output: [`Self::head_channels`] at `ratios[0]` times the frame rate.
-    pub fn head(
+    /// convolution. Output: [`Self::high_rate_channels`] at `ratios[0]` times the frame rate.
+    pub fn high_rate(
         &self,
         st: &mut EncoderState,
         x: &Frames,
@@ -204,19 +204,19 @@ impl Encoder {
         Ok(x)
     }
 
-    /// The channels of [`Self::head`]'s output.
-    pub fn head_channels(&self) -> usize {
+    /// The channels of [`Self::high_rate`]'s output.
+    pub fn high_rate_channels(&self) -> usize {
         // residual blocks keep their stage's width: the last down-sampling's input
         self.layers
             .last()
             .map_or(self.init.cout, |(_, down)| down.cin)
     }
 
-    /// The last down-sampling and the last convolution, after [`Self::head`]. Few frames
+    /// The last down-sampling and the last convolution, after [`Self::high_rate`]. Few frames
     /// and large weights (Mimi: 40 MB, which `gemm` packs on every call), so an offline call
     /// runs them once per segment rather than per chunk: 1 thread, per second of audio, 9.2
     /// ms in 0.5 s chunks against 4.8 ms in 5 s (`mimi_kernel_bench`).
-    pub fn tail(&self, st: &mut EncoderState, x: &Frames, last: bool) -> Frames {
+    pub fn frame_rate(&self, st: &mut EncoderState, x: &Frames, last: bool) -> Frames {
         let a = Some(self.alpha);
         st.layers.resize_with(self.layers.len(), Default::default);
         let down = match (self.layers.last(), st.layers.last_mut()) {
@@ -291,17 +291,17 @@ impl Decoder {
     }
 
     /// Streaming: the audio these frames complete. The decoder pads nothing on the right,
-    /// so any chunking gives the offline output. The same as [`Self::rest`] of
-    /// [`Self::head`].
+    /// so any chunking gives the offline output. The same as [`Self::high_rate`] of
+    /// [`Self::frame_rate`].
     pub fn apply(&self, st: &mut DecoderState, x: &Frames, cancel: Cancel) -> Result<Frames> {
-        let h = self.head(st, x);
-        self.rest(st, &h, cancel)
+        let h = self.frame_rate(st, x);
+        self.high_rate(st, &h, cancel)
     }
 
     /// The first convolution and the first up-sampling: few frames and large weights (Mimi:
     /// 48 MB, which `gemm` packs on every call), so an offline call runs them once per
-    /// segment rather than per chunk. Output: [`Self::head_stride`] frames per input frame.
-    pub fn head(&self, st: &mut DecoderState, x: &Frames) -> Frames {
+    /// segment rather than per chunk. Output: [`Self::frame_rate_stride`] frames per input frame.
+    pub fn frame_rate(&self, st: &mut DecoderState, x: &Frames) -> Frames {
         st.layers.resize_with(self.layers.len(), Default::default);
         let x = self.init.step(&mut st.init, x, None, None, false);
         match (self.layers.first(), st.layers.first_mut()) {
@@ -310,13 +310,13 @@ impl Decoder {
         }
     }
 
-    /// Output frames of [`Self::head`] per input frame.
-    pub fn head_stride(&self) -> usize {
+    /// Output frames of [`Self::frame_rate`] per input frame.
+    pub fn frame_rate_stride(&self) -> usize {
         self.layers.first().map_or(1, |(up, _)| up.stride())
     }
 
-    /// The layers after [`Self::head`]: audio.
-    pub fn rest(&self, st: &mut DecoderState, x: &Frames, cancel: Cancel) -> Result<Frames> {
+    /// The layers after [`Self::frame_rate`], at the higher rates: audio.
+    pub fn high_rate(&self, st: &mut DecoderState, x: &Frames, cancel: Cancel) -> Result<Frames> {
         let a = Some(self.alpha);
         st.layers.resize_with(self.layers.len(), Default::default);
         let mut y: Option<Frames> = None; // the latest layer's output (`x` before any)

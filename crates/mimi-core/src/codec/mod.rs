@@ -1,0 +1,419 @@
+//! The Mimi codec (audio <-> tokens): [`Codec`], its offline and streaming calls.
+//!
+//! Owned here: the two transformers (this crate's [`Transformer`], exact window, unbounded
+//! streams), the quantizer ([`Quantizer`]), the wiring, the checkpoint readers for both real
+//! layouts ([`checkpoint`]), the streams ([`stream`]) and their rows ([`rows`]). The
+//! convolutional parts (SEANet encoder/decoder, down/upsampling) run on one of two engines
+//! behind one interface ([`engine`]): the [`native`] CPU engine, or candle's modules
+//! ([`candle`]) on GPUs and in half precision.
+//!
+//! Offline calls use fresh, private state and never touch the streaming state; streaming
+//! calls go through [`EncodeStream`] / [`DecodeStream`].
+
+mod bridge;
+pub mod candle;
+pub mod checkpoint;
+pub mod engine;
+mod host;
+pub mod native;
+mod offline;
+pub mod rows;
+pub mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
+pub use engine::{Capabilities, EngineKind};
+pub use rows::Rows;
+pub use stream::{DecodeStream, EncodeStream};
+
+use self::candle::Candle;
+use crate::config::CodecConfig;
+use crate::error::{Cancel, Error, Result};
+use crate::host::HostArray;
+use crate::quantizer::Quantizer;
+use crate::transformer::{State, Transformer};
+use crate::weights::{self, QkLayout, TensorSource};
+use ::candle::{DType, Device, Tensor};
+use engine::{Engine, Parts};
+use native::Native;
+use offline::{offline_call, Offline};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use stream::{rows_need_native, Stream};
+
+/// (B, D, T) -> the transformer over time -> (B, D, T), continuing `state`.
+pub(crate) fn transform(
+    model: &Transformer,
+    state: &mut State,
+    xs: &Tensor,
+    cancel: Cancel,
+) -> Result<Tensor> {
+    let x = xs.transpose(1, 2)?.contiguous()?;
+    let y = model.forward_cancellable(state, &x, cancel)?;
+    Ok(y.transpose(1, 2)?.contiguous()?)
+}
+
+/// [`transform`] for the rows of a stream that step (`xs` holds those rows).
+fn transform_rows(
+    model: &Transformer,
+    state: &mut State,
+    xs: &Tensor,
+    rows: &Rows,
+) -> Result<Tensor> {
+    if !rows.is_masked() {
+        return transform(model, state, xs, None);
+    }
+    model.start(state, rows.batch())?;
+    let x = xs.transpose(1, 2)?.contiguous()?;
+    let y = model.forward_rows(state, &x, &rows.indices())?;
+    Ok(y.transpose(1, 2)?.contiguous()?)
+}
+
+/// A tensor's values on the host, as f32 or u32.
+fn host_f32(t: &Tensor) -> Result<HostArray<f32>> {
+    let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(HostArray::new(data, t.dims().to_vec()))
+}
+
+fn host_u32(t: &Tensor) -> Result<HostArray<u32>> {
+    Ok(HostArray::new(
+        t.flatten_all()?.to_vec1::<u32>()?,
+        t.dims().to_vec(),
+    ))
+}
+
+/// The codec's weights and modules; immutable once built, shared between threads.
+pub struct Codec {
+    parts: Parts,
+    engine: Arc<dyn Engine>,
+    quantizer: Quantizer,
+}
+
+impl Codec {
+    /// The native engine on the CPU in f32, candle's modules otherwise.
+    pub fn new(
+        cfg: &CodecConfig,
+        source: TensorSource,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
+        let engine = if device.is_cpu() && dtype == DType::F32 {
+            EngineKind::Native
+        } else {
+            EngineKind::Candle
+        };
+        Self::with_engine(cfg, source, device, dtype, engine)
+    }
+
+    /// Builds the codec on `engine`, reading every weight from `source` (already in
+    /// candle's names, q/k interleaved: see [`Checkpoint`]). Refuses configs whose weights
+    /// cannot fit in memory before reading anything.
+    pub fn with_engine(
+        cfg: &CodecConfig,
+        source: TensorSource,
+        device: &Device,
+        dtype: DType,
+        engine: EngineKind,
+    ) -> Result<Self> {
+        cfg.transformer.check_supported()?;
+        Self::check_weights_memory(cfg)?;
+        let source = Arc::new(source);
+        let vb = source.var_builder(dtype, device);
+        let engine: Arc<dyn Engine> = match engine {
+            EngineKind::Native => Arc::new(Native::load(cfg, &vb)?),
+            EngineKind::Candle => Arc::new(Candle::load(cfg, &vb)?),
+        };
+        // The quantizer always computes in f32, whatever the codec's dtype: a code is an
+        // argmin over distances to nearby centroids, so it is kept at full precision, and the
+        // latents are cast to f32 on the way in (and back to `dtype` on the way out).
+        let quantizer =
+            Quantizer::load(cfg, &source.var_builder(DType::F32, device).pp("quantizer"))?;
+        let [enc_w, dec_w] = Self::transformer_weights(cfg, &source, device, dtype)?;
+        Self::report_unread(cfg, &source);
+        source.finish()?;
+        let parts = Parts {
+            cfg: cfg.clone(),
+            offline: Offline::default(),
+            enc_tr: Transformer::new(&cfg.transformer, enc_w, device, dtype)?,
+            dec_tr: Transformer::new(&cfg.transformer, dec_w, device, dtype)?,
+            device: device.clone(),
+            dtype,
+        };
+        Ok(Self {
+            parts,
+            engine,
+            quantizer,
+        })
+    }
+
+    /// Refuses configs whose weights cannot fit in memory.
+    fn check_weights_memory(cfg: &CodecConfig) -> Result<()> {
+        let tr_params = weights::transformer_params(&cfg.transformer);
+        let codebooks = (cfg.quantizer_n_q as u64)
+            .saturating_mul(cfg.quantizer_bins as u64)
+            .saturating_mul(cfg.quantizer_dim as u64 + 2);
+        crate::runtime::memory::check_memory(
+            (2 * tr_params + codebooks).saturating_mul(12),
+            "this codec's weights",
+            "check the config's sizes (quantizer_bins, quantizer_dim, transformer)",
+        )
+    }
+
+    /// The encoder's and decoder's transformer weights. A seeded source gives each its own
+    /// seed (`seed + 1`, `seed + 2`) over unprefixed names.
+    fn transformer_weights(
+        cfg: &CodecConfig,
+        source: &TensorSource,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<[BTreeMap<String, Tensor>; 2]> {
+        let tcfg = &cfg.transformer;
+        let load = |i: u64, prefix| {
+            let spec = weights::LoadSpec {
+                prefix,
+                layout: QkLayout::Interleaved,
+                device,
+                dtype,
+            };
+            match source.seed() {
+                Some(seed) => {
+                    let own = TensorSource::seeded(seed.wrapping_add(1 + i), tcfg.layer_scale);
+                    weights::load_transformer(tcfg, &own, &weights::LoadSpec { prefix: "", ..spec })
+                }
+                None => weights::load_transformer(tcfg, source, &spec),
+            }
+        };
+        Ok([
+            load(0, "encoder_transformer.")?,
+            load(1, "decoder_transformer.")?,
+        ])
+    }
+
+    /// Records the checkpoint's tensors that nobody read: a checkpoint that does not match
+    /// the config. Unused codebooks (`num_codebooks` below what the file holds) are fine.
+    fn report_unread(cfg: &CodecConfig, source: &TensorSource) {
+        let unused_codebook = |n: &str| {
+            n.strip_prefix("quantizer.acoustic_residual_vector_quantizer.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| i + 1 >= cfg.quantizer_n_q)
+        };
+        source.report_unread(|n| !unused_codebook(n), "the config does not read it");
+    }
+
+    /// The codec's config.
+    pub fn config(&self) -> &CodecConfig {
+        &self.parts.cfg
+    }
+
+    /// The engine computing the convolutional parts.
+    pub fn engine(&self) -> EngineKind {
+        self.engine.kind()
+    }
+
+    /// What the engine can do (per-row streams).
+    pub fn capabilities(&self) -> Capabilities {
+        self.engine.capabilities()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.parts.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.parts.dtype
+    }
+
+    /// Estimated peak bytes of an offline call on `batch` items of `samples` samples each.
+    pub fn offline_memory(&self, batch: usize, samples: usize) -> u64 {
+        let per_sample = (2048 * self.parts.cfg.seanet.n_filters as u64 / 64).max(64);
+        let (in_flight, rest) = self.engine.in_flight(&self.parts, samples);
+        (batch as u64).saturating_mul(in_flight.saturating_mul(per_sample).saturating_add(rest))
+    }
+
+    /// Refuses an offline call on `batch` items of `samples` samples that would not fit in
+    /// the memory available (`what` and `hint` go into the message).
+    pub fn check_offline_memory(&self, batch: usize, samples: usize, hint: &str) -> Result<()> {
+        crate::runtime::memory::check_memory(self.offline_memory(batch, samples), "this call", hint)
+    }
+
+    /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
+    pub fn encode_latents(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        offline_call(|| self.engine.encode(&self.parts, pcm, cancel))
+    }
+
+    /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
+    /// padded, as in candle and transformers.
+    pub fn encode(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let latents = self.encode_latents(pcm, cancel)?;
+        self.quantizer.encode(&latents.to_dtype(DType::F32)?)
+    }
+
+    /// The quantizer's reconstruction of codes: (B, n_q, T) -> (B, dimension, T).
+    pub fn decode_latents(&self, codes: &Tensor) -> Result<Tensor> {
+        self.quantizer.decode(codes)
+    }
+
+    /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
+    pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        offline_call(|| {
+            let x = self.decode_latents(codes)?.to_dtype(self.parts.dtype)?;
+            self.engine.decode(&self.parts, &x, cancel)
+        })
+    }
+
+    /// A fresh encoder stream.
+    pub fn encode_stream(&self) -> EncodeStream {
+        Stream::new(self.engine.clone().encode_convs(), self.capabilities())
+    }
+
+    /// A fresh decoder stream.
+    pub fn decode_stream(&self) -> DecodeStream {
+        Stream::new(self.engine.clone().decode_convs(), self.capabilities())
+    }
+
+    /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
+    /// completed by this chunk (possibly none).
+    pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
+        self.encode_step_rows(s, pcm, &Rows::all(pcm.dim(0)?))
+    }
+
+    /// [`Self::encode_step`] for the rows `rows` of the stream (`pcm` holds those rows, in
+    /// order): each continues its own stream, the others are untouched. A masked step takes
+    /// whole frames.
+    pub fn encode_step_rows(
+        &self,
+        s: &mut EncodeStream,
+        pcm: &Tensor,
+        rows: &Rows,
+    ) -> Result<Option<Tensor>> {
+        let n = pcm.dim(2)?;
+        self.check_encode_rows(s, n, rows)?;
+        s.start(rows.batch());
+        if rows.count() == 0 {
+            return Ok(None);
+        }
+        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
+            match self.latents_step(s, pcm, rows, false)? {
+                Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
+                None => Ok(None),
+            }
+        })?;
+        s.advance(&rows.indices(), n);
+        Ok(out)
+    }
+
+    /// The stream's last chunk (possibly empty): the codes of every frame it completes, then
+    /// of the last partial frame, padded as the offline `encode` pads it (every layer's right
+    /// padding). The concatenated codes of a stream ended this way are `encode`'s. The stream
+    /// is spent afterwards: start a new one. Needs per-row streams (the native engine).
+    pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
+        if !self.capabilities().per_row {
+            return Err(rows_need_native());
+        }
+        let b = pcm.dim(0)?;
+        s.check_batch(b, "encoder")?;
+        if s.uneven(self.parts.cfg.frame_size()) {
+            return Err(Error::Shape(
+                "last=True ends every row at once, but the rows hold different partial frames \
+                 (after a per-row reset)"
+                    .into(),
+            ));
+        }
+        s.start(b);
+        let n = pcm.dim(2)?;
+        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
+            match self.latents_step(s, pcm, &Rows::all(b), true)? {
+                Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
+                None => Ok(None),
+            }
+        })?;
+        s.advance(&Rows::all(b).indices(), n);
+        Ok(out)
+    }
+
+    /// Refuses a step the stream cannot take, before anything changes: another batch size,
+    /// a mask on an engine without per-row streams, or a chunk of `n` samples that would make
+    /// rows emit different numbers of frames (masked steps take whole frames, and so does
+    /// any step once rows hold different partial frames after a per-row reset).
+    fn check_encode_rows(&self, s: &EncodeStream, n: usize, rows: &Rows) -> Result<()> {
+        s.check_batch(rows.batch(), "encoder")?;
+        if rows.is_masked() && !self.capabilities().per_row {
+            return Err(rows_need_native());
+        }
+        let f = self.parts.cfg.frame_size();
+        if !n.is_multiple_of(f) && (rows.is_masked() || s.uneven(f)) {
+            return Err(Error::Shape(format!(
+                "chunks must be a whole number of frames (multiples of frame_size={f} samples) \
+                 {}, got {n} samples",
+                if rows.is_masked() {
+                    "when active= is given"
+                } else {
+                    "while rows hold different partial frames (after a per-row reset)"
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    /// The latents (before quantization) of the frames this chunk completes: the SEANet,
+    /// the transformer, the downsampling. With `last`, the audio ends here and the last
+    /// partial frame is padded as offline.
+    fn latents_step(
+        &self,
+        s: &mut EncodeStream,
+        pcm: &Tensor,
+        rows: &Rows,
+        last: bool,
+    ) -> Result<Option<Tensor>> {
+        let p = &self.parts;
+        let x = match s.convs.seanet(rows, pcm, last)? {
+            Some(x) => transform_rows(&p.enc_tr, &mut s.tr, &x, rows)?,
+            // Nothing new for the transformer, but the last chunk still flushes the
+            // downsampling's padding.
+            None if last => Tensor::zeros(
+                (rows.count(), p.cfg.seanet.dimension, 0),
+                DType::F32,
+                &p.device,
+            )?,
+            None => return Ok(None),
+        };
+        s.convs.downsample(rows, &x, last)
+    }
+
+    /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
+    pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
+        self.decode_step_rows(s, codes, &Rows::all(codes.dim(0)?))
+    }
+
+    /// [`Self::decode_step`] for the rows `rows` of the stream (see
+    /// [`Self::encode_step_rows`]).
+    pub fn decode_step_rows(
+        &self,
+        s: &mut DecodeStream,
+        codes: &Tensor,
+        rows: &Rows,
+    ) -> Result<Option<Tensor>> {
+        s.check_batch(rows.batch(), "decoder")?;
+        if rows.is_masked() && !self.capabilities().per_row {
+            return Err(rows_need_native());
+        }
+        s.start(rows.batch());
+        if rows.count() == 0 {
+            return Ok(None);
+        }
+        let t = codes.dim(2)?;
+        let p = &self.parts;
+        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
+            let x = self.decode_latents(codes)?.to_dtype(p.dtype)?;
+            let Some(x) = s.convs.upsample(rows, &x)? else {
+                return Ok(None);
+            };
+            let x = transform_rows(&p.dec_tr, &mut s.tr, &x, rows)?;
+            s.convs.seanet(rows, &x)
+        })?;
+        s.advance(&rows.indices(), t);
+        Ok(out)
+    }
+}

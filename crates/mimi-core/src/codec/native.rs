@@ -1,0 +1,288 @@
+//! The native engine: the convolutional parts on this crate's CPU float32 convolutions
+//! ([`crate::seanet`], [`crate::conv`]), with one state per batch row, and offline calls cut
+//! into parallel segments ([`super::offline`]).
+
+use super::bridge::{from_frames, per_row, to_frames};
+use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
+use super::offline::{empty, split, stream_window};
+use super::rows::Rows;
+use super::transform;
+use crate::config::{CodecConfig, PadMode};
+use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use crate::error::{check_cancel, Cancel, Result};
+use crate::seanet;
+use crate::transformer::State;
+use candle::{DType, Tensor};
+use candle_nn::VarBuilder;
+use std::sync::Arc;
+
+/// One batch item's encoder state: the SEANet encoder's and the downsampling's.
+type EncodeItem = (seanet::EncoderState, ConvState);
+/// One batch item's decoder state: the upsampling's and the SEANet decoder's.
+type DecodeItem = (ConvState, seanet::DecoderState);
+
+/// The native engine's weights.
+pub(crate) struct Native {
+    pub(crate) encoder: seanet::Encoder,
+    pub(crate) decoder: seanet::Decoder,
+    downsample: Conv1d,
+    upsample: ConvTr1d,
+}
+
+impl Native {
+    /// The SEANets and the down/upsampling, from `vb` (f32).
+    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder) -> Result<Self> {
+        let dim = cfg.seanet.dimension;
+        let stride = cfg.downsample_stride();
+        let down = ConvSpec::new(dim, dim, 2 * stride)
+            .stride(stride)
+            .no_bias()
+            .pad(PadMode::Replicate);
+        Ok(Self {
+            encoder: seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
+            decoder: seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
+            downsample: Conv1d::load(vb.pp("downsample"), down)?,
+            upsample: ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?,
+        })
+    }
+
+    /// The SEANet encoder over `[b0, b1)` of every item, split into parallel segments: the
+    /// high-rate layers stream over chunks (which bounds memory); the frame-rate layers,
+    /// with large weights, take each segment in one call.
+    fn encode_block(
+        &self,
+        p: &Parts,
+        audio: &[Frames],
+        (b0, b1): (usize, usize),
+        last: bool,
+        cancel: Cancel,
+    ) -> Result<Vec<Frames>> {
+        let (enc, o) = (&self.encoder, &p.offline);
+        let (hop, warm) = (enc.hop(), enc.warmup());
+        let job = |i: usize, s0: usize, s1: usize| {
+            let start = s0.saturating_sub(warm);
+            let mut es = seanet::EncoderState::default();
+            let high = stream_window(
+                &audio[i],
+                (start, s1),
+                o.encode_chunk,
+                0,
+                enc.high_rate_channels(),
+                |x, end| Ok(enc.high_rate(&mut es, x, last && end, cancel)?),
+            )?;
+            let y = enc.frame_rate(&mut es, &high, last);
+            let skip = ((s0 - start) / hop).min(y.len);
+            Ok(y.window(skip, y.len))
+        };
+        split(audio.len(), (b0, b1), o.segment * hop, job)
+    }
+
+    /// The SEANet decoder over `ext` (each item's transformer frames, the warm-up kept from
+    /// before included) from frame `off` on, split into parallel segments: the frame-rate
+    /// layers take each segment in one call, the rest streams over chunks.
+    fn decode_block(
+        &self,
+        p: &Parts,
+        ext: &[Frames],
+        off: usize,
+        cancel: Cancel,
+    ) -> Result<Vec<Frames>> {
+        let (dec, o) = (&self.decoder, &p.offline);
+        let (hop, warm) = (dec.hop(), dec.warmup());
+        let per_frame = p.cfg.downsample_stride();
+        let job = |i: usize, s0: usize, s1: usize| {
+            let start = s0.saturating_sub(warm);
+            let mut ds = seanet::DecoderState::default();
+            let low = dec.frame_rate(&mut ds, &ext[i].window(start, s1));
+            let chunk = o.decode_chunk * per_frame * dec.frame_rate_stride();
+            stream_window(
+                &low,
+                (0, low.len),
+                chunk,
+                (s0 - start) * hop,
+                p.cfg.seanet.channels,
+                |x, _| Ok(dec.high_rate(&mut ds, x, cancel)?),
+            )
+        };
+        split(ext.len(), (off, ext[0].len), o.segment, job)
+    }
+}
+
+impl Engine for Native {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Native
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { per_row: true }
+    }
+
+    /// Per block of `offline.block` tokens: the SEANet encoder over the block's samples
+    /// ([`Self::encode_block`]; the last segment flushes the offline right padding), one
+    /// transformer call, then the downsampling, whose stream runs on across blocks.
+    fn encode(&self, p: &Parts, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let (b, len) = (pcm.dim(0)?, pcm.dim(2)?);
+        let hop = self.encoder.hop();
+        let audio = to_frames(pcm)?;
+        let mut items: Vec<EncodeItem> = (0..b).map(|_| Default::default()).collect();
+        let mut tr = State::default();
+        let all: Vec<usize> = (0..b).collect();
+        let (mut parts, mut b0) = (Vec::new(), 0);
+        while b0 < len {
+            check_cancel(cancel)?;
+            let b1 = (b0 + p.offline.block.max(1) * hop).min(len);
+            let last = b1 == len;
+            let x = self.encode_block(p, &audio, (b0, b1), last, cancel)?;
+            // The transformer's output; empty frames still flush the downsampling's padding.
+            let x = match from_frames(x, &p.device)? {
+                Some(x) => transform(&p.enc_tr, &mut tr, &x, cancel)?,
+                None => Tensor::zeros((b, p.cfg.seanet.dimension, 0), DType::F32, &p.device)?,
+            };
+            let down = |it: &mut EncodeItem, f: &Frames| {
+                Ok(self.downsample.step(&mut it.1, f, None, None, last))
+            };
+            parts.extend(per_row(&mut items, &all, &x, down)?);
+            b0 = b1;
+        }
+        if parts.is_empty() {
+            return Err(empty());
+        }
+        Ok(Tensor::cat(&parts, 2)?)
+    }
+
+    /// The decoder pads nothing on the right, so a stream gives the offline result. Per
+    /// block of `offline.block` tokens: the upsampling (a stream across blocks) and one
+    /// transformer call, then the SEANet decoder over the block ([`Self::decode_block`]);
+    /// each item keeps the transformer's last frames as the next block's warm-up.
+    fn decode(&self, p: &Parts, x: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let (b, len) = (x.dim(0)?, x.dim(2)?);
+        let mut items: Vec<DecodeItem> = (0..b).map(|_| Default::default()).collect();
+        let mut tr = State::default();
+        let all: Vec<usize> = (0..b).collect();
+        let up = |it: &mut DecodeItem, f: &Frames| Ok(self.upsample.step(&mut it.0, f, None));
+        let dim = p.cfg.seanet.dimension;
+        let mut tails = vec![Frames::empty(dim); b];
+        let mut audio: Vec<Vec<Frames>> = (0..b).map(|_| Vec::new()).collect();
+        let block = p.offline.block.div_ceil(p.cfg.downsample_stride()).max(1);
+        for t0 in (0..len).step_by(block) {
+            check_cancel(cancel)?;
+            let n = block.min(len - t0);
+            let Some(u) = per_row(&mut items, &all, &x.narrow(2, t0, n)?, up)? else {
+                continue;
+            };
+            let y = to_frames(&transform(&p.dec_tr, &mut tr, &u, cancel)?)?;
+            // Each item's frames: the warm-up kept from earlier blocks, then this block's.
+            let ext: Vec<Frames> = tails
+                .iter()
+                .zip(y)
+                .map(|(t, y)| Frames::cat(dim, &[t.window(0, t.len), y]))
+                .collect();
+            for (out, y) in
+                audio
+                    .iter_mut()
+                    .zip(self.decode_block(p, &ext, tails[0].len, cancel)?)
+            {
+                out.push(y);
+            }
+            tails = ext.iter().map(|e| e.tail(self.decoder.warmup())).collect();
+        }
+        let audio = audio
+            .into_iter()
+            .map(|parts| Frames::cat(p.cfg.seanet.channels, &parts))
+            .collect();
+        from_frames(audio, &p.device)?.ok_or_else(empty)
+    }
+
+    /// SEANet activations take about 2 KB per sample of audio in flight (measured on the
+    /// real model, 64 filters); one chunk is in flight per running segment job (two chunks
+    /// counted, as on 2 threads), plus the input, the latents and the output (tens of bytes
+    /// per sample).
+    fn in_flight(&self, p: &Parts, samples: usize) -> (u64, u64) {
+        (
+            samples.min(2 * p.offline.encode_chunk) as u64,
+            64 * samples as u64,
+        )
+    }
+
+    fn encode_convs(self: Arc<Self>) -> Box<dyn EncodeConvs> {
+        Box::new(NativeEncode {
+            engine: self,
+            items: Vec::new(),
+        })
+    }
+
+    fn decode_convs(self: Arc<Self>) -> Box<dyn DecodeConvs> {
+        Box::new(NativeDecode {
+            engine: self,
+            items: Vec::new(),
+        })
+    }
+}
+
+/// An encoder stream on the native engine: one state per batch row.
+struct NativeEncode {
+    engine: Arc<Native>,
+    items: Vec<EncodeItem>,
+}
+
+impl EncodeConvs for NativeEncode {
+    fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
+        self.items.resize_with(rows.batch(), Default::default);
+        let enc = &self.engine.encoder;
+        let stage = |it: &mut EncodeItem, f: &Frames| enc.apply(&mut it.0, f, last, None);
+        per_row(&mut self.items, &rows.indices(), pcm, stage)
+    }
+
+    fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>> {
+        let down = &self.engine.downsample;
+        let stage = |it: &mut EncodeItem, f: &Frames| Ok(down.step(&mut it.1, f, None, None, last));
+        per_row(&mut self.items, &rows.indices(), x, stage)
+    }
+
+    fn reset_row(&mut self, r: usize) {
+        if let Some(item) = self.items.get_mut(r) {
+            *item = Default::default();
+        }
+    }
+
+    fn deep_copy(&self) -> Box<dyn EncodeConvs> {
+        Box::new(NativeEncode {
+            engine: self.engine.clone(),
+            items: self.items.clone(),
+        })
+    }
+}
+
+/// A decoder stream on the native engine: one state per batch row.
+struct NativeDecode {
+    engine: Arc<Native>,
+    items: Vec<DecodeItem>,
+}
+
+impl DecodeConvs for NativeDecode {
+    fn upsample(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+        self.items.resize_with(rows.batch(), Default::default);
+        let up = &self.engine.upsample;
+        let stage = |it: &mut DecodeItem, f: &Frames| Ok(up.step(&mut it.0, f, None));
+        per_row(&mut self.items, &rows.indices(), x, stage)
+    }
+
+    fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+        let dec = &self.engine.decoder;
+        let stage = |it: &mut DecodeItem, f: &Frames| dec.apply(&mut it.1, f, None);
+        per_row(&mut self.items, &rows.indices(), x, stage)
+    }
+
+    fn reset_row(&mut self, r: usize) {
+        if let Some(item) = self.items.get_mut(r) {
+            *item = Default::default();
+        }
+    }
+
+    fn deep_copy(&self) -> Box<dyn DecodeConvs> {
+        Box::new(NativeDecode {
+            engine: self.engine.clone(),
+            items: self.items.clone(),
+        })
+    }
+}
