@@ -28,12 +28,16 @@ import numpy as np
 from ._core import MimiCodec
 from .hub import load_codec
 
-try:
-    import websockets
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("mimi_py.serve needs websockets: pip install 'mimi_py[serve]'") from e
-
 __all__ = ["Server", "Slot", "main", "serve"]
+
+
+def _websockets():
+    """websockets (the serve extra), imported when first used so that the module imports without it."""
+    try:
+        import websockets
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("mimi_py.serve needs websockets: pip install 'mimi_py[serve]'") from e
+    return websockets
 
 
 class Slot:
@@ -66,7 +70,7 @@ class Server:
                     slot.ending = slot.ending or msg.strip() == "end"
                 else:
                     slot.pcm = np.concatenate([slot.pcm, np.frombuffer(msg, "<f4")])
-        except websockets.ConnectionClosed:
+        except _websockets().ConnectionClosed:
             pass
         finally:
             slot.closed = True
@@ -129,6 +133,7 @@ class Server:
                 active = np.zeros(b, bool)
                 active[[r for r, _ in stepped]] = True
                 codes = await asyncio.to_thread(self.codec.encode_step, pcm, active=active)
+                assert codes is not None  # a whole frame per active row gives a frame of codes
                 audio = None
                 if self.decode:
                     audio = await asyncio.to_thread(self.codec.decode_step, codes, active=active)
@@ -152,7 +157,7 @@ async def serve(args: argparse.Namespace) -> None:
     """Loads the codec and serves until cancelled; prints the address it listens on."""
     codec = load_codec(args.weights, num_codebooks=args.num_codebooks)
     server = Server(codec, args.slots, args.decode, args.tick_ms / 1000)
-    async with websockets.serve(server.handle, args.host, args.port, max_size=2**24) as ws:
+    async with _websockets().serve(server.handle, args.host, args.port, max_size=2**24) as ws:
         port = ws.sockets[0].getsockname()[1]
         print(f"listening on ws://{args.host}:{port} with {args.slots} slots", flush=True)
         await server.run()
