@@ -23,10 +23,10 @@ import numpy as np
 from .errors import InvalidInputError
 
 __all__ = [
-    "CHUNK_SECONDS",
-    "MIMI_SAMPLE_RATE",
     "AudioInfo",
     "AudioReader",
+    "CHUNK_SECONDS",
+    "MIMI_SAMPLE_RATE",
     "open_writer",
     "read_audio",
     "write_audio",

@@ -48,9 +48,9 @@ from .runtime import _ray_stage_args as _ray_stage_args  # isort: skip
 
 __all__ = [
     "AUDIO_EXTENSIONS",
-    "MANIFEST_NAME",
     "AudioInfo",
     "AudioReader",
+    "MANIFEST_NAME",
     "MimiDecoder",
     "MimiEncoder",
     "Progress",
