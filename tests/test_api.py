@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import mimi_py
 from mimi_py import _core
@@ -49,6 +51,15 @@ def test_every_public_class_is_stubbed():
         assert name in stubbed, f"{name} is missing from _core.pyi"
     for name in mimi_py.__all__:
         assert hasattr(mimi_py, name)
+
+
+@pytest.mark.parametrize(
+    "module", ["mimi_py", "mimi_py.audio", "mimi_py.hub", "mimi_py.data", "mimi_py.serve"]
+)
+def test_every_module_lists_its_public_names_sorted_and_they_import(module):
+    m = importlib.import_module(module)
+    assert m.__all__ == sorted(m.__all__)
+    assert [n for n in m.__all__ if not hasattr(m, n)] == []
 
 
 def test_metadata():

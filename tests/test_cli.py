@@ -37,6 +37,15 @@ def run(*args, env=None):
     )
 
 
+def test_each_subcommand_names_its_function_and_codebooks_default_to_the_checkpoints():
+    from mimi_py import cli
+
+    for argv in (["encode", "a.wav", "c.npy"], ["tokenize", "corpus", "codes"]):
+        args = cli.parser().parse_args(argv)
+        assert args.num_codebooks is None and args.func is getattr(cli, argv[0])
+    assert cli.parser().parse_args(["detokenize", "codes", "wav"]).func is cli.detokenize
+
+
 def test_encode_decode_round_trip(tmp_path, small_dir):
     wav = tmp_path / "in.wav"
     sf.write(wav, IO["waveform"][0, 0], 24000, subtype="FLOAT")

@@ -269,6 +269,18 @@ def test_detokenize_writes_the_audio_of_decode(corpus, tokenized, tmp_path):
     assert not [p for p in wav_dir.rglob("*") if p.name.endswith(".tmp")]
 
 
+def test_tokenize_defaults_to_the_checkpoints_own_number_of_codebooks(ray_address, corpus, tmp_path):
+    files = [str(corpus / "b/mono24k.flac"), str(corpus / "a/mono16k_short.wav")]
+    out = tmp_path / "codes"
+    manifest = data.tokenize(files, out, weights=WEIGHTS, config=CONFIG, workers=1, progress_every=None)
+    assert manifest["config"]["num_codebooks"] == Q and manifest["status"] == "complete"
+    rows = rows_by_path(out)
+    codec = small_codec()
+    for f in files:
+        assert rows[f]["error"] is None and rows[f]["num_codebooks"] == Q
+        np.testing.assert_array_equal(rows[f]["codes"], codec.encode(reference_audio(f))[0])
+
+
 def test_encoder_actors_get_rayon_num_threads_from_threads_per_worker(ray_address):
     class Probe:
         def __call__(self, batch):

@@ -1,5 +1,5 @@
-"""examples/serve.py, for real: the server in a subprocess on 127.0.0.1, several WebSocket
-clients that join and leave at different times. Each finished client's codes must equal an
+"""mimi_py.serve, for real: the server (``python -m mimi_py.serve``) in a subprocess on 127.0.0.1,
+several WebSocket clients that join and leave at different times. Each finished client's codes must equal an
 offline `MimiCodec.encode` of its audio, with no frame lost or duplicated. Bounded in time."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     """The server on a free port of 127.0.0.1 (3 slots, 5 ms ticks), killed at the end."""
-    cmd = [sys.executable, str(REPO / "examples" / "serve.py"), "--port", "0", "--slots", "3"]
+    cmd = [sys.executable, "-m", "mimi_py.serve", "--port", "0", "--slots", "3"]
     cmd += ["--weights", str(checkpoint), "--tick-ms", "5", "--decode"]
     log = tmp_path_factory.mktemp("serve") / "stderr.txt"
     with open(log, "w") as err, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
@@ -125,3 +125,14 @@ def test_a_full_server_turns_a_client_away_with_a_clear_close_code(server):
         return ei.value.rcvd.code
 
     assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == 1013
+
+
+def test_the_example_script_runs_the_packaged_server():
+    r = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "serve.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: python -m mimi_py.serve") and "--tick-ms" in r.stdout

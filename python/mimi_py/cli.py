@@ -1,9 +1,11 @@
-"""Command line: ``python -m mimi_py encode IN.wav OUT.npy`` / ``decode IN.npy OUT.wav``, and
+"""Command line: ``mimi-py encode IN.wav OUT.npy`` / ``decode IN.npy OUT.wav``, and
 ``tokenize INPUT OUTPUT_DIR`` / ``detokenize OUTPUT_DIR WAV_DIR`` for a whole corpus on Ray
-(:mod:`mimi_py.data`; ``pip install 'mimi_py[data]'``).
+(:mod:`mimi_py.data`; ``pip install 'mimi_py[data]'``). ``python -m mimi_py`` is the same command.
+Each subcommand's parser names its function (``set_defaults(func=...)``), which :func:`main` calls.
 
-Audio is read and written with ``soundfile``; other sample rates are resampled to the
-codec's rate with ``soxr`` (install both, and ``tqdm``, with ``pip install 'mimi_py[audio]'``).
+Audio is read and written with :mod:`mimi_py.audio` (``soundfile``); other sample rates are
+resampled to the codec's rate with ``soxr`` (install both, and ``tqdm``, with
+``pip install 'mimi_py[audio]'``).
 Long files are processed in chunks through the streaming encoder/decoder, so memory stays
 bounded, with a tqdm progress bar on stderr. ``--weights`` is a path or an
 ``hf:REPO_ID[@REVISION][:FILENAME]`` spec (``mimi_py.hub``). Errors are one line on stderr and a
@@ -19,31 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from . import MimiCodec, MimiError
+from .audio import CHUNK_SECONDS, read_audio, write_audio
+from .errors import InvalidInputError
 from .hub import load_codec
-
-CHUNK_SECONDS = 10.0
 
 
 class CliError(Exception):
     """A user-facing error: printed as one line, exit code 1."""
-
-
-def _audio_modules():
-    try:
-        import soundfile
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise CliError("reading and writing audio needs soundfile: pip install 'mimi_py[audio]'") from e
-    return soundfile
-
-
-def _resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
-    try:
-        import soxr
-    except ImportError as e:  # pragma: no cover
-        raise CliError(
-            f"the file is at {sr_in} Hz and needs resampling to {sr_out} Hz: pip install 'mimi_py[audio]'"
-        ) from e
-    return soxr.resample(x, sr_in, sr_out).astype(np.float32)
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -65,21 +49,24 @@ def _codec(args) -> MimiCodec:
     return load_codec(args.weights, num_codebooks=getattr(args, "num_codebooks", None), device=args.device)
 
 
+def _read_mono(path: Path, codec: MimiCodec) -> np.ndarray:
+    """The file's audio as mono float32 at the codec's sample rate (mimi_py.audio)."""
+    try:
+        mono, info = read_audio(path, codec.sample_rate, block_seconds=CHUNK_SECONDS)
+    except InvalidInputError as e:
+        raise CliError(f"{path}: cannot read audio: {e}") from e
+    if info.channels > 1:
+        print(f"note: downmixing {info.channels} channels to mono", file=sys.stderr)
+    return mono
+
+
 def encode(args) -> None:
-    sf = _audio_modules()
+    """``encode IN OUT.npy``: audio file -> codes (1, num_codebooks, frames) uint32."""
     path = Path(args.input)
     if not path.is_file():
         raise CliError(f"{path}: no such file")
-    try:
-        pcm, sr = sf.read(str(path), dtype="float32", always_2d=True)
-    except Exception as e:  # soundfile raises its own error types
-        raise CliError(f"{path}: cannot read audio: {e}") from e
-    if pcm.shape[1] > 1:
-        print(f"note: downmixing {pcm.shape[1]} channels to mono", file=sys.stderr)
-    mono = pcm.mean(axis=1).astype(np.float32)
     codec = _codec(args)
-    if sr != codec.sample_rate:
-        mono = _resample(mono, sr, codec.sample_rate)
+    mono = _read_mono(path, codec)
     # Pad to whole frames (as moshi does), then stream in chunks: memory stays bounded and
     # every frame equals the offline codes of the padded audio.
     fs = codec.frame_size
@@ -101,18 +88,24 @@ def encode(args) -> None:
     )
 
 
-def decode(args) -> None:
-    sf = _audio_modules()
+def _load_codes(path: str) -> np.ndarray:
+    """Codes from a .npy file, as (1, num_codebooks, frames)."""
     try:
-        codes = np.load(args.input, allow_pickle=False)
+        codes = np.load(path, allow_pickle=False)
     except Exception as e:
-        raise CliError(f"{args.input}: cannot read codes: {e}") from e
+        raise CliError(f"{path}: cannot read codes: {e}") from e
     if codes.ndim == 2:
         codes = codes[None]
     if codes.ndim != 3 or codes.shape[0] != 1:
         raise CliError(
-            f"{args.input}: expected codes of shape (num_codebooks, frames) or (1, num_codebooks, frames), got {codes.shape}"
+            f"{path}: expected codes of shape (num_codebooks, frames) or (1, num_codebooks, frames), got {codes.shape}"
         )
+    return codes
+
+
+def decode(args) -> None:
+    """``decode IN.npy OUT``: codes -> audio file at the codec's sample rate."""
+    codes = _load_codes(args.input)
     args.num_codebooks = codes.shape[1]
     codec = _codec(args)
     step = int(CHUNK_SECONDS * codec.frame_rate)
@@ -124,7 +117,7 @@ def decode(args) -> None:
                 out.append(pcm[0, 0])
             bar.update(min(step, codes.shape[-1] - s))
     pcm = np.concatenate(out) if out else np.zeros(0, np.float32)
-    sf.write(args.output, pcm, codec.sample_rate, subtype=args.subtype)
+    write_audio(args.output, pcm, codec.sample_rate, subtype=args.subtype)
     print(f"{args.output}: {len(pcm) / codec.sample_rate:.2f} s at {codec.sample_rate} Hz", file=sys.stderr)
 
 
@@ -184,8 +177,36 @@ def detokenize(args) -> None:
         raise CliError(f"{c['failed']} row(s) could not be decoded (see the lines above)")
 
 
-def _add_corpus_parsers(sub) -> None:
-    """The tokenize / detokenize subcommands (mimi_py.data, on Ray)."""
+def _add_codec_parsers(sub) -> None:
+    """The encode / decode subcommands (one file, streamed through the codec)."""
+    e = sub.add_parser("encode", help="audio file -> codes (.npy, uint32, (1, num_codebooks, frames))")
+    e.add_argument("input")
+    e.add_argument("output")
+    e.add_argument(
+        "--num-codebooks", type=int, default=None, help="default: the checkpoint's (or config's) own number"
+    )
+    e.set_defaults(func=encode)
+    d = sub.add_parser("decode", help="codes (.npy) -> audio file")
+    d.add_argument("input")
+    d.add_argument("output")
+    d.add_argument(
+        "--subtype", default="FLOAT", help="soundfile subtype of the output (default FLOAT; PCM_16 clips)"
+    )
+    d.set_defaults(func=decode)
+    for q in (e, d):
+        q.add_argument(
+            "--weights",
+            default=None,
+            help="hf:REPO_ID[@REVISION][:FILENAME] (e.g. hf:kyutai/mimi, from the Hugging Face Hub or its "
+            "cache; needs mimi_py[hub]), or a path: kyutai/mimi's model.safetensors, its directory, or a "
+            "moshi checkpoint (default: seeded random weights)",
+        )
+        q.add_argument("--device", default="cpu")
+        q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+
+
+def _add_tokenize_parser(sub):
+    """The tokenize subcommand (mimi_py.data, on Ray)."""
     t = sub.add_parser(
         "tokenize",
         help="a corpus (folder, glob, .jsonl/.txt manifest) -> Mimi codes in Parquet, on Ray",
@@ -198,25 +219,36 @@ def _add_corpus_parsers(sub) -> None:
         "input", help="a folder (searched recursively), a glob, or a .jsonl/.txt manifest of paths"
     )
     t.add_argument("output_dir", help="a folder, or a pyarrow filesystem URI such as s3://bucket/codes")
-    t.add_argument("--num-codebooks", type=int, default=8)
+    t.add_argument(
+        "--num-codebooks", type=int, default=None, help="default: the checkpoint's (or config's) own number"
+    )
     t.add_argument(
         "--batch-seconds",
         type=float,
-        default=10.0,
-        help="seconds of audio per read block, and per codec call for files streamed from disk (default 10)",
+        default=CHUNK_SECONDS,
+        help="seconds of audio per read block, and per codec call for files streamed from disk "
+        f"(default {CHUNK_SECONDS:g})",
     )
     t.add_argument(
         "--resume", action="store_true", help="skip the paths that already have a row in OUTPUT_DIR"
     )
+    t.set_defaults(func=tokenize)
+    return t
+
+
+def _add_corpus_parsers(sub) -> None:
+    """The tokenize / detokenize subcommands (mimi_py.data, on Ray)."""
+    t = _add_tokenize_parser(sub)
     d = sub.add_parser(
         "detokenize",
         help="the codes in a tokenize OUTPUT_DIR -> wav files, for listening checks",
-        description="Decode the rows of a tokenize OUTPUT_DIR to float32 24 kHz wav files in WAV_DIR "
-        "(error rows are skipped). --weights defaults to the ones recorded in MANIFEST.json.",
+        description="Decode the rows of a tokenize OUTPUT_DIR to float32 wav files at the codec's sample "
+        "rate in WAV_DIR (error rows are skipped). --weights defaults to the ones recorded in MANIFEST.json.",
     )
     d.add_argument("output_dir")
     d.add_argument("wav_dir")
     d.add_argument("--limit", type=int, default=None, help="decode only the first N rows")
+    d.set_defaults(func=detokenize)
     for q in (t, d):
         q.add_argument(
             "--weights",
@@ -240,35 +272,20 @@ def _add_corpus_parsers(sub) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mimi_py", description="Mimi codec: audio <-> tokens")
+def parser(prog: str = "mimi-py") -> argparse.ArgumentParser:
+    """The argument parser: one subcommand per job, each naming its function (``func``)."""
+    p = argparse.ArgumentParser(prog=prog, description="Mimi codec: audio <-> tokens")
     sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("encode", help="audio file -> codes (.npy, uint32, (1, num_codebooks, frames))")
-    e.add_argument("input")
-    e.add_argument("output")
-    e.add_argument("--num-codebooks", type=int, default=None)
-    d = sub.add_parser("decode", help="codes (.npy) -> audio file")
-    d.add_argument("input")
-    d.add_argument("output")
-    d.add_argument(
-        "--subtype", default="FLOAT", help="soundfile subtype of the output (default FLOAT; PCM_16 clips)"
-    )
-    for q in (e, d):
-        q.add_argument(
-            "--weights",
-            default=None,
-            help="hf:REPO_ID[@REVISION][:FILENAME] (e.g. hf:kyutai/mimi, from the Hugging Face Hub or its "
-            "cache; needs mimi_py[hub]), or a path: kyutai/mimi's model.safetensors, its directory, or a "
-            "moshi checkpoint (default: seeded random weights)",
-        )
-        q.add_argument("--device", default="cpu")
-        q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+    _add_codec_parsers(sub)
     _add_corpus_parsers(sub)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "mimi-py") -> int:
+    """The ``mimi-py`` (and ``python -m mimi_py``) command; returns the exit code."""
+    args = parser(prog).parse_args(argv)
     try:
-        {"encode": encode, "decode": decode, "tokenize": tokenize, "detokenize": detokenize}[args.command](
-            args
-        )
+        args.func(args)
     except (CliError, MimiError, OSError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -2,7 +2,9 @@
 
 Needs the ``hub`` extra (``pip install 'mimi_py[hub]'``, which is ``huggingface_hub``).
 Files are downloaded once into the Hugging Face cache and read from there afterwards; with
-``HF_HUB_OFFLINE=1`` nothing is downloaded and only the cache is read. Every failure is a
+``HF_HUB_OFFLINE=1`` nothing is downloaded and only the cache is read. Files are found only
+through huggingface_hub's public API (``snapshot_download``, ``scan_cache_dir``), never by
+reading the cache's folder layout, and handed on as plain paths. Every failure is a
 one-line :class:`~mimi_py.WeightsError` chained to the underlying error.
 
 Two repository layouts are supported:
@@ -19,8 +21,10 @@ On the command line (and in :func:`load_codec`) a checkpoint on the Hub is writt
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -30,6 +34,7 @@ from .errors import WeightsError
 __all__ = [
     "DEFAULT_REPO_ID",
     "HF_CONFIG",
+    "HF_FILES",
     "HF_WEIGHTS",
     "WeightsSpec",
     "from_pretrained",
@@ -43,6 +48,8 @@ HF_CONFIG = "config.json"
 """The config file of a Hugging Face layout repository."""
 HF_WEIGHTS = "model.safetensors"
 """The weights file of a Hugging Face layout repository."""
+HF_FILES = (HF_WEIGHTS, HF_CONFIG)
+"""The files of a Hugging Face layout repository, the weights first."""
 
 _INSTALL = "pip install 'mimi_py[hub]'"
 _SPEC = re.compile(
@@ -80,17 +87,8 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def _download(
-    repo_id: str,
-    filename: str,
-    revision: str | None,
-    cache_dir: str | os.PathLike[str] | None,
-    files: str,
-) -> Path:
-    """Path of ``filename`` of ``repo_id`` in the Hugging Face cache, downloaded if needed.
-
-    ``files`` are the files the error message tells the user to download.
-    """
+def _hub(repo_id: str):
+    """huggingface_hub and whether it is offline, or a WeightsError saying what to install."""
     try:
         import huggingface_hub
         from huggingface_hub import constants
@@ -99,28 +97,82 @@ def _download(
             f"loading {repo_id!r} from the Hugging Face Hub needs huggingface_hub: {_INSTALL}"
         ) from e
     # huggingface_hub reads HF_HUB_OFFLINE once, at import; honour it when set later too.
-    offline = bool(constants.HF_HUB_OFFLINE) or _env_true("HF_HUB_OFFLINE")
+    return huggingface_hub, bool(constants.HF_HUB_OFFLINE) or _env_true("HF_HUB_OFFLINE")
+
+
+def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> str:
+    """The cache folder to use: ``cache_dir``, else huggingface_hub's (read now, not at its import)."""
+    from huggingface_hub import constants
+
+    return os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
+
+
+def _unavailable(
+    repo_id: str,
+    revision: str | None,
+    names: Sequence[str],
+    why: str,
+    cache_dir: str | os.PathLike[str] | None,
+    hint_files: str,
+) -> WeightsError:
+    """The one-line error for files that are neither in the cache nor downloadable."""
+    cache = _cache_dir(cache_dir)
+    args = f"download {repo_id} {hint_files}"
+    args += f" --revision {revision}" if revision else ""
+    args += f" --cache-dir {cache}" if cache_dir is not None else ""
+    return WeightsError(
+        f"{repo_id}{'@' + revision if revision else ''}: cannot get {', '.join(names)}: {why}; cache "
+        f"{cache}; download it with `hf {args}` (huggingface_hub < 0.34: `huggingface-cli {args}`) "
+        "or pass a local path"
+    )
+
+
+def _snapshot(
+    repo_id: str,
+    names: Sequence[str],
+    revision: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    hint_files: str | None = None,
+) -> Path:
+    """The folder of one snapshot (one commit) of ``repo_id`` holding the files ``names``, from
+    ``huggingface_hub.snapshot_download`` (downloaded if needed, the cache only when offline).
+
+    ``hint_files`` are the files the error message tells the user to download (default ``names``).
+    """
+    hf, offline = _hub(repo_id)
+    hint = hint_files if hint_files is not None else " ".join(names)
     try:
-        path = huggingface_hub.hf_hub_download(
+        folder = hf.snapshot_download(
             repo_id,
-            filename,
             revision=revision,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cache_dir=_cache_dir(cache_dir),
+            allow_patterns=[glob.escape(n) for n in names],  # exact names, not patterns
             local_files_only=offline,
             library_name="mimi_py",
         )
     except Exception as e:  # its errors differ across versions and transports; all mean "not available"
-        cache = cache_dir if cache_dir is not None else constants.HF_HUB_CACHE
-        args = f"download {repo_id} {files}"
-        args += f" --revision {revision}" if revision else ""
-        args += f" --cache-dir {cache}" if cache_dir is not None else ""
         why = "not in the cache and HF_HUB_OFFLINE is set" if offline else "not in the cache, download failed"
-        raise WeightsError(
-            f"{repo_id}{'@' + revision if revision else ''}: cannot get {filename}: {why} "
-            f"({type(e).__name__}; cache {cache}); download it with `hf {args}` "
-            f"(huggingface_hub < 0.34: `huggingface-cli {args}`) or pass a local path"
-        ) from e
-    return Path(str(path))
+        raise _unavailable(repo_id, revision, names, f"{why} ({type(e).__name__})", cache_dir, hint) from e
+    folder = Path(str(folder))
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        why = "not in the cache's snapshot and HF_HUB_OFFLINE is set" if offline else "not in the repository"
+        raise _unavailable(repo_id, revision, missing, why, cache_dir, hint)
+    return folder
+
+
+def _snapshot_commit(repo_id: str, folder: Path, cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """The commit hash of a snapshot folder :func:`_snapshot` returned, from
+    ``huggingface_hub.scan_cache_dir`` (the cache's own description of its revisions)."""
+    hf, _ = _hub(repo_id)
+    info = hf.scan_cache_dir(_cache_dir(cache_dir))
+    target = folder.resolve()
+    for repo in info.repos:
+        if repo.repo_id == repo_id and repo.repo_type == "model":
+            for rev in repo.revisions:
+                if Path(rev.snapshot_path).resolve() == target:
+                    return rev.commit_hash
+    raise WeightsError(f"{repo_id}: {folder} is not a snapshot of the Hugging Face cache")  # pragma: no cover
 
 
 def from_pretrained(
@@ -136,23 +188,19 @@ def from_pretrained(
     """A :class:`~mimi_py.MimiCodec` with weights from the Hugging Face Hub (or its cache).
 
     Without ``filename``: the Hugging Face layout, ``config.json`` and ``model.safetensors`` of
-    ``repo_id`` at ``revision`` (default: the main branch). With ``filename``: that one checkpoint
-    (e.g. Kyutai's moshi-format ``tokenizer-e351c8d8-checkpoint125.safetensors``), with the real
-    Mimi codec's config. ``cache_dir`` defaults to huggingface_hub's (``HF_HUB_CACHE``,
-    ``HF_HOME``); ``HF_HUB_OFFLINE=1`` reads the cache only. The other arguments are
+    ``repo_id`` at ``revision`` (default: the main branch), both from the same commit. With
+    ``filename``: that one checkpoint (e.g. Kyutai's moshi-format
+    ``tokenizer-e351c8d8-checkpoint125.safetensors``), with the real Mimi codec's config.
+    ``cache_dir`` defaults to huggingface_hub's (``HF_HUB_CACHE``, ``HF_HOME``);
+    ``HF_HUB_OFFLINE=1`` reads the cache only. The other arguments are
     :class:`~mimi_py.MimiCodec`'s. Raises :class:`~mimi_py.WeightsError` when ``huggingface_hub``
     is missing or the files can be neither downloaded nor found in the cache.
     """
     if filename is not None:
-        path = _download(repo_id, filename, revision, cache_dir, filename)
+        path = _snapshot(repo_id, [filename], revision, cache_dir) / filename
         return MimiCodec(path, num_codebooks=num_codebooks, device=device, dtype=dtype)
-    files = f"{HF_CONFIG} {HF_WEIGHTS}"
-    weights = _download(repo_id, HF_WEIGHTS, revision, cache_dir, files)
-    # Pin the config to the snapshot (commit) the weights came from.
-    config = _download(repo_id, HF_CONFIG, weights.parent.name, cache_dir, files)
-    if config.parent != weights.parent:  # pragma: no cover - a cache not laid out by huggingface_hub
-        raise WeightsError(f"{repo_id}: {HF_CONFIG} and {HF_WEIGHTS} are not in one snapshot folder")
-    return MimiCodec(weights.parent, num_codebooks=num_codebooks, device=device, dtype=dtype)
+    folder = _snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
+    return MimiCodec(folder, num_codebooks=num_codebooks, device=device, dtype=dtype)
 
 
 def load_codec(

@@ -1,0 +1,218 @@
+"""The encoding stage: :class:`MimiEncoder` (one codec per Ray actor) and :func:`encode_batches`,
+which adds the decoding and encoding stages to a Ray Dataset."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._core import CodecConfig
+from ..audio import CHUNK_SECONDS, AudioReader
+from ..errors import InvalidInputError, MimiError
+from .common import (
+    _MAX_INLINE_SECONDS,
+    _check_cardinality,
+    _codes_column,
+    _column,
+    _error_text,
+    _need,
+    _pa,
+    output_schema,
+)
+from .model import _model
+from .read import _audio_column, read_audio_batch
+from .runtime import _ray_stage_args, _threads_env
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; both are optional dependencies
+    import pyarrow as pa
+    from ray.data import Dataset
+
+__all__ = ["MimiEncoder", "encode_batches"]
+
+
+class MimiEncoder:
+    """The encoding stage: a callable class for ``ds.map_batches`` on an actor pool.
+
+    ``ds.map_batches(MimiEncoder, fn_constructor_kwargs={"weights": ...},
+    compute=ray.data.ActorPoolStrategy(size=N), batch_format="pyarrow")``. Each actor loads one
+    :class:`~mimi_py.MimiCodec` (``weights``: a path, ``hf:REPO[@REV][:FILE]`` or None for seeded
+    weights; ``config``: a :class:`~mimi_py.CodecConfig` or its dict, for local weights;
+    ``num_codebooks``: None for the checkpoint's or config's own number) once.
+
+    Input rows have ``path`` and optionally ``source`` (the path to open), ``audio`` (mono
+    float32 at the codec's sample rate, as :func:`read_audio_batch` makes it), ``sample_rate``,
+    ``duration_s`` and ``error``. A row with an error is passed through. Output rows follow
+    :func:`output_schema`.
+
+    A row with audio is encoded with :meth:`~mimi_py.MimiCodec.encode` (which runs as
+    streams over short chunks inside, so its working memory is bounded): its codes equal
+    ``MimiCodec.encode`` of the file's audio exactly. A row without audio (a file longer than
+    ``max_inline_seconds``) is read from ``source`` here, block by block, and streamed through
+    ``encode_step`` in chunks of ``batch_seconds`` (see :meth:`encode_blocks`), so memory does
+    not grow with the file.
+
+    ``threads`` sets ``RAYON_NUM_THREADS`` before the codec is created; it only takes effect if
+    mimi_py has not computed anything in this process yet, so also pass it in the actors'
+    environment (``runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}}``), as
+    :func:`encode_batches` does.
+    """
+
+    def __init__(
+        self,
+        weights: str | os.PathLike[str] | None = None,
+        *,
+        config: CodecConfig | Mapping[str, Any] | None = None,
+        num_codebooks: int | None = None,
+        seed: int = 0,
+        threads: int | None = None,
+        batch_seconds: float = CHUNK_SECONDS,
+    ) -> None:
+        _threads_env(threads)
+        self.codec = _model(weights, config, num_codebooks, seed).load()
+        fs = self.codec.frame_size
+        self._chunk = max(1, round(batch_seconds * self.codec.sample_rate / fs)) * fs
+        self._batch_seconds = batch_seconds
+        _check_cardinality(self.codec)
+
+    def encode(self, pcm: np.ndarray) -> np.ndarray:
+        """The codes of one file's mono audio at the codec's rate: (num_codebooks, num_frames)
+        uint16, from ``MimiCodec.encode``."""
+        if len(pcm) == 0:
+            raise InvalidInputError("no audio samples")
+        return self.codec.encode(np.asarray(pcm, np.float32))[0].astype(np.uint16)
+
+    def encode_blocks(self, blocks: Iterable[np.ndarray]) -> np.ndarray:
+        """The codes of one file given as consecutive blocks of mono audio at the codec's rate,
+        streamed through ``encode_step`` from a fresh state: (num_codebooks, num_frames) uint16.
+
+        The stream ends with ``encode_step(..., last=True)``, which pads the last partial frame
+        as ``MimiCodec.encode`` does, so the codes equal ``encode``'s exactly, with memory
+        bounded by the chunk whatever the file's length.
+        """
+        codec, fs = self.codec, self.codec.frame_size
+        codec.reset_state()
+        out = []
+        n = 0
+        for block in blocks:
+            for s in range(0, len(block), self._chunk):
+                piece = block[s : s + self._chunk]
+                n += len(piece)
+                codes = codec.encode_step(piece[None, None])
+                if codes is not None:
+                    out.append(codes[0])
+        if n == 0:
+            raise InvalidInputError("no audio samples")
+        codes = codec.encode_step(np.zeros((1, 1, 0), np.float32), last=True)
+        if codes is not None:
+            out.append(codes[0])
+        codec.reset_state()
+        q = self.codec.num_codebooks
+        codes = np.concatenate(out, axis=1) if out else np.zeros((q, 0), np.uint32)
+        if codes.shape != (q, -(-n // fs)):  # pragma: no cover - an invariant of encode_step
+            raise MimiError(f"internal: {codes.shape} codes for {n} samples")
+        return codes.astype(np.uint16)
+
+    def __call__(self, batch: Any) -> pa.Table:
+        """Encode a batch of rows (see the class docstring) into :func:`output_schema` rows."""
+        pa = _pa()
+        paths = _column(batch, "path") or []
+        n = len(paths)
+        sources = _column(batch, "source") or paths
+        errors = _column(batch, "error") or [None] * n
+        srs = _column(batch, "sample_rate") or [None] * n
+        durs = _column(batch, "duration_s") or [None] * n
+        audio = _audio_column(batch, n)
+        codes: list[np.ndarray | None] = []
+        for i in range(n):
+            c = None
+            if errors[i] is None:
+                try:
+                    pcm = audio[i]
+                    if pcm is not None:
+                        c = self.encode(pcm)
+                    else:
+                        with AudioReader(
+                            sources[i], self.codec.sample_rate, block_seconds=self._batch_seconds
+                        ) as r:
+                            srs[i], durs[i] = r.info.sample_rate, r.info.duration_s
+                            c = self.encode_blocks(r)
+                except Exception as e:  # one bad file is one error row
+                    errors[i], c = _error_text(e), None
+                    self.codec.reset_state()
+            codes.append(c)
+        q = self.codec.num_codebooks
+        return pa.Table.from_arrays(
+            [
+                pa.array(paths, pa.string()),
+                pa.array(srs, pa.int32()),
+                pa.array(durs, pa.float64()),
+                pa.array([None if c is None else c.shape[1] for c in codes], pa.int32()),
+                pa.array([q] * n, pa.int32()),
+                _codes_column(codes),
+                pa.array(errors, pa.string()),
+            ],
+            schema=output_schema(),
+        )
+
+
+def encode_batches(
+    ds: Dataset,
+    *,
+    weights: str | os.PathLike[str] | None = None,
+    config: CodecConfig | Mapping[str, Any] | None = None,
+    num_codebooks: int | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    threads_per_worker: int = 1,
+    batch_seconds: float = CHUNK_SECONDS,
+    max_inline_seconds: float = _MAX_INLINE_SECONDS,
+    read_tasks: int | None = None,
+    sample_rate: int | None = None,
+) -> Dataset:
+    """Add the two stages to a Ray Dataset of ``path`` rows; returns a Dataset of
+    :func:`output_schema` rows (in no particular order).
+
+    The decoding stage (:func:`read_audio_batch`, one file per call) runs as up to
+    ``read_tasks`` tasks (default: one per 8 workers, at least 2) that reserve no CPU: decoding
+    costs a few percent of encoding, and the encoder actors may hold every CPU. It resamples to
+    ``sample_rate``, the codec's (default: read from the codec, which is loaded once here for
+    that). The encoding stage (:class:`MimiEncoder`) runs on ``workers`` actors of
+    ``threads_per_worker`` CPUs each, with ``RAYON_NUM_THREADS`` set in their environment (an
+    autoscaling pool of 1 to ``workers`` actors if the cluster has fewer CPUs than that). A
+    ``source`` column, if present, is the path to open (``path`` is kept as given).
+    """
+    ray = _need("ray")
+    ray_data = _need("ray.data")
+    model = _model(weights, config, num_codebooks, seed)
+    if sample_rate is None:
+        sample_rate = model.load().sample_rate
+    tasks = read_tasks if read_tasks is not None else max(2, -(-workers // 8))
+    cpus = ray.cluster_resources().get("CPU") if ray.is_initialized() else None
+    ds = ds.map_batches(
+        read_audio_batch,
+        batch_format="pyarrow",
+        batch_size=1,  # one file per call: Ray cuts the task's output into bounded blocks
+        fn_kwargs={
+            "sample_rate": sample_rate,
+            "max_inline_seconds": max_inline_seconds,
+            "block_seconds": batch_seconds,
+        },
+        num_cpus=0,
+        compute=ray_data.TaskPoolStrategy(size=tasks),
+    )
+    return ds.map_batches(
+        MimiEncoder,
+        batch_format="pyarrow",
+        fn_constructor_kwargs={
+            "weights": model.weights,
+            "config": model.config,
+            "num_codebooks": num_codebooks,
+            "seed": seed,
+            "threads": threads_per_worker,
+            "batch_seconds": batch_seconds,
+        },
+        **_ray_stage_args(workers, threads_per_worker, cpus),
+    )

@@ -1,0 +1,124 @@
+"""The model of a job: what every actor needs to build the same codec (:class:`_Model`, picklable),
+and the weights' identity recorded in ``MANIFEST.json`` (sha256 of the files, or the Hub
+commit, or the seed), with which a resumed job is checked to use the same model."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path, PurePath
+from typing import Any, NamedTuple
+
+from .._core import CodecConfig, MimiCodec
+from ..errors import ConfigError
+from ..hub import HF_CONFIG, HF_FILES, _snapshot, _snapshot_commit, load_codec, parse_weights_spec
+
+
+class _Model(NamedTuple):
+    """What an actor needs to build its codec; picklable."""
+
+    weights: str | None  # absolute path, pinned hf: spec, or None (seeded)
+    config: dict[str, Any] | None
+    num_codebooks: int | None  # None: the checkpoint's (or config's) own number
+    seed: int
+
+    def load(self) -> MimiCodec:
+        if self.config is not None:
+            if self.weights is not None and self.weights.startswith("hf:"):
+                raise ConfigError("`config` applies to local weights; hf: weights bring their own config")
+            return MimiCodec(
+                self.weights, config=self.config, num_codebooks=self.num_codebooks, seed=self.seed
+            )
+        return load_codec(self.weights, num_codebooks=self.num_codebooks, seed=self.seed)
+
+
+def _config_dict(config: CodecConfig | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    if isinstance(config, CodecConfig):
+        return config.to_dict()
+    return CodecConfig(**dict(config)).to_dict()
+
+
+def _model(
+    weights: str | os.PathLike[str] | None,
+    config: CodecConfig | Mapping[str, Any] | None,
+    num_codebooks: int | None,
+    seed: int,
+) -> _Model:
+    spec = None
+    if weights is not None:
+        spec = os.fspath(weights)
+        if not spec.startswith("hf:"):
+            spec = os.path.abspath(spec)
+    return _Model(spec, _config_dict(config), num_codebooks, seed)
+
+
+def _sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _pin_hf(model: _Model) -> tuple[_Model, dict[str, Any]]:
+    """``hf:`` weights pinned to the commit the driver sees, so that every node loads the same
+    files, and their identity (repo, revision, commit, sha256 of each file)."""
+    assert model.weights is not None
+    spec = parse_weights_spec(model.weights)
+    names = [spec.filename] if spec.filename else list(HF_FILES)
+    folder = _snapshot(spec.repo_id, names, spec.revision)
+    commit = _snapshot_commit(spec.repo_id, folder)
+    pinned = f"hf:{spec.repo_id}@{commit}" + (f":{spec.filename}" if spec.filename else "")
+    ident = {
+        "kind": "hf",
+        "spec": pinned,
+        "repo_id": spec.repo_id,
+        "revision": spec.revision,
+        "commit": commit,
+        "files": {name: _sha256(folder / name) for name in names},
+    }
+    return model._replace(weights=pinned), ident
+
+
+def _resolve_weights(model: _Model) -> tuple[_Model, dict[str, Any]]:
+    """Pin ``hf:`` weights to the commit the driver sees (so every node loads the same files)
+    and describe the weights: file names and sha256, or repo and commit, or the seed."""
+    w = model.weights
+    if w is None:
+        return model, {"kind": "seeded", "spec": None, "seed": model.seed}
+    if w.startswith("hf:"):
+        return _pin_hf(model)
+    p = Path(w)
+    if p.is_dir():
+        files = {n: _sha256(p / n) for n in HF_FILES if (p / n).is_file()}
+        return model, {"kind": "directory", "spec": w, "files": files}
+    if p.is_file():
+        return model, {"kind": "file", "spec": w, "files": {p.name: _sha256(p)}}
+    return model, {"kind": "file", "spec": w, "files": {}}  # the codec load reports it
+
+
+def _weight_hashes(ident: Mapping[str, Any]) -> list[str]:
+    """The sha256 of the weight files (not config.json: the configs are compared as configs)."""
+    return sorted(h for name, h in (ident.get("files") or {}).items() if PurePath(name).name != HF_CONFIG)
+
+
+def _same_model(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """Why two manifests' models differ (None if they do not)."""
+    ow, nw = old.get("weights", {}), new["weights"]
+
+    def name(w: Mapping[str, Any]) -> str:
+        return f"seeded weights (seed {w.get('seed')})" if w.get("kind") == "seeded" else str(w.get("spec"))
+
+    if ow.get("kind") == "seeded" or nw["kind"] == "seeded":
+        if (ow.get("kind"), ow.get("seed")) != (nw["kind"], nw.get("seed")):
+            return f"{name(ow)} then {name(nw)}"
+    elif _weight_hashes(ow) != _weight_hashes(nw):
+        return f"{name(ow)} then {name(nw)} (different sha256)"
+    oc, nc = old.get("config", {}), new["config"]
+    for key in ("num_codebooks", "codec"):
+        if oc.get(key) != nc[key]:
+            return f"{key} {oc.get(key)!r} then {nc[key]!r}"
+    return None

@@ -1,0 +1,77 @@
+"""Ray for :mod:`mimi_py.data`: connecting (or starting a local instance), the codec stages'
+actor pool, and the thread count of each actor, set one way for every path.
+
+mimi_py's pool (rayon) reads ``RAYON_NUM_THREADS`` when it first computes, so the count has to
+be in the process environment before that: :func:`_thread_vars` is the one description of it,
+put in the actors' ``runtime_env`` by :func:`_ray_stage_args` and into ``os.environ`` by
+:func:`_threads_env` (for a stage built outside Ray, or an actor started without that env).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from .common import _need
+
+_THREAD_VARS = ("RAYON_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def _thread_vars(threads: int) -> dict[str, str]:
+    """The environment variables that set the thread count of mimi_py's (rayon's) pool and of
+    OpenMP, to ``threads``."""
+    return {name: str(int(threads)) for name in _THREAD_VARS}
+
+
+def _threads_env(threads: int | None) -> None:
+    """Set :func:`_thread_vars` in this process; only effective before mimi_py's first use."""
+    if threads is not None:
+        os.environ.update(_thread_vars(threads))
+
+
+def _ray_stage_args(workers: int, threads: int, cluster_cpus: float | None) -> dict[str, Any]:
+    """``map_batches`` arguments of a codec stage: ``workers`` actors of ``threads`` CPUs, with
+    :func:`_thread_vars` in their environment."""
+    ray_data = _need("ray.data")
+    if cluster_cpus is not None and workers * threads > cluster_cpus:
+        # More than the cluster has now: start what fits and let the pool grow (autoscaling).
+        compute = ray_data.ActorPoolStrategy(min_size=1, max_size=workers)
+    else:
+        compute = ray_data.ActorPoolStrategy(size=workers)
+    return {"compute": compute, "num_cpus": threads, "runtime_env": {"env_vars": _thread_vars(threads)}}
+
+
+def _init_ray(address: str | None) -> bool:
+    """Connect to (or start) Ray; True when this call started it (and should shut it down)."""
+    ray = _need("ray")
+    if ray.is_initialized():
+        return False
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    else:
+        ray.init(address=address, logging_level=logging.WARNING)
+    return True
+
+
+@contextlib.contextmanager
+def _ray_session(address: str | None, quiet_bars: bool) -> Iterator[float]:
+    """Ray for one job, yielding the cluster's CPU count: an existing connection, else
+    ``address`` / ``RAY_ADDRESS``, else a local instance that is shut down at the end. With
+    ``quiet_bars`` Ray Data's progress bars are off meanwhile (the job prints its own lines)."""
+    started = _init_ray(address)
+    try:
+        ray, ray_data = _need("ray"), _need("ray.data")
+        ctx = ray_data.DataContext.get_current()
+        bars = ctx.enable_progress_bars
+        if quiet_bars:
+            ctx.enable_progress_bars = False
+        try:
+            yield float(ray.cluster_resources().get("CPU", 1))
+        finally:
+            ctx.enable_progress_bars = bars
+    finally:
+        if started:
+            _need("ray").shutdown()
