@@ -481,7 +481,8 @@ def test_ctrl_c_interrupts_a_long_offline_encode():
         cwd=str(REPO),
     )
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=read_lines, args=(p.stdout, lines), daemon=True).start()
+    reader = threading.Thread(target=read_lines, args=(p.stdout, lines), daemon=True)
+    reader.start()
     seen = []
     try:
         while not seen or seen[-1] != "RUNNING":
@@ -498,3 +499,5 @@ def test_ctrl_c_interrupts_a_long_offline_encode():
         if p.poll() is None:
             p.kill()
         p.wait(timeout=30)
+        reader.join(timeout=30)  # the pipe is at its end once the child is gone
+        p.stdout.close()
