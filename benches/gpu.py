@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mimi_py against moshi's PyTorch Mimi on one accelerator (issue 15): same random weights,
+"""mimi_py against moshi's PyTorch Mimi on one accelerator: same random weights,
 same device, float32 and bfloat16.
 
     python benches/gpu.py [--device cuda] [--dtypes float32,bfloat16] [--engines mimi_py,moshi]
@@ -381,6 +381,46 @@ def device_facts(device: str) -> dict:
     return out
 
 
+def not_installed_run(args, eng: str, dt: str, missing: list[str]) -> dict:
+    """The failed rows of an engine that cannot be imported."""
+    why = "not installed (" + ", ".join(missing) + ")"
+    rows = [{"kind": "offline", "batch": b, "ok": False, "error": why} for b in args.batches]
+    rows += [{"kind": "streaming", "batch": b, "ok": False, "error": why} for b in args.stream_batches]
+    return {"engine": eng, "dtype": dt, "ok": False, "not_installed": True, "error": why, "rows": rows}
+
+
+def run_engines(args, weights: dict, sizes: dict, codes_dir: Path) -> list:
+    """One worker per (engine, dtype); each saves its codes under codes_dir for `agreement`."""
+    import importlib.util
+
+    runs = []
+    for eng in args.engines:
+        missing = [m for m in NEEDS[eng] if importlib.util.find_spec(m) is None]
+        for dt in args.dtypes:
+            if missing:
+                runs.append(not_installed_run(args, eng, dt, missing))
+                continue
+            save = codes_dir / f"{eng}-{dt}"
+            save.mkdir()
+            spec = {
+                "task": "gpu",
+                "engine": eng,
+                "dtype": dt,
+                "device": args.device,
+                "weights": weights["path"],
+                "hf_config": weights["hf_config"],
+                "num_codebooks": weights["num_codebooks"],
+                **sizes,
+                "save_dir": str(save),
+            }
+            log(f"{eng} {dt} on {args.device}")
+            r = run_worker(spec, args.threads, args.timeout)
+            bad = [f"{x['kind']} B={x['batch']}" for x in r["rows"] if not x.get("ok")]
+            log(f"{eng} {dt}: {r['process_wall_s']:.1f} s" + (f"; failed: {', '.join(bad)}" if bad else ""))
+            runs.append(r)
+    return runs
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
@@ -397,53 +437,9 @@ def main(argv=None) -> int:
     sizes = {
         k: getattr(args, k) for k in ("seconds", "batches", "stream_batches", "frames", "warmup", "repeats")
     }
-    import importlib.util
-
-    runs = []
     with tempfile.TemporaryDirectory(prefix="mimi-gpu-bench-") as tmp:
         codes_dir = Path(tmp)
-        for eng in args.engines:
-            missing = [m for m in NEEDS[eng] if importlib.util.find_spec(m) is None]
-            for dt in args.dtypes:
-                if missing:
-                    why = "not installed (" + ", ".join(missing) + ")"
-                    rows = [{"kind": "offline", "batch": b, "ok": False, "error": why} for b in args.batches]
-                    rows += [
-                        {"kind": "streaming", "batch": b, "ok": False, "error": why}
-                        for b in args.stream_batches
-                    ]
-                    runs.append(
-                        {
-                            "engine": eng,
-                            "dtype": dt,
-                            "ok": False,
-                            "not_installed": True,
-                            "error": why,
-                            "rows": rows,
-                        }
-                    )
-                    continue
-                save = codes_dir / f"{eng}-{dt}"
-                save.mkdir()
-                spec = {
-                    "task": "gpu",
-                    "engine": eng,
-                    "dtype": dt,
-                    "device": args.device,
-                    "weights": weights["path"],
-                    "hf_config": weights["hf_config"],
-                    "num_codebooks": weights["num_codebooks"],
-                    **sizes,
-                    "save_dir": str(save),
-                }
-                log(f"{eng} {dt} on {args.device}")
-                r = run_worker(spec, args.threads, args.timeout)
-                bad = [f"{x['kind']} B={x['batch']}" for x in r["rows"] if not x.get("ok")]
-                log(
-                    f"{eng} {dt}: {r['process_wall_s']:.1f} s"
-                    + (f"; failed: {', '.join(bad)}" if bad else "")
-                )
-                runs.append(r)
+        runs = run_engines(args, weights, sizes, codes_dir)
         agree = agreement(args, codes_dir)
 
     res = {

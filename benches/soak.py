@@ -167,7 +167,7 @@ def summarize(samples: list[dict]) -> dict:
     return out
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=45_000, help="transformer steps (default 45000)")
     ap.add_argument("--seconds", type=float, default=600.0, help="seconds of codec audio (default 600)")
@@ -187,7 +187,45 @@ def main(argv=None) -> int:
         default=os.path.join(tempfile.gettempdir(), "mimi_soak"),
         help="output folder for soak.csv and soak.json",
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def write_results(args, samples: list[dict], summary: dict) -> tuple[str, str]:
+    """soak.csv (one row per sample) and soak.json (the summary and the samples); their paths."""
+    os.makedirs(args.out, exist_ok=True)
+    csv_path = os.path.join(args.out, "soak.csv")
+    json_path = os.path.join(args.out, "soak.json")
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(samples)
+    with open(json_path, "w") as f:
+        json.dump({"summary": summary, "samples": samples}, f, indent=1)
+    return csv_path, json_path
+
+
+def print_summary(summary: dict) -> None:
+    print("\nsummary")
+    for phase in ("transformer", "codec"):
+        if phase in summary:
+            s = summary[phase]
+            line = (
+                f"  {phase:11s} RSS start {s['rss_start_mib']} MiB, peak {s['rss_peak_mib']} MiB, "
+                f"end {s['rss_end_mib']} MiB (growth after warm-up "
+                f"{s['rss_growth_after_warmup_mib']} MiB), {s['steps']} steps in {s['elapsed_s']:.0f} s"
+            )
+            if "state_nbytes_peak" in s:
+                line += (
+                    f"; state_nbytes start {s['state_nbytes_start']}, peak "
+                    f"{s['state_nbytes_peak']}, end {s['state_nbytes_end']}"
+                )
+            if "frames" in s:
+                line += f"; {s['frames']} frames"
+            print(line)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     rss_import0 = rss_kib()
     import mimi_py
@@ -229,33 +267,8 @@ def main(argv=None) -> int:
         samples += s
         summary["codec"] = summarize(s)
 
-    os.makedirs(args.out, exist_ok=True)
-    csv_path = os.path.join(args.out, "soak.csv")
-    json_path = os.path.join(args.out, "soak.json")
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(samples)
-    with open(json_path, "w") as f:
-        json.dump({"summary": summary, "samples": samples}, f, indent=1)
-
-    print("\nsummary")
-    for phase in ("transformer", "codec"):
-        if phase in summary:
-            s = summary[phase]
-            line = (
-                f"  {phase:11s} RSS start {s['rss_start_mib']} MiB, peak {s['rss_peak_mib']} MiB, "
-                f"end {s['rss_end_mib']} MiB (growth after warm-up "
-                f"{s['rss_growth_after_warmup_mib']} MiB), {s['steps']} steps in {s['elapsed_s']:.0f} s"
-            )
-            if "state_nbytes_peak" in s:
-                line += (
-                    f"; state_nbytes start {s['state_nbytes_start']}, peak "
-                    f"{s['state_nbytes_peak']}, end {s['state_nbytes_end']}"
-                )
-            if "frames" in s:
-                line += f"; {s['frames']} frames"
-            print(line)
+    csv_path, json_path = write_results(args, samples, summary)
+    print_summary(summary)
     print(f"  samples: {csv_path}\n  summary: {json_path}")
     return 0
 

@@ -47,7 +47,9 @@ PY
 
 step "tests on $DEVICE"
 timeout 270 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" \
-    tests/test_fixtures.py tests/test_state.py tests/test_codec.py tests/test_half.py tests/test_hostile.py \
+    tests/test_fixtures.py tests/test_state.py tests/test_codec.py tests/test_half.py \
+    tests/test_input_arrays.py tests/test_transformer_inputs.py tests/test_codec_inputs.py \
+    tests/test_config.py tests/test_weights.py tests/test_errors.py tests/test_memory_limits.py \
     2>&1 | tee "$OUT/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

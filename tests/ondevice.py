@@ -2,9 +2,10 @@
 
 ``MIMI_TEST_DEVICE`` (default ``cpu``) picks the device: ``cuda``, ``cuda:1``, ``metal``...
 The fixture numerics (test_fixtures), the state invariants (test_state), the codec's codes and
-audio (test_codec, test_half) and the hostile inputs (test_hostile) build their models through
-:func:`make_codec` and :func:`make_transformer`, which add ``device=DEVICE`` unless a test names
-a device itself. Tests of what only the native CPU engine does (per-row streaming with
+audio (test_codec, test_half) and the hostile inputs (test_input_arrays, test_transformer_inputs,
+test_codec_inputs, and the generated cases of test_config and test_weights) build their models
+through :func:`make_codec` and :func:`make_transformer`, which add ``device=DEVICE`` unless a
+test names a device itself. Tests of what only the native CPU engine does (per-row streaming with
 ``active=``/``rows=``, ending a stream with ``last=True``) are marked :data:`cpu_only`; on other
 devices those calls raise ``DeviceError``, which test_half checks.
 

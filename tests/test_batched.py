@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mimi_py
+from conftest import CODEC_FILE, small_codec_config
 
 SETTINGS = settings(
     max_examples=25,
@@ -119,12 +120,7 @@ def test_positions_start_empty_and_count_each_rows_steps():
 
 
 def small_codec():
-    import json
-
-    from fixtures import CODEC_DIR
-
-    cfg = mimi_py.CodecConfig(**json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text()))
-    return mimi_py.MimiCodec(CODEC_DIR / "mimi_small.safetensors", config=cfg)
+    return mimi_py.MimiCodec(CODEC_FILE, config=small_codec_config())
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mimi_py
-from conftest import assert_close, read_safetensors, write_safetensors
+from conftest import assert_close, read_safetensors, small_codec_config, write_safetensors
 from fixtures import CODEC_DIR
 from ondevice import assert_codes, cpu_only, make_codec, tolerance
 
@@ -22,13 +22,9 @@ TOL = META["tolerance"]
 IO = dict(np.load(CODEC / "mimi_small_io.npz"))
 
 
-def small_config():
-    return mimi_py.CodecConfig(**json.loads((CODEC / "mimi_small_candle_config.json").read_text()))
-
-
 @pytest.fixture(scope="module")
 def codec():
-    return make_codec(CODEC / "mimi_small.safetensors", config=small_config())
+    return make_codec(CODEC / "mimi_small.safetensors", config=small_codec_config())
 
 
 # ---------------------------------------------------------------- config
@@ -81,7 +77,7 @@ def test_config_validation_names_the_field(kw, field):
 def test_config_from_hf_config_json():
     hf = json.loads((CODEC / "mimi_small_hf_config.json").read_text())
     c = mimi_py.CodecConfig.from_hf(hf)
-    ref = small_config()
+    ref = small_codec_config()
     assert c.seanet == ref.seanet
     for f in ("channels", "sample_rate", "frame_rate", "quantizer_n_q", "quantizer_bins", "quantizer_dim"):
         assert getattr(c, f) == getattr(ref, f), f
@@ -103,7 +99,7 @@ def test_config_from_hf_config_json():
 
 @pytest.mark.parametrize("weights", ["mimi_small.safetensors", "mimi_small_moshi.safetensors"])
 def test_codes_audio_latents_match_reference(weights):
-    c = make_codec(CODEC / weights, config=small_config())
+    c = make_codec(CODEC / weights, config=small_codec_config())
     assert c.checkpoint_layout == ("moshi" if "moshi" in weights else "hf")
     codes = c.encode(IO["waveform"])
     assert codes.dtype == np.uint32 and codes.shape == IO["codes"].shape
@@ -129,17 +125,17 @@ def test_hf_directory_with_config_json(tmp_path):
 
 def test_weights_from_a_mapping(codec):
     tensors = read_safetensors(CODEC / "mimi_small_moshi.safetensors")
-    c = make_codec(tensors, config=small_config())
+    c = make_codec(tensors, config=small_codec_config())
     assert c.checkpoint_layout == "moshi"
     assert_codes(c.encode(IO["waveform"]), IO["codes"])
 
 
 def test_fewer_codebooks_are_the_first_ones():
-    c2 = make_codec(CODEC / "mimi_small.safetensors", config=small_config(), num_codebooks=2)
+    c2 = make_codec(CODEC / "mimi_small.safetensors", config=small_codec_config(), num_codebooks=2)
     assert c2.num_codebooks == 2
     assert_codes(c2.encode(IO["waveform"]), IO["codes"][:, :2])
     with pytest.raises(mimi_py.WeightsError, match="has 4"):
-        make_codec(CODEC / "mimi_small.safetensors", config=small_config(), num_codebooks=5)
+        make_codec(CODEC / "mimi_small.safetensors", config=small_codec_config(), num_codebooks=5)
 
 
 def test_input_forms_and_dtypes(codec):
@@ -262,14 +258,14 @@ def test_stream_batch_size_is_fixed_until_reset(codec):
 
 
 def test_many_clips_on_one_instance_and_a_stream_past_8192_transformer_steps():
-    c = make_codec(CODEC / "mimi_small.safetensors", config=small_config())
+    c = make_codec(CODEC / "mimi_small.safetensors", config=small_codec_config())
     rng = np.random.default_rng(0)
     clip = (rng.standard_normal((1, 1, 24000 * 30)) * 0.1).astype(np.float32)
     first = c.encode(clip)
     for i in range(20):  # 20 x 30 s = 10 minutes through one instance
         c.encode(clip * (0.5 + 0.02 * i))
     np.testing.assert_array_equal(c.encode(clip), first)
-    fresh = make_codec(CODEC / "mimi_small.safetensors", config=small_config())
+    fresh = make_codec(CODEC / "mimi_small.safetensors", config=small_codec_config())
     np.testing.assert_array_equal(fresh.encode(clip), first)
     # one stream of 340 s: 8500 steps of the encoder transformer (25 Hz), past max_seq_len=8192
     n = 0
@@ -331,12 +327,12 @@ def test_missing_and_misshaped_tensors_are_named(tmp_path):
         if not isinstance(src, dict):
             write_safetensors(src, t)
         with pytest.raises(mimi_py.WeightsError) as ei:
-            make_codec(src, config=small_config(), num_codebooks=2)
+            make_codec(src, config=small_codec_config(), num_codebooks=2)
         msg = str(ei.value)
         assert "encoder.layers.3.conv.weight" in msg and "[16, 8, 8]" in msg
         assert "decoder_transformer.layers.1.mlp.fc1.weight" in msg and "[3, 64]" in msg
     with pytest.raises(mimi_py.WeightsError, match="has 2"):
-        make_codec(t, config=small_config(), num_codebooks=4)
+        make_codec(t, config=small_codec_config(), num_codebooks=4)
 
 
 def test_not_a_mimi_checkpoint(tmp_path):

@@ -1,4 +1,5 @@
-"""Typed errors: one hierarchy, builtins preserved, state untouched by rejected calls."""
+"""Typed errors: one hierarchy, builtins preserved, state untouched by rejected calls, objects
+usable after a caught panic."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import numpy as np
 import pytest
 
 import mimi_py
-from conftest import assert_close
+from conftest import (
+    FRAME,
+    assert_allowed,
+    assert_close,
+    call,
+    same,
+    small_codec_config,
+    tf_follow_up,
+    tf_primed,
+)
 from fixtures import case_json, load_case
 
 
@@ -216,11 +226,7 @@ def _poisoned_transformer():
 
 
 def _poisoned_codec():
-    import json
-
-    from fixtures import CODEC_DIR
-
-    cfg = mimi_py.CodecConfig(**json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text()))
+    cfg = small_codec_config()
     pcm = (np.random.default_rng(1).standard_normal((1, 1, 3000)) * 0.1).astype(np.float32)
     return mimi_py.MimiCodec(config=cfg, seed=2), mimi_py.MimiCodec(config=cfg, seed=2), pcm, "encode_step"
 
@@ -237,3 +243,23 @@ def test_a_panic_under_the_stream_lock_resets_the_stream_and_raises_internal_err
     for _ in range(2):
         a, b = getattr(obj, method)(x), getattr(fresh, method)(x)
         assert (a is None and b is None) or np.array_equal(a, b)
+
+
+# ---------------------------------------------------------------- after a caught panic
+
+
+def test_objects_stay_usable_after_a_caught_panic(codec_pair):
+    codec, control = codec_pair
+    t, c = tf_primed(1, 5, 0)
+    codec.reset_state()
+    control.reset_state()
+    pcm = (np.random.default_rng(1).standard_normal((1, 1, FRAME + 100)) * 0.1).astype(np.float32)
+    same(codec.encode_step(pcm), control.encode_step(pcm), "before")
+    for _ in range(3):
+        kind, e = call(mimi_py._core._panic_for_tests)
+        assert kind == "err"
+        assert_allowed(e, (mimi_py.InternalError,), "_panic_for_tests")
+        assert "forced panic" in str(e)
+    tf_follow_up(t, c, 1, 0)
+    same(codec.encode_step(pcm), control.encode_step(pcm), "encode_step after panics")
+    same(codec.encode(pcm), control.encode(pcm), "encode after panics")

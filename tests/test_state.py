@@ -1,4 +1,5 @@
-"""The streaming state: chunk invariance, exact copy_state, reset == fresh, unbounded streams."""
+"""The streaming state: chunk invariance, exact copy_state, reset == fresh, unbounded streams;
+copy_state between generated pairs of transformers either continues exactly or changes neither."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mimi_py
-from conftest import assert_close
+from conftest import PROFILE, assert_allowed, assert_close, call, count_case, same
 from fixtures import load_case
 from ondevice import make_transformer
 
@@ -212,3 +213,89 @@ def test_batch_size_is_part_of_the_stream():
     t.reset_state()
     y1 = t.forward(x[:1])
     assert_close(y1, arrays["y_full"][:1], what="batch 1 after reset")
+
+
+# ---------------------------------------------------------------- copy_state, generated pairs
+
+
+@st.composite
+def copy_state_cfg(draw):
+    return {
+        "d_model": draw(st.sampled_from([16, 32])),
+        "num_heads": draw(st.sampled_from([2, 4])),
+        "num_layers": draw(st.integers(1, 2)),
+        "context": draw(st.sampled_from([4, 8])),
+        "dim_feedforward": 32,
+    }
+
+
+@PROFILE
+@given(
+    a_kw=copy_state_cfg(),
+    b_kw=copy_state_cfg(),
+    a_dtype=st.sampled_from(["float32", "float32", "bfloat16"]),
+    b_dtype=st.sampled_from(["float32", "float32", "bfloat16"]),
+    same_seed=st.booleans(),
+    a_hist=st.tuples(st.integers(1, 2), st.sampled_from([0, 3, 11])),
+    b_hist=st.tuples(st.integers(1, 2), st.sampled_from([0, 3, 11])),
+    seed=st.integers(0, 2**16),
+)
+def test_copy_state_either_continues_as_the_source_or_changes_neither_object(
+    a_kw, b_kw, a_dtype, b_dtype, same_seed, a_hist, b_hist, seed
+):
+    """dst.copy_state(src): either dst continues exactly as src, or both are unchanged."""
+    count_case("copy_state")
+    if same_seed and np.random.default_rng(seed).random() < 0.5:
+        b_kw, b_dtype = a_kw, a_dtype  # often compatible
+    ca, cb = mimi_py.TransformerConfig(**a_kw), mimi_py.TransformerConfig(**b_kw)
+    sa, sb = 5, (5 if same_seed else 6)
+    dst, dst_ctl = (
+        make_transformer(ca, seed=sa, dtype=a_dtype),
+        make_transformer(ca, seed=sa, dtype=a_dtype),
+    )
+    src, src_ctl = (
+        make_transformer(cb, seed=sb, dtype=b_dtype),
+        make_transformer(cb, seed=sb, dtype=b_dtype),
+    )
+    rng = np.random.default_rng(seed)
+    for t, ctl, (bb, n) in ((dst, dst_ctl, a_hist), (src, src_ctl, b_hist)):
+        if n:
+            h = rng.standard_normal((bb, n, t.d_model)).astype(np.float32)
+            same(t.forward(h), ctl.forward(h), "history")
+    kind, r = call(dst.copy_state, src)
+    compatible = (
+        a_kw["num_layers"] == b_kw["num_layers"]
+        and a_kw["d_model"] == b_kw["d_model"]
+        and a_kw["num_heads"] == b_kw["num_heads"]
+        and a_kw["context"] == b_kw["context"]
+        and a_dtype == b_dtype
+    )
+    if kind == "err":
+        assert not compatible, f"compatible copy_state refused: {r}"
+        allowed = (
+            (mimi_py.DepthMismatchError,)
+            if a_kw["num_layers"] != b_kw["num_layers"]
+            else (mimi_py.IncompatibleStateError,)
+        )
+        assert_allowed(r, allowed, "copy_state")
+        if a_kw["num_layers"] == b_kw["num_layers"]:
+            assert not isinstance(r, mimi_py.DepthMismatchError), r
+        for t, ctl in ((dst, dst_ctl), (src, src_ctl)):
+            assert t.position == ctl.position
+            b = t.batch_size or 1
+            x = rng.standard_normal((b, 2, t.d_model)).astype(np.float32)
+            same(t.forward(x), ctl.forward(x), "state after a refused copy_state")
+        return
+    assert compatible, "incompatible copy_state accepted"
+    assert dst.position == src.position and dst.batch_size == src.batch_size
+    assert dst.state_nbytes == src.state_nbytes
+    b = src.batch_size or 1
+    x = rng.standard_normal((b, 2, src.d_model)).astype(np.float32)
+    ys = src.forward(x)
+    yd = dst.forward(x)
+    if a_kw == b_kw and a_dtype == b_dtype and sa == sb:
+        same(yd, ys, "dst continues exactly as src")
+    for wrong in (None, 1, "x", mimi_py.TransformerConfig(**a_kw)):
+        kind, e = call(dst.copy_state, wrong)
+        assert kind == "err"
+        assert_allowed(e, (TypeError,), "copy_state(wrong type)")

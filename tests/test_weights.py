@@ -1,16 +1,32 @@
-"""Weights from a safetensors file, a mapping and a seed; prefixes; the HF q/k layout."""
+"""Weights from a safetensors file, a mapping and a seed; prefixes; the HF q/k layout; corrupt
+checkpoints (truncated, bad headers, wrong dtypes or shapes, missing or extra tensors) are
+WeightsErrors that name the path and the problem."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mimi_py
-from conftest import assert_close, write_safetensors
+from conftest import (
+    CODEC_FILE,
+    TF_CFG,
+    assert_allowed,
+    assert_close,
+    call,
+    read_safetensors,
+    small_codec_config,
+    tf_weights,
+    write_safetensors,
+)
 from fixtures import load_case, to_hf_layout
+from ondevice import make_codec, make_transformer
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +182,144 @@ def test_bad_weights_argument_type(small):
     meta, cfg, weights, arrays = small
     with pytest.raises(TypeError, match="safetensors"):
         mimi_py.StreamingTransformer(mimi_py.TransformerConfig(**cfg), 42)
+
+
+# ---------------------------------------------------------------- corrupt checkpoints
+
+
+def corrupt(kind: str, tensors: dict, path: Path, first: str) -> tuple[Path, list[str]]:
+    """Writes a corrupt checkpoint; returns (path to pass, words the message must contain)."""
+    good = path.with_name("good_" + path.name)
+    write_safetensors(good, tensors)
+    raw = good.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    if kind == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+        return path, []
+    if kind == "truncated_header":
+        path.write_bytes(raw[: 8 + n // 2])
+        return path, ["header"]
+    if kind == "empty":
+        path.write_bytes(b"")
+        return path, []
+    if kind == "bad_json":
+        path.write_bytes(raw[:8] + b"x" * n + raw[8 + n :])
+        return path, ["JSON"]
+    if kind == "header_len_gt_file":
+        path.write_bytes(struct.pack("<Q", len(raw) + 1000) + raw[8:])
+        return path, ["header"]
+    if kind == "header_len_huge":
+        path.write_bytes(struct.pack("<Q", 2**62) + raw[8:])
+        return path, ["header"]
+    if kind == "not_safetensors":
+        path.write_bytes(b"PK\x03\x04 this is a zip/pickle, not safetensors" * 3)
+        return path, []
+    if kind == "pickle":
+        import pickle
+
+        path.write_bytes(pickle.dumps({first: tensors[first]}))
+        return path, []
+    if kind == "offsets_out_of_range":
+        h = json.loads(raw[8 : 8 + n])
+        h[first]["data_offsets"] = [0, 10**12]
+        j = json.dumps(h).encode()
+        j += b" " * (-len(j) % 8)
+        path.write_bytes(struct.pack("<Q", len(j)) + j + raw[8 + n :])
+        return path, []
+    if kind == "directory":
+        path.mkdir()
+        return path, ["directory"]
+    if kind == "nonexistent":
+        return path, []
+    w = dict(tensors)
+    if kind == "int32":
+        w[first] = w[first].astype(np.int32)
+        words = [first, "dtype"]
+    elif kind == "missing":
+        del w[first]
+        words = [first, "missing"]
+    elif kind == "wrong_shape":
+        w[first] = np.zeros((3, 3), np.float32)
+        words = [first, "[3, 3]"]
+    elif kind == "float64":
+        w[first] = w[first].astype(np.float64)
+        words = None  # accepted
+    else:
+        raise AssertionError(kind)
+    write_safetensors(path, w)
+    return path, words
+
+
+CORRUPTIONS = [
+    "truncated",
+    "truncated_header",
+    "empty",
+    "bad_json",
+    "header_len_gt_file",
+    "header_len_huge",
+    "not_safetensors",
+    "pickle",
+    "offsets_out_of_range",
+    "directory",
+    "nonexistent",
+    "int32",
+    "missing",
+    "wrong_shape",
+    "float64",
+]
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS + ["extra"])
+@pytest.mark.parametrize("model", ["transformer", "codec"])
+def test_corrupt_checkpoints_are_weights_errors_naming_path_and_problem(tmp_path, model, kind):
+    if model == "transformer":
+        tensors, first = tf_weights(), "layers.0.mlp.fc1.weight"
+        extra = "layers.0.mlp.fc1.bias"
+        load = lambda p: make_transformer(TF_CFG, p)  # noqa: E731
+    else:
+        tensors = read_safetensors(CODEC_FILE)
+        first, extra = "encoder.layers.0.conv.weight", "encoder_transformer.layers.0.mlp.fc1.bias"
+        load = lambda p: make_codec(p, config=small_codec_config())  # noqa: E731
+    path = tmp_path / "model.safetensors"
+    if kind == "extra":
+        w = dict(tensors)
+        w[extra] = np.zeros(3, np.float32)
+        write_safetensors(path, w)
+        words = [extra, "unexpected"]
+    else:
+        path, words = corrupt(kind, tensors, path, first)
+    kind_, r = call(load, path)
+    if words is None:
+        assert kind_ == "ok", f"{kind}: a valid checkpoint was refused: {r}"
+        return
+    assert kind_ == "err", f"{kind}: a corrupt checkpoint was accepted"
+    assert_allowed(r, (mimi_py.WeightsError,), kind)
+    msg = str(r)
+    assert str(path) in msg, f"{kind}: the message does not name the path: {msg}"
+    for w in words:
+        assert w in msg, f"{kind}: the message does not say {w!r}: {msg}"
+    if kind == "nonexistent":
+        assert isinstance(r.__cause__, OSError)
+
+
+def test_a_codec_directory_with_a_corrupt_config_json_is_a_weights_error(tmp_path):
+    shutil.copy(CODEC_FILE, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(mimi_py.WeightsError, match="config.json"):
+        make_codec(tmp_path)
+
+
+def test_a_codec_directory_whose_config_json_is_not_an_object_is_a_weights_error(tmp_path):
+    shutil.copy(CODEC_FILE, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(mimi_py.WeightsError, match="config.json"):
+        make_codec(tmp_path)
+
+
+def test_an_extra_seanet_tensor_in_a_codec_checkpoint_is_refused(tmp_path):
+    w = read_safetensors(CODEC_FILE)
+    w["encoder.layers.99.conv.weight"] = np.zeros((3, 3, 3), np.float32)
+    p = tmp_path / "model.safetensors"
+    write_safetensors(p, w)
+    with pytest.raises(mimi_py.WeightsError, match="encoder.layers.99"):
+        make_codec(p, config=small_codec_config())

@@ -1,0 +1,78 @@
+"""Machine facts and versions for benches/run.py's results."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import common
+
+REPO = common.REPO
+
+
+def pkg_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+def machine_info(args) -> dict:
+    import numpy
+
+    import mimi_py
+
+    git = {}
+    try:
+        git["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        st = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        git["modified_files"] = len([line for line in st.splitlines() if line.strip()])
+    except Exception:
+        pass
+    core = getattr(mimi_py, "_core", None)
+    core_file = getattr(core, "__file__", None)
+    return {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_model": common.cpu_model(),
+        "cpu_cores": common.cpu_count(),
+        "cpu_cores_available": common.cpu_count_available(),
+        "memory_total_bytes": common.memory_total_bytes(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "threads": args.threads,
+        "main_threads": args.main_threads,
+        "versions": {
+            "mimi_py": mimi_py.__version__,
+            "candle": mimi_py.candle_version,
+            "mimi_py_features": sorted(mimi_py.features),
+            "numpy": numpy.__version__,
+            "rustymimi": pkg_version("rustymimi"),
+            "torch": pkg_version("torch"),
+            "moshi": pkg_version("moshi"),
+            "transformers": pkg_version("transformers"),
+        },
+        "mimi_py_core": core_file,
+        "mimi_py_core_built": _dt.datetime.fromtimestamp(Path(core_file).stat().st_mtime).isoformat(
+            timespec="seconds"
+        )
+        if core_file
+        else None,
+        "git": git,
+    }
