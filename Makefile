@@ -8,14 +8,14 @@ PKG ?= .
 # pytest runs without Rust on PATH: the installed package must not need a toolchain.
 NO_RUST_PATH := $(shell printf '%s' "$$PATH" | tr ':' '\n' | grep -v -e '\.cargo' -e rustup | paste -sd: -)
 
-.PHONY: test check dev core-free lint stubtest test-rust test-python
+.PHONY: test check dev core-free layout lint stubtest test-rust test-python
 
 # The README's test command: install the package with its test tools, then check everything.
 test:
 	$(PYTHON) -m pip install --quiet "$(PKG)[test,dev]"
 	$(MAKE) check PYTHON=$(PYTHON)
 
-check: core-free lint stubtest test-rust test-python
+check: core-free layout lint stubtest test-rust test-python
 
 # A fast build into the current virtualenv (release speed, no fat LTO): for iteration.
 dev:
@@ -28,6 +28,10 @@ core-free:
 		cargo tree -p mimi-core -e normal,build,dev -i numpy >/dev/null 2>&1; then \
 		echo "mimi-core depends on pyo3 or numpy (they belong in src/)"; exit 1; \
 	else echo "mimi-core's dependency tree is free of pyo3/numpy"; fi
+
+# File and function sizes, and every module named in ARCHITECTURE.md (scripts/check_layout.py).
+layout:
+	$(PYTHON) scripts/check_layout.py
 
 lint:
 	cargo fmt --all --check

@@ -20,7 +20,7 @@ NATIVE_BIN = Path(os.environ.get("MIMI_NATIVE_BENCH", REPO / "target" / "release
 
 
 def newest_source_mtime() -> float:
-    paths = list((REPO / "src").rglob("*.rs")) + [REPO / "Cargo.toml", REPO / "Cargo.lock"]
+    paths = list((REPO / "crates" / "mimi-core").rglob("*.rs")) + [REPO / "Cargo.toml", REPO / "Cargo.lock"]
     return max((p.stat().st_mtime for p in paths if p.exists()), default=0.0)
 
 
