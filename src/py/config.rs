@@ -267,26 +267,13 @@ py_config!(PyCodecConfig, CodecConfig, codec_fields, codec_field);
 
 /// A codebook count: 1 to 32, the real model's range.
 pub fn real_codebooks(v: Option<&Bound<'_, PyAny>>) -> Result<usize> {
-    let n = v
-        .map(|v| arg::<usize>("num_codebooks", v))
-        .transpose()?
-        .unwrap_or(8);
-    if n == 0 || n > 32 {
-        return Err(Error::config(
-            "num_codebooks",
-            format!("the real Mimi model has 1 to 32 codebooks, got {n}"),
-        ));
-    }
-    Ok(n)
+    let n = v.map(|v| arg::<usize>("num_codebooks", v)).transpose()?;
+    Ok(CodecConfig::mimi_checked(n)?.quantizer_n_q)
 }
 
 /// An optional codebook count of at least 1.
 pub fn codebooks(v: Option<&Bound<'_, PyAny>>) -> Result<Option<usize>> {
-    let n = v.map(|v| arg::<usize>("num_codebooks", v)).transpose()?;
-    if n == Some(0) {
-        return Err(Error::config("num_codebooks", "must be at least 1"));
-    }
-    Ok(n)
+    CodecConfig::check_codebooks(v.map(|v| arg::<usize>("num_codebooks", v)).transpose()?)
 }
 
 #[pymethods]

@@ -711,12 +711,40 @@ impl SeanetConfig {
 }
 
 impl CodecConfig {
+    /// The codebooks the real Mimi model (kyutai/mimi) holds.
+    pub const MIMI_CODEBOOKS: usize = 32;
+
     /// The real Mimi codec with `n_q` codebooks.
     pub fn mimi(n_q: usize) -> Self {
         Self {
             quantizer_n_q: n_q,
             ..Self::default()
         }
+    }
+
+    /// The real Mimi codec with `n_q` of its [`Self::MIMI_CODEBOOKS`] codebooks (the
+    /// config's default number when `None`), refusing a number outside that range.
+    pub fn mimi_checked(n_q: Option<usize>) -> Result<Self> {
+        let n = n_q.unwrap_or(Self::default().quantizer_n_q);
+        if n == 0 || n > Self::MIMI_CODEBOOKS {
+            return Err(Error::config(
+                "num_codebooks",
+                format!(
+                    "the real Mimi model has 1 to {} codebooks, got {n}",
+                    Self::MIMI_CODEBOOKS
+                ),
+            ));
+        }
+        Ok(Self::mimi(n))
+    }
+
+    /// Refuses a requested number of codebooks below 1 (above what a checkpoint holds is
+    /// refused when it is read).
+    pub fn check_codebooks(n: Option<usize>) -> Result<Option<usize>> {
+        if n == Some(0) {
+            return Err(Error::config("num_codebooks", "must be at least 1"));
+        }
+        Ok(n)
     }
 
     /// Checks the fields together.
