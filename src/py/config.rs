@@ -52,7 +52,31 @@ fn sequence<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
 }
 
 fn key_of(k: &Bound<'_, PyAny>) -> String {
-    k.extract().unwrap_or_else(|_| other(k).repr())
+    k.extract().unwrap_or_else(|_| repr(&other(k)))
+}
+
+/// Python's `repr` of a config value.
+pub fn repr(v: &Value) -> String {
+    let join = |items: Vec<String>| items.join(", ");
+    match v {
+        Value::None => "None".into(),
+        Value::Bool(b) => (if *b { "True" } else { "False" }).into(),
+        Value::Int(i) => i.to_string(),
+        Value::Float(f) if f.is_nan() => "nan".into(),
+        Value::Float(f) if f.is_infinite() => (if *f > 0.0 { "inf" } else { "-inf" }).into(),
+        Value::Float(f) => format!("{f:?}"),
+        Value::Str(s) => format!("'{s}'"),
+        Value::List(l) => format!("[{}]", join(l.iter().map(repr).collect())),
+        Value::Dict(d) => format!(
+            "{{{}}}",
+            join(
+                d.iter()
+                    .map(|(k, v)| format!("'{k}': {}", repr(v)))
+                    .collect()
+            )
+        ),
+        Value::Other { repr, .. } => repr.clone(),
+    }
 }
 
 fn other(v: &Bound<'_, PyAny>) -> Value {
@@ -161,7 +185,13 @@ macro_rules! py_config {
             }
 
             fn __repr__(&self) -> String {
-                self.0.repr()
+                let fields: Vec<String> = self
+                    .0
+                    .values()
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={}", repr(&v)))
+                    .collect();
+                format!("{}({})", stringify!($core), fields.join(", "))
             }
 
             /// Pickle / copy support: rebuilt from keyword arguments.

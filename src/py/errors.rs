@@ -41,6 +41,8 @@ fn class_name(e: &Error) -> &'static str {
         Error::Device(_) => "DeviceError",
         Error::Candle(_) => "ComputeError",
         Error::Internal(_) => "InternalError",
+        // Never seen in Python: an interrupted call raises the signal handler's exception.
+        Error::Cancelled => "InternalError",
     }
 }
 

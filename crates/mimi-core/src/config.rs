@@ -28,38 +28,39 @@ pub enum Value {
 }
 
 impl Value {
-    /// Python's `repr` of the value.
-    pub fn repr(&self) -> String {
+    /// The value as a literal, for messages (JSON's notation: `null`, `true`, `"text"`,
+    /// `[1, 2]`, `{"k": 1}`); a value the caller could not map keeps the caller's own text.
+    pub fn literal(&self) -> String {
         match self {
-            Value::None => "None".into(),
-            Value::Bool(b) => (if *b { "True" } else { "False" }).into(),
+            Value::None => "null".into(),
+            Value::Bool(b) => b.to_string(),
             Value::Int(i) => i.to_string(),
             Value::Float(f) if f.is_nan() => "nan".into(),
             Value::Float(f) if f.is_infinite() => (if *f > 0.0 { "inf" } else { "-inf" }).into(),
             Value::Float(f) => format!("{f:?}"),
-            Value::Str(s) => format!("'{s}'"),
-            Value::List(l) => format!("[{}]", join(l.iter().map(Value::repr))),
+            Value::Str(s) => format!("{s:?}"),
+            Value::List(l) => format!("[{}]", join(l.iter().map(Value::literal))),
             Value::Dict(d) => format!(
                 "{{{}}}",
-                join(d.iter().map(|(k, v)| format!("'{k}': {}", v.repr())))
+                join(d.iter().map(|(k, v)| format!("{k:?}: {}", v.literal())))
             ),
             Value::Other { repr, .. } => repr.clone(),
         }
     }
 
-    /// The value and its Python type, for messages: `1.5 (float)`.
+    /// The value and its kind, for messages: `1.5 (float)`.
     pub fn describe(&self) -> String {
         let ty = match self {
-            Value::None => "NoneType",
+            Value::None => "null",
             Value::Bool(_) => "bool",
             Value::Int(_) => "int",
             Value::Float(_) => "float",
-            Value::Str(_) => "str",
+            Value::Str(_) => "string",
             Value::List(_) => "list",
             Value::Dict(_) => "dict",
             Value::Other { type_name, .. } => type_name,
         };
-        format!("{} ({ty})", self.repr())
+        format!("{} ({ty})", self.literal())
     }
 
     /// The entry `key` of a dict, `None` if absent or not a dict.
@@ -118,7 +119,7 @@ impl Field for bool {
             Value::Bool(b) => Ok(*b),
             _ => Err(Error::config(
                 field,
-                format!("expected True or False, got {}", v.describe()),
+                format!("expected a bool, got {}", v.describe()),
             )),
         }
     }
@@ -255,12 +256,6 @@ macro_rules! config_table {
                 Ok(c)
             }
 
-            /// `repr`: `Name(field=value, ...)`, as Python would write it.
-            #[allow(dead_code)] // generated for every table; nested tables print as dicts
-            pub fn repr(&self) -> String {
-                let fields = self.values().into_iter().map(|(k, v)| format!("{k}={}", v.repr()));
-                format!("{}({})", stringify!($name), join(fields))
-            }
         }
 
         /// A nested config: a dict of its fields over the defaults.

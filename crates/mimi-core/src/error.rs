@@ -37,6 +37,8 @@ pub enum Error {
     Candle(candle::Error),
     /// A bug: a Rust panic caught at the boundary, or a poisoned lock.
     Internal(String),
+    /// The caller set the call's cancellation flag (Ctrl-C in Python).
+    Cancelled,
 }
 
 /// The core's result type.
@@ -87,6 +89,7 @@ impl fmt::Display for Error {
             Error::WeightsIo { msg, source } => write!(f, "{msg}: {source}"),
             Error::Candle(e) => write!(f, "candle error: {e}"),
             Error::Internal(msg) => write!(f, "internal error (please report it): {msg}"),
+            Error::Cancelled => write!(f, "the call was cancelled"),
         }
     }
 }
@@ -102,10 +105,10 @@ impl From<candle::Error> for Error {
 /// A cancellation flag for long offline calls: `None` when the call cannot be cancelled.
 pub type Cancel<'a> = Option<&'a AtomicBool>;
 
-/// Returns an error if `cancel` was set (the caller was interrupted).
-pub fn check_cancel(cancel: Cancel) -> candle::Result<()> {
+/// Returns [`Error::Cancelled`] if `cancel` was set (the caller was interrupted).
+pub fn check_cancel(cancel: Cancel) -> Result<()> {
     if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-        candle::bail!("cancelled")
+        return Err(Error::Cancelled);
     }
     Ok(())
 }

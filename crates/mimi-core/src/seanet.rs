@@ -3,7 +3,7 @@
 //! outer convolutions, with their streaming states. The codec's Rust tests compare the whole
 //! SEANet against candle's modules, offline and streaming.
 
-use candle::Result;
+use crate::error::Result;
 use candle_nn::VarBuilder;
 
 use crate::config::SeanetConfig;
@@ -93,7 +93,10 @@ fn load_outer(
     cout: usize,
     k: usize,
 ) -> Result<Conv1d> {
-    Conv1d::load(vb, ConvSpec::new(cin, cout, k).pad(cfg.pad_mode))
+    Ok(Conv1d::load(
+        vb,
+        ConvSpec::new(cin, cout, k).pad(cfg.pad_mode),
+    )?)
 }
 
 /// The SEANet encoder (`SeaNetEncoder`): audio (channels, samples) -> (dimension, frames).

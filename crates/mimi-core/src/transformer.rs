@@ -15,8 +15,9 @@
 //! The model itself (weights) is immutable and shared between clones.
 
 use crate::config::{Norm as NormKind, PositionalEmbedding, TransformerConfig};
+use crate::error::Result;
 use crate::kernels::{residual_add, Linear, WindowAttention};
-use candle::{DType, Device, IndexOp, Module, Result, Tensor};
+use candle::{DType, Device, IndexOp, Module, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::transformer::{Mlp, Norm};
 use std::collections::{BTreeMap, HashMap};
@@ -102,7 +103,7 @@ impl FeedForward {
 }
 
 impl Module for FeedForward {
-    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+    fn forward(&self, xs: &Tensor) -> candle::Result<Tensor> {
         match self {
             Self::Plain { fc1, fc2 } => crate::kernels::gelu_erf(&xs.apply(fc1)?)?.apply(fc2),
             Self::Gated {
@@ -138,8 +139,8 @@ impl Attention {
             let parts = ["q_proj", "k_proj", "v_proj"]
                 .iter()
                 .map(|p| get(&format!("{p}.{suffix}"), shape))
-                .collect::<Result<Vec<_>>>()?;
-            Tensor::cat(&parts, 0)
+                .collect::<candle::Result<Vec<_>>>()?;
+            Ok(Tensor::cat(&parts, 0)?)
         };
         let (qkv_b, out_b) = match cfg.bias_attn {
             true => (
@@ -371,7 +372,11 @@ impl Transformer {
             match state.batch() {
                 Some(batch) if rows.len() == batch => self.forward_cancellable(state, xs, None),
                 Some(_) => self.uneven(state, xs, rows, None),
-                None => candle::bail!("forward_rows needs a started stream"),
+                None => {
+                    return Err(crate::error::Error::Internal(
+                        "forward_rows needs a started stream".into(),
+                    ))
+                }
             }
         })
     }
@@ -441,7 +446,7 @@ impl Transformer {
         }
         match outs.len() {
             1 => Ok(outs.remove(0)),
-            _ => Tensor::cat(&outs, 1),
+            _ => Ok(Tensor::cat(&outs, 1)?),
         }
     }
 
@@ -467,7 +472,7 @@ impl Transformer {
         if outs.len() == 1 {
             return Ok(outs.remove(0));
         }
-        Tensor::cat(&outs, 1)
+        Ok(Tensor::cat(&outs, 1)?)
     }
 
     /// cos/sin of the rotary angles for positions `pos..pos+t`, `(t, head_dim/2)` in f32.
@@ -509,7 +514,7 @@ impl Transformer {
             out.extend(inv.iter().map(|f| (p * f).cos() as f32));
             out.extend(inv.iter().map(|f| (p * f).sin() as f32));
         }
-        Tensor::from_vec(out, (t, d), &self.device)?.to_dtype(self.dtype)
+        Ok(Tensor::from_vec(out, (t, d), &self.device)?.to_dtype(self.dtype)?)
     }
 
     /// Additive mask for `t` queries at `pos..pos+t` over `n_old` cached keys (ring slots
@@ -529,7 +534,7 @@ impl Transformer {
                 }
             }));
         }
-        Tensor::from_vec(mask, (t, n), &self.device)?.to_dtype(self.dtype)
+        Ok(Tensor::from_vec(mask, (t, n), &self.device)?.to_dtype(self.dtype)?)
     }
 
     /// The positions of the keys a block of `t` steps from `pos` attends to: the ring's
@@ -551,9 +556,12 @@ impl Transformer {
 
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         if self.dtype == DType::F32 {
-            candle_nn::rotary_emb::rope_i(x, cos, sin)
+            Ok(candle_nn::rotary_emb::rope_i(x, cos, sin)?)
         } else {
-            candle_nn::rotary_emb::rope_i(&x.to_dtype(DType::F32)?, cos, sin)?.to_dtype(self.dtype)
+            Ok(
+                candle_nn::rotary_emb::rope_i(&x.to_dtype(DType::F32)?, cos, sin)?
+                    .to_dtype(self.dtype)?,
+            )
         }
     }
 
@@ -591,7 +599,7 @@ impl Transformer {
             .apply(&layer.attn.out)?;
         let xs = residual_add(&xs, &attn, layer.ls1.as_ref())?;
         let ff = xs.apply(&layer.norm2)?.apply(&layer.mlp)?;
-        residual_add(&xs, &ff, layer.ls2.as_ref())
+        Ok(residual_add(&xs, &ff, layer.ls2.as_ref())?)
     }
 
     /// Positions for `t` steps of rows starting at `pos` (one each): the rotary tables
@@ -646,7 +654,7 @@ impl Transformer {
             }
         }
         let mask = Tensor::from_vec(mask, (pos.len(), 1, t, c as usize + t), &self.device)?;
-        mask.to_dtype(self.dtype)
+        Ok(mask.to_dtype(self.dtype)?)
     }
 
     /// One block of `t <= context` steps for the batch rows `rows`, each at its own position

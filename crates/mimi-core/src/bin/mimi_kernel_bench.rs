@@ -75,7 +75,7 @@ fn bench_gemv(megabytes: usize) {
     }
 }
 
-fn main() -> candle::Result<()> {
+fn main() -> mimi_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("gemv") {
         bench_gemv(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(400));

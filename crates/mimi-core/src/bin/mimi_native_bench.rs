@@ -38,7 +38,7 @@ fn input(b: usize, t: usize, d: usize, seed: u64) -> Tensor {
     Tensor::from_vec(data, (b, t, d), &Device::Cpu).unwrap()
 }
 
-fn main() -> candle::Result<()> {
+fn main() -> mimi_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(300);
     let batch: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);

@@ -40,7 +40,7 @@ pub(crate) fn per_row<I>(
     items: &mut [I],
     rows: &[usize],
     x: &Tensor,
-    mut stage: impl FnMut(&mut I, &Frames) -> candle::Result<Frames>,
+    mut stage: impl FnMut(&mut I, &Frames) -> Result<Frames>,
 ) -> Result<Option<Tensor>> {
     let mut ys = Vec::with_capacity(rows.len());
     for (f, &r) in to_frames(x)?.iter().zip(rows) {
