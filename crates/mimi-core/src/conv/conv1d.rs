@@ -1,0 +1,628 @@
+//! The causal convolution ([`Conv1d`], candle's `StreamableConv1d`): weights, padding and
+//! streaming state, and four ways to compute it, picked per call by [`Conv1d::run`]:
+//!
+//! * phase-split (`run_phased`): a strided convolution with enough channels, its input
+//!   split once into its `stride` phases, a few accumulated products, no im2col;
+//! * direct (`run_direct`): a stride-1 layer with few channels, AVX-512 microkernel;
+//! * matrix-vector (`run_gemv`): a streaming step of a few frames;
+//! * tiled im2col (`run_tiled`): the rest, tiles over the pool calling `gemm`.
+//!
+//! [`Conv1d::run_fused`] computes a SEANet residual block (a convolution, the ELU, a
+//! pointwise convolution, the residual) tile by tile, the hidden activations in cache.
+
+use candle::Result;
+use candle_nn::VarBuilder;
+
+use super::activation::{copy_act, elu_in_place};
+use super::frames::{par_rows, Frames, Padded};
+use super::spec::{conv_weight, to_vec, ConvSpec, ConvState};
+use super::tiles::{epilogue, for_tiles, matmul, max_cols, tiles, SharedMut, Tile};
+use crate::config::PadMode;
+use crate::direct;
+
+/// The smallest product depth per tap (`cin * stride`) for which a strided convolution is
+/// computed on its phase-split input.
+const MIN_PHASE_K: usize = 32;
+
+/// `w (cout, cin, k)` reordered to columns `(m, ci, r)` for tap `j = m * stride + r`, zero
+/// where `j >= k`: per tap `m`, a `(cout, cin * stride)` block of each row.
+fn phase_major(w: &[f32], spec: &ConvSpec) -> Vec<f32> {
+    let (cout, cin, k, stride) = (spec.cout, spec.cin, spec.k, spec.stride);
+    let taps = k.div_ceil(stride);
+    let kk = taps * cin * stride;
+    let mut out = vec![0f32; cout * kk];
+    for co in 0..cout {
+        for m in 0..taps {
+            for ci in 0..cin {
+                for r in 0..stride {
+                    let j = m * stride + r;
+                    if j < k {
+                        out[co * kk + (m * cin + ci) * stride + r] = w[(co * cin + ci) * k + j];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A causal 1-d convolution (`StreamableConv1d`).
+#[derive(Clone, Debug)]
+pub struct Conv1d {
+    /// `(cout, cin * k)` row-major, columns `(ci, j)`; for a phase-split convolution
+    /// (`phases > 0`), columns `(m, ci, r)` for tap `j = m * stride + r` (zero past `k`).
+    w: Vec<f32>,
+    /// Taps per phase of a strided convolution computed on its phase-split input (see
+    /// [`Conv1d::run_phased`]); 0 for the plain layout.
+    phases: usize,
+    b: Option<Vec<f32>>,
+    pub(crate) cin: usize,
+    pub(crate) cout: usize,
+    pub(crate) k: usize,
+    pub(crate) stride: usize,
+    dilation: usize,
+    replicate: bool,
+}
+
+impl Conv1d {
+    /// Reads the weights of `spec` from `vb` (`conv.weight` or its weight-norm pair).
+    pub fn load(vb: VarBuilder, spec: ConvSpec) -> Result<Self> {
+        let ConvSpec {
+            cin,
+            cout,
+            k,
+            stride,
+            dilation,
+            bias,
+            pad,
+        } = spec;
+        if k < stride {
+            candle::bail!("kernel-size {k} is smaller than stride {stride}")
+        }
+        let vb = vb.pp("conv");
+        let w = to_vec(&conv_weight(&vb, (cout, cin, k))?)?;
+        let b = if bias {
+            Some(to_vec(&vb.get(cout, "bias")?)?)
+        } else {
+            None
+        };
+        let phases = if stride > 1 && dilation == 1 && cin * stride >= MIN_PHASE_K {
+            k.div_ceil(stride)
+        } else {
+            0
+        };
+        let w = if phases > 0 {
+            phase_major(&w, &spec)
+        } else {
+            w
+        };
+        Ok(Self {
+            w,
+            phases,
+            b,
+            cin,
+            cout,
+            k,
+            stride,
+            dilation,
+            replicate: pad == PadMode::Replicate,
+        })
+    }
+
+    fn keff(&self) -> usize {
+        (self.k - 1) * self.dilation + 1
+    }
+
+    /// The first input frame that output frame `out` reads (negative: the left padding).
+    pub(crate) fn first_input(&self, out: i64) -> i64 {
+        let (s, keff) = (self.stride as i64, self.keff() as i64);
+        out * s + s - keff
+    }
+
+    fn pad_total(&self) -> usize {
+        self.keff() - self.stride
+    }
+
+    fn frames(&self, len: usize) -> usize {
+        if len < self.keff() {
+            0
+        } else {
+            (len - self.keff()) / self.stride + 1
+        }
+    }
+
+    /// Per-channel values of frame `i` of `x` after `act` (replicate padding).
+    fn frame_values(&self, x: &Frames, i: usize, act: Option<f32>) -> Vec<f32> {
+        let col: Vec<f32> = (0..x.channels).map(|c| x.row(c)[i]).collect();
+        let mut out = vec![0f32; col.len()];
+        copy_act(&col, &mut out, act);
+        out
+    }
+
+    /// candle's `get_extra_padding_for_conv1d`: the right padding that completes the last
+    /// stride of an input of `len` frames.
+    fn extra_padding(&self, len: usize) -> usize {
+        let (pt, keff) = (self.pad_total(), self.keff());
+        let n_frames = (len + pt).saturating_sub(keff) as f64 / self.stride as f64 + 1.0;
+        let ideal = ((n_frames.ceil() as usize - 1) * self.stride + keff).saturating_sub(pt);
+        ideal.saturating_sub(len)
+    }
+
+    /// Offline: candle's `StreamableConv1d::forward` (causal padding, extra right padding,
+    /// both in the layer's pad mode), without copying the padding.
+    pub fn forward(&self, x: &Frames, act: Option<f32>, residual: Option<&Frames>) -> Frames {
+        let a;
+        let x = if act.is_some() {
+            a = Frames::empty(x.channels).concat_act(x, act);
+            &a
+        } else {
+            x
+        };
+        let len = x.len;
+        let (lval, rval) = if self.replicate && len > 0 {
+            (
+                Some(self.frame_values(x, 0, None)),
+                Some(self.frame_values(x, len - 1, None)),
+            )
+        } else {
+            (None, None)
+        };
+        let input = Padded {
+            x,
+            left: self.pad_total(),
+            right: self.extra_padding(len),
+            lval,
+            rval,
+        };
+        self.run(&input, residual)
+    }
+
+    /// Streaming: the output frames this chunk completes. With `last`, the input ends here:
+    /// the right padding of the offline path is added, so that the chunks' outputs together
+    /// are exactly the offline output.
+    pub fn step(
+        &self,
+        st: &mut ConvState,
+        x: &Frames,
+        act: Option<f32>,
+        residual: Option<&Frames>,
+        last: bool,
+    ) -> Frames {
+        match self.prepare(st, x, act, last) {
+            None => Frames::empty(self.cout),
+            Some(full) => self.run(&Padded::plain(&full), residual),
+        }
+    }
+
+    /// The streaming input of this chunk: the state's frames then the activated chunk (and
+    /// the right padding with `last`). Keeps what the next chunk needs in the state.
+    pub(crate) fn prepare(
+        &self,
+        st: &mut ConvState,
+        x: &Frames,
+        act: Option<f32>,
+        last: bool,
+    ) -> Option<Frames> {
+        if x.len == 0 && !(last && st.prev.is_some()) {
+            return None;
+        }
+        let prev = st.prev.take().unwrap_or_else(|| {
+            let n = self.pad_total();
+            let mut data = vec![0f32; self.cin * n];
+            if self.replicate {
+                let v = self.frame_values(x, 0, act);
+                for c in 0..self.cin {
+                    data[c * n..(c + 1) * n].fill(v[c]);
+                }
+            }
+            Frames::new(self.cin, n, data)
+        });
+        st.seen += x.len;
+        let mut full = prev.concat_act(x, act);
+        if last {
+            let extra = self.extra_padding(st.seen);
+            if extra > 0 {
+                let mut pad = vec![0f32; self.cin * extra];
+                if self.replicate && full.len > 0 {
+                    let v = self.frame_values(&full, full.len - 1, None);
+                    for c in 0..self.cin {
+                        pad[c * extra..(c + 1) * extra].fill(v[c]);
+                    }
+                }
+                full = full.concat_act(&Frames::new(self.cin, extra, pad), None);
+            }
+        }
+        let n = self.frames(full.len);
+        st.prev = Some(full.tail(full.len - n * self.stride));
+        Some(full)
+    }
+
+    /// `second(elu(self(x))) + residual` for a stride-1 `self` and a pointwise `second`
+    /// (a SEANet residual block), tile by tile: the hidden activations of a tile never leave
+    /// the cache. The same arithmetic as the two convolutions one after the other.
+    pub(crate) fn run_fused(
+        &self,
+        x: &Frames,
+        second: &Conv1d,
+        alpha: f32,
+        residual: &Frames,
+    ) -> Frames {
+        let n = self.frames(x.len);
+        let (kk, hidden, cout) = (self.cin * self.k, self.cout, second.cout);
+        assert_eq!(
+            (residual.channels, residual.len),
+            (cout, n),
+            "residual shape"
+        );
+        assert!(self.stride == 1 && second.k == 1 && second.cin == hidden);
+        let mut out = Frames::uninit(cout, n);
+        let fused = Fused {
+            first: self,
+            second,
+            x,
+            alpha,
+            residual,
+            out: SharedMut(out.data.as_mut_ptr()),
+            n,
+        };
+        let flops = 2 * n * (hidden * kk + cout * hidden);
+        let tiles = tiles(1, n, max_cols(kk + hidden), flops);
+        // The direct kernel where the CPU has AVX-512 and it measured faster (see
+        // direct::MAX_DIRECT_K): Mimi's residual blocks up to 256 channels.
+        if kk <= direct::MAX_DIRECT_K && crate::direct::available() {
+            fused.run_direct(&tiles, flops);
+        } else {
+            for_tiles(&tiles, flops, |scratch, (_, _, t0, tn)| {
+                fused.gemm_tile(scratch, t0, tn)
+            });
+        }
+        out
+    }
+
+    /// A strided convolution without im2col. The input is split once into its `stride`
+    /// phases, row `(ci, r)` holding frames `u * stride + r`; tap `j = m * stride + r` of
+    /// output frame `t` reads frame `t + m` of phase row `(ci, r)`. So for each of the
+    /// `phases` taps `m`, the products of all `(ci, r)` are one matrix product with the phase
+    /// rows shifted by `m`, a strided view `gemm` packs itself: `phases` products of depth
+    /// `cin * stride`, accumulated, instead of an im2col copy `k` times the input (Mimi's
+    /// down-sampling: `k = 2 * stride`, two products).
+    fn run_phased(&self, x: &Padded, n: usize, residual: Option<&Frames>) -> Frames {
+        let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.phases);
+        let (cs, kk, len) = (cin * s, self.w.len() / cout, n + taps - 1);
+        let mut ph = Frames::uninit(cs, len);
+        par_rows(&mut ph.data, len, |row, dst| {
+            x.gather(row / s, row % s, s, dst)
+        });
+        let mut out = Frames::uninit(cout, n);
+        let ptr = SharedMut(out.data.as_mut_ptr());
+        let flops = 2 * cout * kk * n;
+        let residual = residual.map(|r| r.data.as_slice());
+        let tiles = tiles(cout, n, max_cols(kk), flops);
+        for_tiles(&tiles, flops, |_, (r0, rn, t0, tn)| {
+            for m in 0..taps {
+                // SAFETY: the tile is inside `out` (cout x n) and disjoint from other tiles;
+                // the weight block m of rows r0.. has rn rows of cs (row stride kk); the phase
+                // rows are read at frames t0 + m .. t0 + m + tn <= len.
+                unsafe {
+                    gemm::gemm(
+                        rn,
+                        tn,
+                        cs,
+                        ptr.at(r0 * n + t0),
+                        1,
+                        n as isize,
+                        m > 0,
+                        self.w.as_ptr().add(r0 * kk + m * cs),
+                        1,
+                        kk as isize,
+                        ph.data.as_ptr().add(t0 + m),
+                        1,
+                        len as isize,
+                        1f32,
+                        1f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                }
+            }
+            // SAFETY: as above.
+            unsafe { epilogue(ptr, n, (r0, rn, t0, tn), self.b.as_deref(), residual) };
+        });
+        out
+    }
+
+    /// A stride-1 convolution of (padded, activated) frames with the direct kernel, tiles of
+    /// frames over the pool: SEANet's outer layers. The decoder's last (64 -> 1, k 7 at
+    /// 24 kHz, one output row) took 4.8 ms per second of audio through gemm, 1.9-2.8 ms now
+    /// (most of it the activation of its 64-channel input); 1 thread (`mimi_kernel_bench`).
+    fn run_direct(&self, x: &Frames, n: usize, residual: Option<&Frames>) -> Frames {
+        let p = direct::Direct {
+            w: &self.w,
+            cout: self.cout,
+            cin: self.cin,
+            k: self.k,
+            dilation: self.dilation,
+            bias: self.b.as_deref(),
+        };
+        let mut out = Frames::uninit(self.cout, n);
+        let ptr = SharedMut(out.data.as_mut_ptr());
+        let res = residual.map(|r| r.data.as_ptr() as usize);
+        let flops = 2 * self.cout * self.cin * self.k * n;
+        let tiles = tiles(1, n, max_cols(self.cin * self.k), flops);
+        for_tiles(&tiles, flops, |_, (_, _, t0, tn)| {
+            // SAFETY: AVX-512 is available; x has cin rows of x.len frames, readable up to
+            // t0 + tn + (k - 1) * dilation <= x.len; the tile's columns t0 .. t0 + tn of `out`
+            // (and of the residual, cout x n) are this tile's only.
+            unsafe {
+                let add = res.map(|r| ((r as *const f32).add(t0), n));
+                direct::conv(&p, x.data.as_ptr(), x.len, t0, tn, ptr.at(t0), n, add);
+            }
+        });
+        out
+    }
+
+    /// The convolution of padded, activated frames, plus `residual`: picks the phase-split,
+    /// direct, matrix-vector or tiled im2col strategy.
+    fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
+        let n = self.frames(x.len());
+        if self.phases > 0 && n > crate::kernels::GEMV_MAX_ROWS {
+            return self.run_phased(x, n, residual);
+        }
+        if self.stride == 1
+            && x.left == 0
+            && x.right == 0
+            && n > crate::kernels::GEMV_MAX_ROWS
+            && self.cin * self.k <= direct::MAX_DIRECT_K
+            && direct::available()
+        {
+            return self.run_direct(x.x, n, residual);
+        }
+        let cout = self.cout;
+        if let Some(r) = residual {
+            assert_eq!((r.channels, r.len), (cout, n), "residual shape");
+        }
+        let residual = residual.map(|r| r.data.as_slice());
+        if n == 0 {
+            return Frames::empty(cout);
+        }
+        if n <= crate::kernels::GEMV_MAX_ROWS {
+            self.run_gemv(x, n, residual)
+        } else {
+            self.run_tiled(x, n, residual)
+        }
+    }
+
+    /// A streaming step (`n <= GEMV_MAX_ROWS` output frames, at least one): bound by reading
+    /// the weights once; the matrix-vector kernel, then bias and `residual` (`cout x n`).
+    fn run_gemv(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
+        let cout = self.cout;
+        let kk = self.w.len() / cout.max(1);
+        let bias = self.b.as_deref();
+        let mut out = Frames::uninit(cout, n);
+        let cols = self.gemv_cols(x, n, kk);
+        let y = crate::kernels::gemv(&cols, &self.w, n, kk, cout);
+        for co in 0..cout {
+            let b = bias.map_or(0.0, |b| b[co]);
+            for t in 0..n {
+                let r = residual.map_or(0.0, |r| r[co * n + t]);
+                out.data[co * n + t] = y[t * cout + co] + b + r;
+            }
+        }
+        out
+    }
+
+    /// The `(n, kk)` im2col rows of a streaming step, columns in the weights' layout.
+    fn gemv_cols(&self, x: &Padded, n: usize, kk: usize) -> Vec<f32> {
+        let (cin, k, s, d) = (self.cin, self.k, self.stride, self.dilation);
+        let mut cols = vec![0f32; n * kk];
+        if self.phases > 0 {
+            // Columns (m, ci, r), as the phase-major weights.
+            let mut g = vec![0f32; n];
+            let (taps, cs) = (self.phases, cin * s);
+            for m in 0..taps {
+                for ci in 0..cin {
+                    for r in (0..s).filter(|r| m * s + r < k) {
+                        x.gather(ci, m * s + r, s, &mut g);
+                        for (t, v) in g.iter().enumerate() {
+                            cols[t * kk + m * cs + ci * s + r] = *v;
+                        }
+                    }
+                }
+            }
+        } else if x.left == 0 && x.right == 0 && d == 1 {
+            // A streaming step: each (frame, channel) window is contiguous.
+            for t in 0..n {
+                for ci in 0..cin {
+                    cols[t * kk + ci * k..t * kk + (ci + 1) * k]
+                        .copy_from_slice(&x.x.row(ci)[t * s..t * s + k]);
+                }
+            }
+        } else {
+            let mut g = vec![0f32; n];
+            for ci in 0..cin {
+                for j in 0..k {
+                    x.gather(ci, j * d, s, &mut g);
+                    for (t, v) in g.iter().enumerate() {
+                        cols[t * kk + ci * k + j] = *v;
+                    }
+                }
+            }
+        }
+        cols
+    }
+
+    /// Tiles of (output channels x frames) over the pool, each building its own im2col
+    /// block and calling `gemm`, then adding bias and `residual` (`cout x n`).
+    fn run_tiled(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
+        let (cin, cout, k, s, d) = (self.cin, self.cout, self.k, self.stride, self.dilation);
+        let kk = self.w.len() / cout.max(1);
+        let bias = self.b.as_deref();
+        let mut out = Frames::uninit(cout, n);
+        let ptr = SharedMut(out.data.as_mut_ptr());
+        let flops = 2 * cout * kk * n;
+        let tiles = tiles(cout, n, max_cols(kk), flops);
+        for_tiles(&tiles, flops, |scratch, tile| {
+            let (r0, rn, t0, tn) = tile;
+            if scratch.len() < kk * tn {
+                scratch.resize(kk * tn, 0.0);
+            }
+            let cols = &mut scratch[..kk * tn];
+            for ci in 0..cin {
+                for j in 0..k {
+                    let row = ci * k + j;
+                    x.gather(ci, t0 * s + j * d, s, &mut cols[row * tn..(row + 1) * tn]);
+                }
+            }
+            // SAFETY: the tile is inside `out` (cout x n) and disjoint from other tiles; the
+            // weights have cout rows of kk, the columns block kk rows of tn.
+            unsafe {
+                matmul(
+                    rn,
+                    tn,
+                    kk,
+                    ptr.0.add(r0 * n + t0),
+                    n,
+                    1,
+                    self.w.as_ptr().add(r0 * kk),
+                    kk,
+                    cols.as_ptr(),
+                );
+                epilogue(ptr, n, tile, bias, residual);
+            }
+        });
+        out
+    }
+}
+
+/// The operands of [`Conv1d::run_fused`] that every tile reads, and the output it writes.
+struct Fused<'a> {
+    /// The stride-1 convolution (`cin -> hidden`), before the ELU.
+    first: &'a Conv1d,
+    /// The pointwise convolution (`hidden -> cout`).
+    second: &'a Conv1d,
+    x: &'a Frames,
+    alpha: f32,
+    /// `(cout, n)`, added to the output.
+    residual: &'a Frames,
+    /// `(cout, n)`; each tile writes its own columns.
+    out: SharedMut,
+    n: usize,
+}
+
+impl Fused<'_> {
+    /// Every tile with the direct kernel (AVX-512): the first convolution into the tile's
+    /// hidden block, its ELU, the second convolution plus the residual into `out`.
+    fn run_direct(&self, tiles: &[Tile], flops: usize) {
+        let (a, b) = (self.first, self.second);
+        let (x, n, hidden) = (self.x, self.n, a.cout);
+        let first = direct::Direct {
+            w: &a.w,
+            cout: hidden,
+            cin: a.cin,
+            k: a.k,
+            dilation: a.dilation,
+            bias: a.b.as_deref(),
+        };
+        let second = direct::Direct {
+            w: &b.w,
+            cout: b.cout,
+            cin: hidden,
+            k: 1,
+            dilation: 1,
+            bias: b.b.as_deref(),
+        };
+        let res = self.residual.data.as_ptr() as usize;
+        for_tiles(tiles, flops, |scratch, (_, _, t0, tn)| {
+            scratch.resize(hidden * tn, 0.0);
+            let h = &mut scratch[..hidden * tn];
+            // SAFETY: AVX-512 is available; x has cin rows of x.len frames, readable up to
+            // t0 + tn + (k - 1) * d = at most x.len; h is hidden x tn; the tile's columns
+            // t0 .. t0 + tn of `out` (and of the residual, cout x n) are this tile's only.
+            unsafe {
+                direct::conv(
+                    &first,
+                    x.data.as_ptr(),
+                    x.len,
+                    t0,
+                    tn,
+                    h.as_mut_ptr(),
+                    tn,
+                    None,
+                );
+                h.chunks_mut(tn)
+                    .for_each(|row| elu_in_place(row, self.alpha));
+                let add = (res as *const f32).add(t0);
+                direct::conv(
+                    &second,
+                    h.as_ptr(),
+                    tn,
+                    0,
+                    tn,
+                    self.out.at(t0),
+                    n,
+                    Some((add, n)),
+                );
+            }
+        });
+    }
+
+    /// The tile of frames `t0 .. t0 + tn` with `gemm`: im2col block, first product, bias and
+    /// ELU, second product into `out`, then its bias and the residual.
+    fn gemm_tile(&self, scratch: &mut Vec<f32>, t0: usize, tn: usize) {
+        let (a, b) = (self.first, self.second);
+        let (cin, k, d, hidden, cout) = (a.cin, a.k, a.dilation, a.cout, b.cout);
+        let (kk, n) = (cin * k, self.n);
+        let (nc, nh) = (kk * tn, hidden * tn);
+        if scratch.len() < nc + nh {
+            scratch.resize(nc + nh, 0.0);
+        }
+        let (cols, h) = scratch[..nc + nh].split_at_mut(nc);
+        for ci in 0..cin {
+            let src = self.x.row(ci);
+            for j in 0..k {
+                let row = ci * k + j;
+                let start = t0 + j * d;
+                cols[row * tn..(row + 1) * tn].copy_from_slice(&src[start..start + tn]);
+            }
+        }
+        // SAFETY: h is hidden x tn; the weights have hidden rows of kk.
+        unsafe {
+            matmul(
+                hidden,
+                tn,
+                kk,
+                h.as_mut_ptr(),
+                tn,
+                1,
+                a.w.as_ptr(),
+                kk,
+                cols.as_ptr(),
+            );
+        }
+        let b1 = a.b.as_deref();
+        for (r, row) in h.chunks_mut(tn).enumerate() {
+            let b = b1.map_or(0.0, |b| b[r]);
+            row.iter_mut().for_each(|v| *v += b);
+            elu_in_place(row, self.alpha);
+        }
+        // SAFETY: the tile's columns t0 .. t0 + tn of every row of `out` are written by
+        // this tile only; second's weights have cout rows of hidden.
+        unsafe {
+            matmul(
+                cout,
+                tn,
+                hidden,
+                self.out.at(t0),
+                n,
+                1,
+                b.w.as_ptr(),
+                hidden,
+                h.as_ptr(),
+            );
+            let residual = Some(self.residual.data.as_slice());
+            epilogue(self.out, n, (0, cout, t0, tn), b.b.as_deref(), residual);
+        }
+    }
+}

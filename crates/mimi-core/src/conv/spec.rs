@@ -1,0 +1,96 @@
+//! What both convolutions are built from: their shape ([`ConvSpec`]), their streaming state
+//! ([`ConvState`]), and their weights as candle's Mimi modules store them ([`conv_weight`],
+//! plain or weight-norm, read into a host `Vec` by [`to_vec`]).
+
+use candle::{DType, Device, Result, Tensor};
+use candle_nn::VarBuilder;
+
+use super::frames::Frames;
+use crate::config::PadMode;
+
+/// The streaming state of one convolution: the activated input frames the next output
+/// frames still need.
+#[derive(Clone, Debug, Default)]
+pub struct ConvState {
+    /// The frames kept from the previous chunks (`None` before the first).
+    pub(super) prev: Option<Frames>,
+    /// Input frames received so far (what the offline padding of the last chunk needs).
+    pub(super) seen: usize,
+}
+
+/// The shape of one convolution: channels, kernel, stride, dilation, bias, padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvSpec {
+    /// Input channels.
+    pub cin: usize,
+    /// Output channels.
+    pub cout: usize,
+    /// Kernel size.
+    pub k: usize,
+    /// Stride.
+    pub stride: usize,
+    /// Dilation.
+    pub dilation: usize,
+    /// Whether there is a bias.
+    pub bias: bool,
+    /// Causal padding mode.
+    pub pad: PadMode,
+}
+
+impl ConvSpec {
+    /// `cin -> cout` with kernel `k`: stride 1, no dilation, a bias, zero padding.
+    pub fn new(cin: usize, cout: usize, k: usize) -> Self {
+        Self {
+            cin,
+            cout,
+            k,
+            stride: 1,
+            dilation: 1,
+            bias: true,
+            pad: PadMode::Constant,
+        }
+    }
+
+    /// The same with stride `stride`.
+    pub fn stride(self, stride: usize) -> Self {
+        Self { stride, ..self }
+    }
+
+    /// The same with dilation `dilation`.
+    pub fn dilation(self, dilation: usize) -> Self {
+        Self { dilation, ..self }
+    }
+
+    /// The same without a bias.
+    pub fn no_bias(self) -> Self {
+        Self {
+            bias: false,
+            ..self
+        }
+    }
+
+    /// The same with left padding `pad`.
+    pub fn pad(self, pad: PadMode) -> Self {
+        Self { pad, ..self }
+    }
+}
+
+/// A convolution weight as candle's Mimi modules read it: `weight`, or the weight-norm pair
+/// `weight_g`/`weight_v` (norm over all but the first dimension).
+pub(super) fn conv_weight(vb: &VarBuilder, shape: (usize, usize, usize)) -> Result<Tensor> {
+    if vb.contains_tensor("weight") {
+        return vb.get(shape, "weight");
+    }
+    let g = vb.get((shape.0, 1, 1), "weight_g")?;
+    let v = vb.get(shape, "weight_v")?;
+    let norm = v.sqr()?.sum_keepdim((1, 2))?.sqrt()?;
+    v.broadcast_mul(&g)?.broadcast_div(&norm)
+}
+
+/// `t` as f32 values on the host, flattened.
+pub(super) fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?
+        .to_device(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+}

@@ -1,0 +1,219 @@
+//! The convolutions against candle's modules (`StreamableConv1d`,
+//! `StreamableConvTranspose1d`, `ConvTrUpsample1d`), offline and in streaming chunks, and
+//! the padded gather and the ELU against their definitions.
+
+use candle::{DType, Device, Module, Result, StreamingModule, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use candle_transformers::models::mimi::conv as cconv;
+
+use super::activation::copy_act;
+use super::frames::{Frames, Padded};
+use super::{Conv1d, ConvSpec, ConvState, ConvTr1d};
+use crate::config::PadMode;
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn frames_of(t: &Tensor) -> Frames {
+    let (_, c, l) = t.dims3().unwrap();
+    Frames::new(c, l, t.flatten_all().unwrap().to_vec1().unwrap())
+}
+
+fn random_vb(seed: u64) -> (VarMap, VarBuilder<'static>) {
+    let vm = VarMap::new();
+    let _ = seed;
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    (vm, vb)
+}
+
+#[test]
+fn gather_matches_naive_indexing() {
+    let x = Frames::new(2, 7, (0..14).map(|v| v as f32 + 1.0).collect());
+    for (left, right) in [(0, 0), (3, 0), (0, 4), (5, 6)] {
+        let p = Padded {
+            x: &x,
+            left,
+            right,
+            lval: Some(vec![-1.0, -2.0]),
+            rval: Some(vec![-3.0, -4.0]),
+        };
+        for start in 0..p.len() {
+            for step in 1..5 {
+                for m in 0..=(p.len() - start).div_ceil(step) {
+                    if m > 0 && start + (m - 1) * step >= p.len() {
+                        continue;
+                    }
+                    let mut got = vec![0f32; m];
+                    p.gather(1, start, step, &mut got);
+                    let want: Vec<f32> = (0..m)
+                        .map(|i| {
+                            let q = start + i * step;
+                            if q < left {
+                                -2.0
+                            } else if q < left + 7 {
+                                x.row(1)[q - left]
+                            } else {
+                                -4.0
+                            }
+                        })
+                        .collect();
+                    assert_eq!(got, want, "{left} {right} {start} {step} {m}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn elu_matches_exp() {
+    for i in -20000..=2000 {
+        let x = i as f32 * 0.005;
+        let mut y = [0f32];
+        copy_act(&[x], &mut y, Some(1.0));
+        let want = if x > 0.0 {
+            x
+        } else {
+            (x as f64).exp_m1() as f32
+        };
+        assert!((y[0] - want).abs() <= 2e-7, "x={x}: {} vs {want}", y[0]);
+    }
+    let mut y = [0f32; 2];
+    copy_act(&[-1e30, f32::MIN], &mut y, Some(0.5));
+    assert_eq!(y, [-0.5, -0.5]);
+}
+
+/// Our convolution against candle's `StreamableConv1d`, offline and in streaming chunks.
+#[test]
+fn conv1d_matches_candle() -> Result<()> {
+    let cases = [
+        // cin, cout, k, stride, dilation, len, replicate
+        (3, 5, 7, 1, 1, 50, false),
+        (8, 16, 3, 1, 2, 300, false),
+        (16, 8, 8, 4, 1, 301, false),
+        (8, 8, 4, 2, 1, 37, true),
+        (40, 24, 10, 5, 1, 2000, false),
+        // Phase-split (cin * stride >= 32): a kernel that is not a multiple of the
+        // stride (zero taps), replicate padding, and few frames (matrix-vector path).
+        (16, 12, 7, 3, 1, 400, true),
+        (32, 8, 8, 4, 1, 19, false),
+        (4, 6, 1, 1, 1, 9, false),
+        // Few output frames with padding: the matrix-vector path's strided gather.
+        (6, 4, 5, 2, 1, 5, true),
+        (6, 4, 3, 1, 2, 3, false),
+    ];
+    for (cin, cout, k, s, d, len, rep) in cases {
+        let (_vm, vb) = random_vb(0);
+        let pad = if rep {
+            cconv::PadMode::Replicate
+        } else {
+            cconv::PadMode::Constant
+        };
+        let theirs =
+            cconv::StreamableConv1d::new(cin, cout, k, s, d, 1, true, true, None, pad, vb.clone())?;
+        let ours = Conv1d::load(
+            vb,
+            ConvSpec::new(cin, cout, k)
+                .stride(s)
+                .dilation(d)
+                .pad(if rep {
+                    PadMode::Replicate
+                } else {
+                    PadMode::Constant
+                }),
+        )?;
+        let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
+        let want = theirs.forward(&x)?;
+        let got = ours.forward(&frames_of(&x), None, None);
+        assert_eq!(got.len, want.dim(2)?, "case {cin} {cout} {k} {s} {d} {len}");
+        let dd = max_diff(&got.data, &frames_of(&want).data);
+        assert!(
+            dd < 1e-4,
+            "offline {dd}: case {cin} {cout} {k} {s} {d} {len} {rep}"
+        );
+        // Streaming, uneven chunks, against candle's streaming.
+        let mut theirs = theirs;
+        let mut st = ConvState::default();
+        let mut t0 = 0;
+        let mut chunk = 1;
+        while t0 < len {
+            let n = chunk.min(len - t0);
+            let xc = x.narrow(2, t0, n)?;
+            let want = theirs.step(&xc.clone().into())?;
+            let got = ours.step(&mut st, &frames_of(&xc), None, None, false);
+            match want.as_option() {
+                Some(w) if w.dim(2)? > 0 => {
+                    assert_eq!(got.len, w.dim(2)?);
+                    let dd = max_diff(&got.data, &frames_of(w).data);
+                    assert!(dd < 1e-4, "step {dd}");
+                }
+                _ => assert_eq!(got.len, 0),
+            }
+            t0 += n;
+            chunk = chunk * 3 % 97 + 1;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn conv_tr1d_matches_candle() -> Result<()> {
+    for (cin, cout, k, s, len) in [
+        (6, 4, 8, 4, 9),
+        (16, 8, 16, 8, 40),
+        (5, 3, 3, 2, 3),
+        (32, 16, 4, 2, 700),
+    ] {
+        let (_vm, vb) = random_vb(0);
+        let theirs = cconv::StreamableConvTranspose1d::new(
+            cin,
+            cout,
+            k,
+            s,
+            1,
+            true,
+            true,
+            None,
+            vb.clone(),
+        )?;
+        let ours = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
+        let want = theirs.forward(&x)?;
+        let got = ours.forward(&frames_of(&x), None);
+        assert_eq!(got.len, want.dim(2)?);
+        let dd = max_diff(&got.data, &frames_of(&want).data);
+        assert!(dd < 1e-4, "offline {dd}");
+        let mut st = ConvState::default();
+        let mut outs = Vec::new();
+        for t0 in (0..len).step_by(3) {
+            let n = 3.min(len - t0);
+            outs.push(ours.step(&mut st, &frames_of(&x.narrow(2, t0, n)?), None));
+        }
+        let mut joined = vec![Vec::new(); cout];
+        for o in &outs {
+            for (c, j) in joined.iter_mut().enumerate() {
+                j.extend_from_slice(o.row(c));
+            }
+        }
+        let dd = max_diff(&joined.concat(), &got.data);
+        assert!(dd < 1e-5, "stream {dd}");
+    }
+    Ok(())
+}
+
+#[test]
+fn depthwise_upsample_matches_candle() -> Result<()> {
+    let (_vm, vb) = random_vb(0);
+    let theirs = cconv::ConvTrUpsample1d::new(2, 12, true, true, vb.clone())?;
+    let ours = ConvTr1d::load_depthwise(vb, 12, 2)?;
+    let x = Tensor::randn(0f32, 1., (1, 12, 11), &Device::Cpu)?;
+    let want = theirs.forward(&x)?;
+    let got = ours.forward(&frames_of(&x), None);
+    let dd = max_diff(&got.data, &frames_of(&want).data);
+    assert!(dd < 1e-5, "{dd}");
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! The tiled matrix products every large convolution is made of: output elements split
+//! into tiles spread over the rayon pool ([`tiles`], [`for_tiles`]), each tile's product on
+//! one thread with the `gemm` crate ([`matmul`]), bias and residual added while the tile is
+//! still in cache ([`epilogue`]), and the raw pointer the tiles share ([`SharedMut`]).
+
+use rayon::prelude::*;
+
+/// A raw pointer shared by tiles that write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub(super) struct SharedMut(pub(super) *mut f32);
+// SAFETY: every tile writes a disjoint set of elements, and the buffer outlives the tiles.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// The element `i` (a method, so that closures capture the whole `SharedMut`).
+    pub(super) fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// A block of output elements: `(first row, rows, first column, columns)`.
+pub(super) type Tile = (usize, usize, usize, usize);
+
+/// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
+/// `max_cols`, and row blocks when there are too few column blocks to keep every thread busy.
+pub(super) fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Vec<Tile> {
+    let threads = rayon::current_num_threads();
+    let col_tiles = cols.div_ceil(max_cols.max(1));
+    let mut row_tiles = 1;
+    if threads > 1 && flops > 1 << 21 && col_tiles < 2 * threads {
+        row_tiles = (2 * threads)
+            .div_ceil(col_tiles)
+            .min(rows.div_ceil(16))
+            .max(1);
+    }
+    let rstep = rows
+        .div_ceil(row_tiles)
+        .next_multiple_of(8)
+        .min(rows.max(1));
+    let cstep = cols.div_ceil(col_tiles.max(1));
+    let mut out = Vec::new();
+    let mut c0 = 0;
+    while c0 < cols {
+        let cn = cstep.min(cols - c0);
+        let mut r0 = 0;
+        while r0 < rows {
+            let rn = rstep.min(rows - r0);
+            out.push((r0, rn, c0, cn));
+            r0 += rn;
+        }
+        c0 += cn;
+    }
+    out
+}
+
+thread_local! {
+    /// Each thread's im2col block, kept between calls.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on every tile, in parallel when that pays.
+pub(super) fn for_tiles<F>(tiles: &[Tile], flops: usize, f: F)
+where
+    F: Fn(&mut Vec<f32>, Tile) + Sync,
+{
+    let run = |&t: &Tile| {
+        SCRATCH.with(|s| f(&mut s.borrow_mut(), t));
+    };
+    if tiles.len() > 1 && rayon::current_num_threads() > 1 && flops > 1 << 21 {
+        tiles.par_iter().for_each(run);
+    } else {
+        tiles.iter().for_each(run);
+    }
+}
+
+/// `dst (m, n) = lhs (m, k) . rhs (k, n)` on one thread; `dst` has row stride `dst_rs` and
+/// column stride `dst_cs`, `lhs` row stride `lhs_rs`, `rhs` is contiguous.
+///
+/// SAFETY: the pointers must cover the strided extents described.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    dst_cs: usize,
+    lhs: *const f32,
+    lhs_rs: usize,
+    rhs: *const f32,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        dst_cs as isize,
+        dst_rs as isize,
+        false,
+        lhs,
+        1,
+        lhs_rs as isize,
+        rhs,
+        1,
+        n as isize,
+        0f32,
+        1f32,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    )
+}
+
+/// Adds `bias[row]` and `residual` to the tile `rows x cols` of `out (_, stride)`.
+///
+/// SAFETY: the tile lies inside `out`, and no other thread writes it.
+pub(super) unsafe fn epilogue(
+    out: SharedMut,
+    stride: usize,
+    (r0, rn, c0, cn): Tile,
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+) {
+    if bias.is_none() && residual.is_none() {
+        return;
+    }
+    for r in r0..r0 + rn {
+        let row = std::slice::from_raw_parts_mut(out.0.add(r * stride + c0), cn);
+        if let Some(b) = bias {
+            let b = b[r];
+            row.iter_mut().for_each(|v| *v += b);
+        }
+        if let Some(res) = residual {
+            let res = &res[r * stride + c0..r * stride + c0 + cn];
+            row.iter_mut().zip(res).for_each(|(v, &x)| *v += x);
+        }
+    }
+}
+
+/// Columns per tile so that a tile's im2col block stays near 2 MB.
+pub(super) fn max_cols(k: usize) -> usize {
+    ((1usize << 19) / k.max(1)).clamp(32, 2048)
+}
