@@ -165,28 +165,6 @@ pub fn check_finite(host: &HostArray, rows: Option<&[usize]>, what: &str) -> Res
     }
 }
 
-/// The batch rows `rows` of a C-ordered `(batch, ...)` buffer, in that order.
-pub fn select_rows<T: Copy>(data: &[T], row_len: usize, rows: &[usize]) -> Vec<T> {
-    rows.iter()
-        .flat_map(|&r| data[r * row_len..(r + 1) * row_len].iter().copied())
-        .collect()
-}
-
-/// A `(batch, ...)` buffer of zeros with the rows `rows` taken from `data` (their rows in
-/// order): the output of a masked step.
-pub fn scatter_rows<T: Copy + Default>(
-    data: &[T],
-    row_len: usize,
-    rows: &[usize],
-    batch: usize,
-) -> Vec<T> {
-    let mut out = vec![T::default(); batch * row_len];
-    for (i, &r) in rows.iter().enumerate() {
-        out[r * row_len..(r + 1) * row_len].copy_from_slice(&data[i * row_len..(i + 1) * row_len]);
-    }
-    out
-}
-
 /// Moves a C-ordered vector (float32 audio, uint32 codes) into a new numpy array, no copy.
 pub fn to_numpy<'py, T: numpy::Element>(
     py: Python<'py>,

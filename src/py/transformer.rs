@@ -10,7 +10,7 @@ use crate::py::errors::PyResult;
 use crate::py::guard::{self, Detached, Reset, Shared};
 use crate::py::rows;
 use crate::py::weights::WeightsArg;
-use candle::{DType, Tensor};
+use candle::DType;
 use mimi_core::config::TransformerConfig;
 use mimi_core::error::{Error, Result};
 use mimi_core::runtime::{device, memory};
@@ -45,51 +45,7 @@ impl Reset for State {
     }
 }
 
-/// Bytes a call on `(b, t, d)` needs: input copy, tensor, output and its copy (4 x 4 bytes)
-/// plus the activations of one block.
-fn call_memory(cfg: &TransformerConfig, shape: &[usize]) -> u64 {
-    let (b, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64);
-    let block = (cfg.context.max(64) as u64).min(t);
-    let heads = cfg.num_heads as u64;
-    (16 * b).saturating_mul(t).saturating_mul(d).saturating_add(
-        (4 * b)
-            .saturating_mul(block)
-            .saturating_mul(16 * d + 3 * heads * (block + cfg.context as u64)),
-    )
-}
-
-/// A masked step: the rows `rows` of `data` (shape `(b, t, d)`) continue their streams; the
-/// output holds zeros in the other rows.
-fn step_rows(
-    model: &Transformer,
-    st: &mut State,
-    data: &[f32],
-    (b, t, d): (usize, usize, usize),
-    rows: &[usize],
-) -> Result<Vec<f32>> {
-    model.start(st, b)?;
-    if rows.is_empty() || t == 0 {
-        return Ok(vec![0.0; b * t * d]);
-    }
-    let picked = convert::select_rows(data, t * d, rows);
-    let xs = Tensor::from_vec(picked, (rows.len(), t, d), model.device())?;
-    let ys = model.forward_rows(st, &xs.to_dtype(model.dtype())?, rows)?;
-    let ys = ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    Ok(convert::scatter_rows(&ys, t * d, rows, b))
-}
-
 impl PyStreamingTransformer {
-    fn check_input(&self, shape: &[usize]) -> Result<()> {
-        let d = self.config.d_model;
-        let ok = shape.len() == 3 && shape[2] == d && shape[0] >= 1;
-        if !ok {
-            return Err(Error::Shape(format!(
-                "expected an input of shape (batch, time, d_model={d}) with batch >= 1, got {shape:?}"
-            )));
-        }
-        Ok(())
-    }
-
     /// Converts, validates and runs one call; with `active`, only those rows step.
     fn run<'py>(
         &self,
@@ -100,41 +56,26 @@ impl PyStreamingTransformer {
         let arr = convert::as_ndarray(x, "x")?;
         convert::check_float(&arr, "x")?;
         let shape = convert::shape_of(&arr);
-        self.check_input(&shape)?;
-        let active = rows::active(active, shape[0])?.map(|r| r.indices().into_owned());
+        self.model.check_input(&shape)?;
+        let active = rows::active(active, shape[0])?;
         memory::check_memory(
-            call_memory(&self.config, &shape),
+            self.model.call_memory(&shape),
             "this call",
             "split the input into shorter chunks (results do not depend on chunking)",
         )?;
         let host = convert::read_f32(&arr, "x")?;
-        convert::check_finite(&host, active.as_deref(), "x")?;
+        let stepping = active.as_ref().map(|r| r.indices());
+        convert::check_finite(&host, stepping.as_deref(), "x")?;
         let (model, state) = (self.model.clone(), &self.state);
-        let (data, shape) = guard::detached(py, move |d| {
-            let mut st = state.lock(d)?;
-            let (b, t, dm) = (host.shape[0], host.shape[1], host.shape[2]);
-            if let Some(sb) = st.batch().filter(|&sb| sb != b) {
-                return Err(Error::Shape(format!(
-                    "this stream holds state for batch size {sb}, got an input of batch \
-                     size {b}; call reset_state() before streaming another batch size"
-                )));
-            }
-            let data = match active {
-                None => {
-                    let xs = Tensor::from_vec(host.data, (b, t, dm), model.device())?;
-                    let ys = model.forward(&mut st, &xs.to_dtype(model.dtype())?)?;
-                    ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?
-                }
-                Some(rows) => step_rows(&model, &mut st, &host.data, (b, t, dm), &rows)?,
-            };
-            Ok((data, vec![b, t, dm]))
+        let out = guard::detached(py, move |d| {
+            model.forward_host(&mut *state.lock(d)?, host, active)
         })?;
-        Ok(convert::to_numpy(py, data, &shape)?)
+        Ok(convert::to_numpy(py, out.data, &out.shape)?)
     }
 
     fn fork(&self, py: Python<'_>) -> PyResult<Self> {
         let state = &self.state;
-        let copied = guard::detached(py, |d| Ok(state.lock(d)?.deep_copy()?))?;
+        let copied = guard::detached(py, |d| state.lock(d)?.deep_copy())?;
         Ok(Self {
             model: self.model.clone(),
             state: Shared::new(copied),

@@ -51,6 +51,7 @@ pub mod error;
 pub mod host;
 pub mod kernels;
 pub mod quantizer;
+pub mod rows;
 pub mod runtime;
 pub mod seanet;
 pub mod transformer;

@@ -15,8 +15,10 @@
 //! The model itself (weights) is immutable and shared between clones.
 
 use crate::config::{Norm as NormKind, PositionalEmbedding, TransformerConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::host::HostArray;
 use crate::kernels::{residual_add, Linear, WindowAttention};
+use crate::rows::Rows;
 use candle::{DType, Device, IndexOp, Module, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::mimi::transformer::{Mlp, Norm};
@@ -292,7 +294,7 @@ impl Transformer {
         spec: &crate::weights::LoadSpec,
     ) -> crate::error::Result<Self> {
         let w = crate::weights::load_transformer_only(cfg, src, spec)?;
-        Ok(Self::new(cfg, w, spec.device, spec.dtype)?)
+        Self::new(cfg, w, spec.device, spec.dtype)
     }
 
     /// Builds the model from checked weights (names without prefix, interleaved q/k layout,
@@ -356,9 +358,91 @@ impl Transformer {
     }
 
     /// Runs `xs` (batch, time, d_model) through the transformer, continuing `state`.
-    /// The caller has checked the shape and that the batch matches the state's.
+    /// Refuses another shape, or a batch other than the stream's, before anything changes.
     pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
+        self.check_input(xs.dims())?;
+        self.check_batch(state, xs.dim(0)?)?;
         crate::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
+    }
+
+    /// Refuses an input that is not `(batch >= 1, time, d_model)`.
+    pub fn check_input(&self, shape: &[usize]) -> Result<()> {
+        let d = self.cfg.d_model;
+        if shape.len() != 3 || shape[2] != d || shape[0] == 0 {
+            return Err(Error::Shape(format!(
+                "expected an input of shape (batch, time, d_model={d}) with batch >= 1, got {shape:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses an input of `b` rows for a stream that holds another batch size.
+    pub fn check_batch(&self, state: &State, b: usize) -> Result<()> {
+        match state.batch() {
+            Some(sb) if sb != b => Err(Error::Shape(format!(
+                "this stream holds state for batch size {sb}, got an input of batch size {b}; \
+                 call reset_state() before streaming another batch size"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Bytes a call on `(b, t, d)` needs: input copy, tensor, output and its copy (4 x 4
+    /// bytes) plus the activations of one block.
+    pub fn call_memory(&self, shape: &[usize]) -> u64 {
+        let cfg = &self.cfg;
+        let (b, t, d) = (shape[0] as u64, shape[1] as u64, shape[2] as u64);
+        let block = (cfg.context.max(64) as u64).min(t);
+        let heads = cfg.num_heads as u64;
+        (16 * b).saturating_mul(t).saturating_mul(d).saturating_add(
+            (4 * b)
+                .saturating_mul(block)
+                .saturating_mul(16 * d + 3 * heads * (block + cfg.context as u64)),
+        )
+    }
+
+    /// One call on a host array `(b, t, d_model)`: all rows, or only the active `rows` (the
+    /// others keep their state bit for bit and their output is zeros).
+    pub fn forward_host(
+        &self,
+        state: &mut State,
+        x: HostArray<f32>,
+        rows: Option<Rows>,
+    ) -> Result<HostArray<f32>> {
+        self.check_input(&x.shape)?;
+        let (b, t, d) = (x.shape[0], x.shape[1], x.shape[2]);
+        self.check_batch(state, b)?;
+        let rows = match rows {
+            None => Rows::all(b),
+            Some(r) if r.batch() == b => r,
+            Some(r) => {
+                return Err(Error::Shape(format!(
+                    "active must have shape (batch,) = ({b},), got ({},)",
+                    r.batch()
+                )))
+            }
+        };
+        let out = if rows.is_masked() {
+            self.start(state, b)?;
+            if rows.count() == 0 || t == 0 {
+                return Ok(HostArray::new(vec![0.0; b * t * d], x.shape));
+            }
+            let xs = Tensor::from_vec(
+                rows.select(&x.data, t * d),
+                (rows.count(), t, d),
+                &self.device,
+            )?;
+            let ys = self.forward_rows(state, &xs.to_dtype(self.dtype)?, &rows.indices())?;
+            rows.scatter(
+                ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                t * d,
+            )
+        } else {
+            let xs = Tensor::from_vec(x.data, (b, t, d), &self.device)?;
+            let ys = self.forward(state, &xs.to_dtype(self.dtype)?)?;
+            ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?
+        };
+        Ok(HostArray::new(out, vec![b, t, d]))
     }
 
     /// Runs `xs` (rows.len(), time, d_model) for the batch rows `rows` only (sorted, distinct,
@@ -372,11 +456,9 @@ impl Transformer {
             match state.batch() {
                 Some(batch) if rows.len() == batch => self.forward_cancellable(state, xs, None),
                 Some(_) => self.uneven(state, xs, rows, None),
-                None => {
-                    return Err(crate::error::Error::Internal(
-                        "forward_rows needs a started stream".into(),
-                    ))
-                }
+                None => Err(Error::Internal(
+                    "forward_rows needs a started stream".into(),
+                )),
             }
         })
     }

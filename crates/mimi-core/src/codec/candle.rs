@@ -4,10 +4,10 @@
 
 use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::offline::per_item;
-use super::rows::Rows;
 use super::transform;
 use crate::config::CodecConfig;
 use crate::error::{check_cancel, Cancel, Result};
+use crate::rows::Rows;
 use crate::transformer::State;
 use candle::{Module, StreamTensor, StreamingModule, Tensor};
 use candle_nn::VarBuilder;

@@ -6,9 +6,9 @@
 //! Capabilities, such as per-row streams, are properties of the engine.
 
 use super::offline::Offline;
-use super::rows::Rows;
 use crate::config::CodecConfig;
 use crate::error::{Cancel, Result};
+use crate::rows::Rows;
 use crate::transformer::Transformer;
 use candle::{DType, Device, Tensor};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //!
 //! Owned here: the two transformers (this crate's [`Transformer`], exact window, unbounded
 //! streams), the quantizer ([`Quantizer`]), the wiring, the checkpoint readers for both real
-//! layouts ([`checkpoint`]), the streams ([`stream`]) and their rows ([`rows`]). The
+//! layouts ([`checkpoint`]), the streams ([`stream`]) and their rows ([`Rows`]). The
 //! convolutional parts (SEANet encoder/decoder, down/upsampling) run on one of two engines
 //! behind one interface ([`engine`]): the [`native`] CPU engine, or candle's modules
 //! ([`candle`]) on GPUs and in half precision.
@@ -17,14 +17,13 @@ pub mod engine;
 mod host;
 pub mod native;
 mod offline;
-pub mod rows;
 pub mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use crate::rows::Rows;
 pub use checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
 pub use engine::{Capabilities, EngineKind};
-pub use rows::Rows;
 pub use stream::{DecodeStream, EncodeStream};
 
 use self::candle::Candle;

@@ -5,11 +5,11 @@
 use super::bridge::{from_frames, per_row, to_frames};
 use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::offline::{empty, split, stream_window};
-use super::rows::Rows;
 use super::transform;
 use crate::config::{CodecConfig, PadMode};
 use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
 use crate::error::{check_cancel, Cancel, Result};
+use crate::rows::Rows;
 use crate::seanet;
 use crate::transformer::State;
 use candle::{DType, Tensor};
@@ -68,7 +68,7 @@ impl Native {
                 o.encode_chunk,
                 0,
                 enc.high_rate_channels(),
-                |x, end| Ok(enc.high_rate(&mut es, x, last && end, cancel)?),
+                |x, end| enc.high_rate(&mut es, x, last && end, cancel),
             )?;
             let y = enc.frame_rate(&mut es, &high, last);
             let skip = ((s0 - start) / hop).min(y.len);
@@ -101,7 +101,7 @@ impl Native {
                 chunk,
                 (s0 - start) * hop,
                 p.cfg.seanet.channels,
-                |x, _| Ok(dec.high_rate(&mut ds, x, cancel)?),
+                |x, _| dec.high_rate(&mut ds, x, cancel),
             )
         };
         split(ext.len(), (off, ext[0].len), o.segment, job)
