@@ -29,7 +29,7 @@ use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
 use crate::config::PadMode;
-use crate::direct;
+use crate::kernels::direct;
 
 /// A raw pointer shared by tiles that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -794,7 +794,7 @@ impl Conv1d {
         let (b1, b2) = (self.b.as_deref(), second.b.as_deref());
         // The direct kernel where the CPU has AVX-512 and it measured faster (see
         // direct::MAX_DIRECT_K): Mimi's residual blocks up to 256 channels.
-        if kk <= direct::MAX_DIRECT_K && crate::direct::available() {
+        if kk <= direct::MAX_DIRECT_K && crate::kernels::direct::available() {
             let first = direct::Direct {
                 w: &self.w,
                 cout: hidden,

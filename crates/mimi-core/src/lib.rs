@@ -46,9 +46,10 @@
 pub mod codec;
 pub mod config;
 pub mod conv;
-pub mod direct;
 pub mod error;
 pub mod kernels;
+/// The direct convolution's old path, kept working: it now lives in [`kernels::direct`].
+pub use kernels::direct;
 pub mod quantizer;
 pub mod runtime;
 pub mod seanet;
