@@ -209,6 +209,7 @@ unsafe fn attend_head_avx2(op: &WindowAttention, h: Head, sc: &mut Scratch, out:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
+#[allow(clippy::needless_range_loop)] // j indexes the keys and the scores alike
 unsafe fn scores_by_rows_avx2(qi: &[f32], k: Rows, span: (usize, usize), scores: &mut [f32]) {
     use std::arch::x86_64::*;
     let hd = qi.len();
