@@ -46,7 +46,6 @@
 pub mod codec;
 pub mod config;
 pub mod conv;
-pub mod direct;
 pub mod error;
 pub mod host;
 pub mod kernels;

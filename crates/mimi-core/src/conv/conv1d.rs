@@ -18,7 +18,7 @@ use super::frames::{par_rows, Frames, Padded};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState};
 use super::tiles::{epilogue, for_tiles, matmul, max_cols, tiles, SharedMut, Tile};
 use crate::config::PadMode;
-use crate::direct;
+use crate::kernels::direct;
 
 /// The smallest product depth per tap (`cin * stride`) for which a strided convolution is
 /// computed on its phase-split input.
@@ -269,7 +269,7 @@ impl Conv1d {
         let tiles = tiles(1, n, max_cols(kk + hidden), flops);
         // The direct kernel where the CPU has AVX-512 and it measured faster (see
         // direct::MAX_DIRECT_K): Mimi's residual blocks up to 256 channels.
-        if kk <= direct::MAX_DIRECT_K && crate::direct::available() {
+        if kk <= direct::MAX_DIRECT_K && direct::available() {
             fused.run_direct(&tiles, flops);
         } else {
             for_tiles(&tiles, flops, |scratch, (_, _, t0, tn)| {

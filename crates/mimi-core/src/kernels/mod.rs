@@ -1,0 +1,42 @@
+//! Faster CPU kernels where candle's are the bottleneck.
+//!
+//! candle runs Mimi correctly on every device, but on the CPU a few of its operations cost
+//! more than the work in them: a general matmul for a streaming step's handful of rows,
+//! masked attention products over keys a query cannot see, libm's `erff` one element at a
+//! time, elementwise ops on a pool of candle's own, im2col copies for small convolutions.
+//! This module replaces those, on the CPU in f32, and leaves everything else to candle.
+//!
+//! Files, one component each:
+//! * `gemv.rs`: [`gemv`], the matrix-vector kernel of a streaming step (register tiles of
+//!   weight rows x input rows, prefetching the next tile), used up to [`GEMV_MAX_ROWS`] rows;
+//! * `linear.rs`: [`Linear`], a linear layer on [`gemv`] for a few rows, on a transposed
+//!   `gemm` product for a widening layer's many rows, on candle's otherwise;
+//! * `attention.rs`: [`WindowAttention`], an offline block's sliding-window attention over
+//!   exactly the keys each query sees, reading the key/value rings in place;
+//! * `elementwise.rs`: [`gelu_erf`], [`residual_add`] and the `e^x` they share with the
+//!   attention's softmax;
+//! * `pool.rs`: [`in_pool`] and [`spin`], the rayon pool whose workers keep awake for the
+//!   length of a call;
+//! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution.
+//!
+//! CPU features are chosen at run time, never at build time: each SIMD kernel is an
+//! `unsafe fn` compiled with `#[target_feature(enable = ...)]` (AVX2 and FMA for gemv,
+//! GELU and attention; AVX-512F for the direct convolution), called only after
+//! `is_x86_feature_detected!` found those features; elsewhere (another x86 CPU, another
+//! architecture) a portable version of the same sums runs. The portable GELU and gemv loops
+//! are `#[inline(always)]` so that the AVX2 variants, which inline them, get them compiled
+//! with those features. Each kernel's tests compare it against candle or a plain reference.
+
+mod attention;
+pub mod direct;
+mod elementwise;
+mod gemv;
+mod linear;
+mod pool;
+
+pub use attention::WindowAttention;
+pub(crate) use elementwise::exp_nonpos;
+pub use elementwise::{gelu_erf, residual_add};
+pub use gemv::{gemv, GEMV_MAX_ROWS};
+pub use linear::Linear;
+pub use pool::{in_pool, spin};

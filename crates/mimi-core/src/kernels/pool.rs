@@ -1,0 +1,90 @@
+//! The rayon pool helpers: [`in_pool`] runs a call on a worker of rayon's global pool with
+//! the other workers kept awake (spinning in `keep_awake`, stopped by `Finish` on the way
+//! out) for its length, so that its many small parallel loops do not each pay a wake-up;
+//! [`spin`] says whether the keepers run (`MIMI_PY_SPIN`, read in
+//! [`crate::runtime::settings`]).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Runs `f` on a worker of rayon's global pool (inline when already on one, or with a
+/// single thread), with the pool's other workers kept awake until it returns.
+///
+/// A streaming step runs a hundred small parallel loops. Started from a thread outside the
+/// pool, each would hand its work over and put the caller to sleep until it is done; from
+/// inside the pool the caller takes part. Between two loops the other workers go to sleep
+/// (rayon parks a worker that found nothing for a few dozen rounds), and waking one costs a
+/// futex call and, on a virtual machine, an interrupt to the other vCPU: 32 voluntary context
+/// switches per 80 ms codec frame on a 2-core EPYC (6-10 with this). So each other worker
+/// runs [`keep_awake`] for the
+/// length of the call: it takes every job the call offers as soon as it is offered, and spins
+/// in between instead of parking. `MIMI_PY_SPIN=0` turns the keepers off (see [`spin`]).
+pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || rayon::current_thread_index().is_some() {
+        return f();
+    }
+    if !spin() {
+        return rayon::scope(|_| f());
+    }
+    let done = AtomicBool::new(false);
+    let done = &done;
+    rayon::scope(|s| {
+        let owner = rayon::current_thread_index();
+        for _ in 1..threads {
+            s.spawn(move |_| keep_awake(done, owner));
+        }
+        // Set on the way out, a panic included (it resurfaces once the keepers returned).
+        let _finish = Finish(done);
+        f()
+    })
+}
+
+/// Whether [`in_pool`] keeps the pool's other workers spinning for the length of a call (the
+/// default). `MIMI_PY_SPIN=0`, read once, lets them park between parallel loops instead: the
+/// same results, fewer busy cycles on a machine shared with other work, more context switches
+/// (like OpenMP's `OMP_WAIT_POLICY=passive`).
+pub fn spin() -> bool {
+    crate::runtime::settings::get().spin
+}
+
+/// Sets its flag when dropped.
+struct Finish<'a>(&'a AtomicBool);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+thread_local! {
+    static KEEPING_AWAKE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A worker's loop while an [`in_pool`] call runs on `owner`: run whatever job the pool
+/// offers, spin when there is none, return once `done`. It returns at once on the owner
+/// itself (which may pick it up while it waits inside a join: spinning there would never
+/// let the call finish) and on a worker already keeping awake.
+fn keep_awake(done: &AtomicBool, owner: Option<usize>) {
+    if rayon::current_thread_index() == owner || KEEPING_AWAKE.with(Cell::get) {
+        return;
+    }
+    KEEPING_AWAKE.with(|k| k.set(true));
+    let mut idle = 0u32;
+    while !done.load(Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle = 0,
+            _ => {
+                idle += 1;
+                // Now and then, let another process have the core (an oversubscribed
+                // machine); otherwise stay hot.
+                if idle.is_multiple_of(256) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+    KEEPING_AWAKE.with(|k| k.set(false));
+}
