@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("input", nargs="?")
     p.add_argument("output", nargs="?", default="roundtrip.wav")
     p.add_argument("--weights", default=None)
-    p.add_argument("--num-codebooks", type=int, default=8)
+    p.add_argument("--num-codebooks", type=int, default=None, help="default: the checkpoint's (its config's)")
     args = p.parse_args()
 
     codec = mimi_py.MimiCodec(args.weights, num_codebooks=args.num_codebooks)

@@ -40,7 +40,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--weights", default=None, help="hf:kyutai/mimi or a path (default: seeded weights)")
     p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--num-codebooks", type=int, default=8)
+    p.add_argument("--num-codebooks", type=int, default=None, help="default: the checkpoint's (its config's)")
     args = p.parse_args()
 
     codec = load_codec(args.weights, num_codebooks=args.num_codebooks, seed=0)
