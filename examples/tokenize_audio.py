@@ -63,6 +63,11 @@ def main() -> None:
     print(f"encode {t1 - t0:.2f} s (real-time factor {args.seconds / (t1 - t0):.1f}x)")
     print(f"decode {t2 - t1:.2f} s (real-time factor {args.seconds / (t2 - t1):.1f}x)")
     print(f"reconstruction: SNR {snr:.1f} dB, correlation {corr:.3f}")
+    if args.weights is None:
+        print(
+            "(seeded random weights: the codes are real codes of an untrained model, so the audio "
+            "that comes back is noise, SNR near or below 0 dB; --weights hf:kyutai/mimi gives speech)"
+        )
 
 
 if __name__ == "__main__":

@@ -303,8 +303,8 @@ def test_bad_inputs(codec):
         codec.encode(np.zeros((1, 2, 100), np.float32))
     with pytest.raises(mimi_py.ShapeError, match=r"pcm\[:, None, :\]"):
         codec.encode(np.zeros((1, 100), np.float32))
-    with pytest.raises(mimi_py.DTypeError):
-        codec.encode(np.zeros(100, np.int16))
+    with pytest.raises(mimi_py.DTypeError, match="16-bit PCM"):
+        codec.encode(np.zeros(100, np.int8))
     with pytest.raises(mimi_py.InvalidInputError, match="NaN"):
         codec.encode(np.full(100, np.nan, np.float32))
     with pytest.raises(mimi_py.ShapeError, match="num_codebooks=4"):

@@ -49,12 +49,23 @@ def pcm_shapes(draw):
     return tuple(draw(st.lists(st.sampled_from([0, 1, 2, 5]), min_size=rank, max_size=rank)))
 
 
+# Integer PCM the codec scales (native byte order only): its full scale.
+INT_PCM = {np.dtype("int16"): 32768.0, np.dtype("int32"): 2.0**31}
+
+
+def pcm_reference(arr: np.ndarray) -> np.ndarray:
+    """The C-contiguous float32 audio a call with pcm `arr` must be equivalent to."""
+    if arr.dtype in INT_PCM and arr.dtype.isnative:
+        return (np.asarray(arr, np.float64) / INT_PCM[arr.dtype]).astype(np.float32)
+    return reference_input(arr)
+
+
 def pcm_expect(arr, stream_batch=None):
     """(valid, allowed errors) for pcm `arr` (an ndarray or None)."""
     if arr is None:
         return False, (TypeError,)
     allowed = ()
-    if arr.dtype.kind != "f":
+    if arr.dtype.kind != "f" and not (arr.dtype in INT_PCM and arr.dtype.isnative):
         allowed += (M.DTypeError,)
     shape_ok = arr.ndim == 1 or (arr.ndim == 3 and arr.shape[1] == 1 and arr.shape[0] >= 1)
     if not shape_ok:
@@ -90,7 +101,7 @@ def test_any_audio_given_to_encode_gives_the_codes_of_its_float32_values_or_a_ty
     kind, r = call(getattr(codec, method), x)
     if valid:
         assert kind == "ok", f"valid pcm rejected: {type(r).__name__}: {r}"
-        ref = reference_input(arr)
+        ref = pcm_reference(arr)
         same(r, getattr(control, method)(ref), f"{method}: layout/dtype {arr.dtype} {arr.strides}")
         if method == "encode":
             s = ref.shape[-1]
@@ -213,7 +224,7 @@ def test_a_refused_encode_step_leaves_the_stream_and_its_buffered_remainder_inta
     kind, r = call(codec.encode_step, x)
     if valid:
         assert kind == "ok", f"valid chunk rejected: {type(r).__name__}: {r}"
-        ref = reference_input(arr)
+        ref = pcm_reference(arr)
         same(r, control.encode_step(ref), "encode_step: layout/dtype")
         if ref.shape[-1]:
             stream_batch = 1 if ref.ndim == 1 else ref.shape[0]
@@ -313,3 +324,27 @@ def test_out_of_range_uint64_code_is_reported_as_itself(codec_pair):
     with pytest.raises(M.InvalidInputError) as ei:
         codec.decode(np.full((1, K, 1), 2**64 - 1, np.uint64))
     assert str(2**64 - 1) in str(ei.value), str(ei.value)
+
+
+def test_integer_pcm_is_scaled_as_16_and_32_bit_audio(codec_pair):
+    codec, _ = codec_pair
+    x = (0.3 * np.sin(np.arange(3 * FRAME + 11) * 0.05)).astype(np.float32)
+    i16 = np.round(x * 32767).astype(np.int16)
+    i32 = i16.astype(np.int32) << 16
+    expect = codec.encode((i16 / 32768.0).astype(np.float32))
+    np.testing.assert_array_equal(codec.encode(i16), expect)
+    np.testing.assert_array_equal(codec.encode(i32), expect)
+    np.testing.assert_array_equal(codec.encode(i16[::-1].copy()[::-1]), expect)  # strided view
+
+
+def test_other_integer_pcm_is_refused_with_the_scaling_to_apply(codec_pair):
+    codec, _ = codec_pair
+    for dtype in ("int8", "uint8", "int64", ">i2"):
+        with pytest.raises(M.DTypeError, match=r"/ 32768 for 16-bit PCM"):
+            codec.encode(np.zeros(FRAME, dtype))
+
+
+def test_an_unconvertible_object_names_the_real_cause(codec_pair):
+    codec, _ = codec_pair
+    with pytest.raises(TypeError, match="numpy.asarray failed: .*inhomogeneous"):
+        codec.encode([[0.0] * 10, [0.0] * 3])

@@ -249,7 +249,7 @@ def test_resume_refuses_a_different_model(corpus, tokenized):
 def test_detokenize_writes_the_audio_of_decode(corpus, tokenized, tmp_path):
     out, _ = tokenized
     wav_dir = tmp_path / "wav"
-    # Weights, config and codebooks come from MANIFEST.json. Files over 10 s stream through
+    # Weights, config and codebooks come from .MANIFEST.json. Files over 10 s stream through
     # decode_step (float rounding of decode's samples); shorter ones are decode's samples exactly.
     counts = data.detokenize(out, wav_dir, max_inline_seconds=10.0, progress_every=None)
     assert (counts["files"], counts["skipped"], counts["failed"]) == (len(GOOD), len(BAD), 0)
@@ -425,3 +425,89 @@ def test_hf_weights_are_pinned_to_the_commit_and_identified_by_sha256(tmp_path, 
     assert "seeded" in data._same_model(
         {"weights": ident, "config": config}, {"weights": seeded, "config": config}
     )
+
+
+# ---------------------------------------------------------------- the output in every reader
+
+
+def _reference_rows(out) -> dict:
+    """path -> (num_frames, codes as nested lists), read through mimi_py."""
+    rows = rows_by_path(out)
+    return {
+        p: (r["num_frames"], None if r["codes"] is None else r["codes"].tolist()) for p, r in rows.items()
+    }
+
+
+def _as_nested(codes) -> list | None:
+    if codes is None:
+        return None
+    return [[int(v) for v in row] for row in codes]
+
+
+def _check_rows(paths, frames, codes, reference) -> None:
+    got = {
+        p: (None if f is None or f != f else int(f), _as_nested(c)) for p, f, c in zip(paths, frames, codes)
+    }
+    assert got == reference
+
+
+def test_pandas_reads_the_output_folder(tokenized):
+    pd = pytest.importorskip("pandas")
+    out, _ = tokenized
+    df = pd.read_parquet(out)
+    assert list(df.columns) == [f.name for f in data.output_schema()]
+    frames = [None if pd.isna(f) else f for f in df["num_frames"]]
+    _check_rows(df["path"], frames, df["codes"], _reference_rows(out))
+
+
+def test_pyarrow_reads_the_output_folder_as_a_table_and_as_a_dataset(tokenized):
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    out, _ = tokenized
+    reference = _reference_rows(out)
+    for table in (pq.read_table(out), ds.dataset(out, format="parquet").to_table()):
+        assert table.schema.equals(data.output_schema(), check_metadata=False)
+        cols = table.to_pydict()
+        _check_rows(cols["path"], cols["num_frames"], cols["codes"], reference)
+
+
+def test_polars_reads_the_part_files_by_their_glob(tokenized):
+    pl = pytest.importorskip("polars")
+    out, _ = tokenized
+    df = pl.read_parquet(f"{out}/*.parquet")
+    _check_rows(df["path"].to_list(), df["num_frames"].to_list(), df["codes"].to_list(), _reference_rows(out))
+
+
+def test_duckdb_queries_the_part_files(tokenized):
+    duckdb = pytest.importorskip("duckdb")
+    out, _ = tokenized
+    rows = duckdb.sql(f"SELECT path, num_frames, codes FROM read_parquet('{out}/*.parquet')").fetchall()
+    paths, frames, codes = zip(*rows)
+    _check_rows(paths, frames, codes, _reference_rows(out))
+    [(n_ok,)] = duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{out}/*.parquet') WHERE error IS NULL"
+    ).fetchall()
+    assert n_ok == len(GOOD)
+
+
+def test_hf_datasets_loads_the_output_folder_offline(tokenized, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    datasets = pytest.importorskip("datasets")
+    out, _ = tokenized
+    ds = datasets.load_dataset("parquet", data_dir=str(out), split="train", cache_dir=str(tmp_path / "cache"))
+    assert ds.column_names == [f.name for f in data.output_schema()]
+    _check_rows(ds["path"], ds["num_frames"], ds["codes"], _reference_rows(out))
+
+
+def test_an_old_manifest_name_is_read_to_resume_and_replaced(ray_address, corpus, tmp_path):
+    files = [str(corpus / n) for n in list(GOOD)[:4]]
+    out = tmp_path / "codes"
+    kw = dict(weights=WEIGHTS, config=CONFIG, num_codebooks=Q, workers=1, progress_every=None)
+    data.tokenize(files[:2], out, **kw)
+    (out / data.MANIFEST_NAME).rename(out / "MANIFEST.json")
+    manifest = data.tokenize(files, out, resume=True, **kw)
+    assert len(manifest["runs"]) == 2 and manifest["counts"]["rows"] == 4
+    assert not (out / "MANIFEST.json").exists() and (out / data.MANIFEST_NAME).exists()

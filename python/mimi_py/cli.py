@@ -212,7 +212,7 @@ def _add_tokenize_parser(sub):
         help="a corpus (folder, glob, .jsonl/.txt manifest) -> Mimi codes in Parquet, on Ray",
         description="Tokenize every audio file of INPUT into Parquet rows in OUTPUT_DIR (one row per "
         "file: path, sample_rate, duration_s, num_frames, num_codebooks, codes, error) plus "
-        "MANIFEST.json. Runs on a local Ray instance, or the cluster at --address / RAY_ADDRESS. "
+        ".MANIFEST.json. Runs on a local Ray instance, or the cluster at --address / RAY_ADDRESS. "
         "Needs mimi_py[data].",
     )
     t.add_argument(
@@ -243,7 +243,7 @@ def _add_corpus_parsers(sub) -> None:
         "detokenize",
         help="the codes in a tokenize OUTPUT_DIR -> wav files, for listening checks",
         description="Decode the rows of a tokenize OUTPUT_DIR to float32 wav files at the codec's sample "
-        "rate in WAV_DIR (error rows are skipped). --weights defaults to the ones recorded in MANIFEST.json.",
+        "rate in WAV_DIR (error rows are skipped). --weights defaults to the ones recorded in .MANIFEST.json.",
     )
     d.add_argument("output_dir")
     d.add_argument("wav_dir")
@@ -254,7 +254,7 @@ def _add_corpus_parsers(sub) -> None:
             "--weights",
             default=None,
             help="hf:REPO_ID[@REVISION][:FILENAME] or a path, as for encode (tokenize default: seeded "
-            "random weights; detokenize default: the weights in MANIFEST.json). On a cluster, hf: "
+            "random weights; detokenize default: the weights in .MANIFEST.json). On a cluster, hf: "
             "weights are fetched by every node, pinned to the commit the driver resolved",
         )
         q.add_argument(

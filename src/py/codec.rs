@@ -206,7 +206,9 @@ impl PyMimiCodec {
         active: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(HostArray, Option<Rows>)> {
         let arr = convert::as_ndarray(x, "pcm")?;
-        convert::check_float(&arr, "pcm")?;
+        if !convert::is_int_pcm(&arr) {
+            convert::check_float(&arr, "pcm")?;
+        }
         let shape = convert::shape_of(&arr);
         let c = self.n_channels();
         let shape3 = match shape.as_slice() {
@@ -232,7 +234,7 @@ impl PyMimiCodec {
             "encode long audio in chunks with encode_step (or the CLI, which streams)",
         )?;
         let rows = rows::active(active, shape3[0])?;
-        let mut host = convert::read_f32(&arr, "pcm")?;
+        let mut host = convert::read_pcm(&arr, "pcm")?;
         host.shape = shape3;
         let stepping = rows.as_ref().map(|r| r.indices());
         convert::check_finite(&host, stepping.as_deref(), "pcm")?;
@@ -361,7 +363,7 @@ impl PyMimiCodec {
     }
 
     /// Audio to codes. ``pcm``: (batch, channels, samples) or (samples,), any real float
-    /// dtype, at ``sample_rate``. Returns uint32 codes of shape (batch, num_codebooks,
+    /// dtype, or int16 / int32 PCM (scaled by 1/32768 and 1/2**31), at ``sample_rate``. Returns uint32 codes of shape (batch, num_codebooks,
     /// ceil(samples / frame_size)); a last partial frame is zero-padded.
     fn encode<'py>(&self, py: Python<'py>, pcm: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let host = self.read_pcm(pcm)?;

@@ -46,8 +46,12 @@ pub fn as_ndarray<'py>(
             .into()),
         },
         Err(e) => {
+            // The cause is the message a user can act on (a tensor that requires grad, a
+            // dtype numpy lacks such as bfloat16, a ragged list): it goes into the text.
+            let why = e.value(py).to_string();
             let err = pyo3::exceptions::PyTypeError::new_err(format!(
-                "{what} must be a numpy array (or convertible with numpy.asarray), got {}",
+                "{what} must be a numpy array (or convertible with numpy.asarray), got {}: \
+                 numpy.asarray failed: {why}",
                 type_name(obj)
             ));
             err.set_cause(py, Some(e));
@@ -70,13 +74,48 @@ pub fn check_float(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<()> {
             .str()
             .map(|s| s.to_string())
             .unwrap_or_else(|_| "?".into());
+        let hint = if kind == b'i' || kind == b'u' {
+            "; integer samples must be scaled to [-1, 1): x.astype(numpy.float32) / 32768 \
+             for 16-bit PCM, / 2**31 for 32-bit"
+        } else {
+            "; convert it with .astype(numpy.float32)"
+        };
         return Err(Error::DType(format!(
             "{what} must be a real floating-point array (float16, float32 or float64), \
-             got dtype {name}; convert it with .astype(numpy.float32)"
+             got dtype {name}{hint}"
         ))
         .into());
     }
     Ok(())
+}
+
+/// Reads audio samples: any real floating array as [`read_f32`] does, or integer PCM with
+/// the standard scaling, int16 ÷ 32768 and int32 ÷ 2³¹ (other integer types are refused with
+/// the scaling to apply).
+pub fn read_pcm(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
+    let scale = if a.cast::<PyArrayDyn<i16>>().is_ok() {
+        1.0 / 32768.0
+    } else if a.cast::<PyArrayDyn<i32>>().is_ok() {
+        1.0 / 2147483648.0
+    } else {
+        return read_f32(a, what);
+    };
+    let shape = shape_of(a);
+    check_size(&shape, what)?;
+    let data = if let Ok(arr) = a.cast::<PyArrayDyn<i16>>() {
+        let ro = arr.try_readonly()?;
+        collect_c_order(ro.as_array(), |v| (f64::from(v) * scale) as f32, what)?
+    } else {
+        let arr = a.cast::<PyArrayDyn<i32>>().map_err(PyErr::from)?;
+        let ro = arr.try_readonly()?;
+        collect_c_order(ro.as_array(), |v| (f64::from(v) * scale) as f32, what)?
+    };
+    Ok(HostArray::new(data, shape))
+}
+
+/// Whether `a` is integer PCM that [`read_pcm`] scales (int16 or int32, native byte order).
+pub fn is_int_pcm(a: &Bound<'_, PyUntypedArray>) -> bool {
+    a.cast::<PyArrayDyn<i16>>().is_ok() || a.cast::<PyArrayDyn<i32>>().is_ok()
 }
 
 /// Largest array read in one call: 2^31 values (8 GiB as float32). Larger ones (for example

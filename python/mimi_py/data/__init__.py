@@ -18,7 +18,7 @@ on a cluster (``address=`` or ``RAY_ADDRESS``):
    of ``batch_seconds``, ended with ``last=True``, which pads the last partial frame as
    ``encode`` does: exact too (:meth:`MimiEncoder.encode_blocks`).
 3. The driver (:func:`tokenize`) writes the rows to Parquet part files in ``OUTPUT_DIR``, each
-   under a temporary name and then renamed, and keeps ``MANIFEST.json`` up to date.
+   under a temporary name and then renamed, and keeps ``.MANIFEST.json`` up to date.
 
 Output: one row per input file (:func:`output_schema`): ``path``, ``sample_rate``,
 ``duration_s``, ``num_frames``, ``num_codebooks``, ``codes`` (list<list<uint16>>, shape
@@ -27,7 +27,7 @@ audio, no samples, NaN samples) gets a row with ``error`` set and ``codes`` null
 the job. ``resume=True`` skips the paths that already have a row.
 
 The modules, by concern: ``read`` (find and read the input audio), ``encode`` (the codec stage),
-``output`` (part files and ``MANIFEST.json``), ``tokenize`` (the job), ``detokenize`` (the
+``output`` (part files and ``.MANIFEST.json``), ``tokenize`` (the job), ``detokenize`` (the
 reverse), ``model`` (the weights and their identity), ``runtime`` (Ray and thread counts) and
 ``common`` (what they all share). Everything public is imported here.
 """

@@ -19,9 +19,11 @@ from ..errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
     import pyarrow as pa
 
-MANIFEST_NAME = "MANIFEST.json"
-"""The job's record in ``OUTPUT_DIR``: config, weights identity, versions, counts."""
-_FORMAT = "mimi_py.tokenize/1"  # MANIFEST.json's "format"
+MANIFEST_NAME = ".MANIFEST.json"
+"""The job's record in ``OUTPUT_DIR``: config, weights identity, versions, counts. A hidden file
+(leading ``.``), so that pyarrow, pandas and HF ``datasets`` read the folder as Parquet only."""
+_LEGACY_MANIFEST_NAME = "MANIFEST.json"  # before 0.1: read to resume, then replaced
+_FORMAT = "mimi_py.tokenize/1"  # .MANIFEST.json's "format"
 _INSTALL = "pip install 'mimi_py[data]'"
 _PART = re.compile(r"part-[0-9A-Za-z_-]+\.parquet")
 _MAX_INLINE_SECONDS = 3600.0  # longer files are streamed from disk by the codec stage itself

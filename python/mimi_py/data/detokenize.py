@@ -18,7 +18,6 @@ from ..audio import CHUNK_SECONDS, open_writer
 from ..errors import ConfigError
 from .common import (
     _MAX_INLINE_SECONDS,
-    MANIFEST_NAME,
     _check_positive,
     _column,
     _error_text,
@@ -27,7 +26,7 @@ from .common import (
     codes_to_numpy,
 )
 from .model import _Model, _model
-from .output import _Output
+from .output import _Output, read_manifest
 from .runtime import _ray_session, _ray_stage_args, _threads_env
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
@@ -141,7 +140,7 @@ def _recorded_model(
     config: CodecConfig | Mapping[str, Any] | None,
     seed: int | None,
 ) -> _Model:
-    """The model to decode with: the one ``MANIFEST.json`` records (weights, config, seed) unless
+    """The model to decode with: the one ``.MANIFEST.json`` records (weights, config, seed) unless
     any of them is given; always the recorded number of codebooks."""
     recorded = manifest.get("config") or {}
     if weights is None and config is None and seed is None and manifest:
@@ -230,7 +229,7 @@ def detokenize(
     ``wav_dir``, for listening checks (names: :func:`wav_name`; error rows are skipped;
     ``limit``: only the first rows, part file by part file).
 
-    ``weights`` defaults to the ones recorded in ``MANIFEST.json`` (with their config and seed);
+    ``weights`` defaults to the ones recorded in ``.MANIFEST.json`` (with their config and seed);
     otherwise as in :func:`~mimi_py.data.tokenize`. Runs on Ray like
     :func:`~mimi_py.data.tokenize`, with :class:`MimiDecoder` actors. Returns counts: ``files``
     written, ``skipped`` error rows, ``failed`` rows, ``audio_seconds``.
@@ -240,7 +239,7 @@ def detokenize(
         raise ConfigError(f"`limit` must be >= 0, got {limit!r}")
     t_start = time.perf_counter()
     out = _Output(output_dir)
-    manifest = out.read_json(MANIFEST_NAME) or {}
+    manifest = read_manifest(out) or {}
     parts = out.parts()
     if not parts:
         raise FileNotFoundError(f"{out.uri}: no part-*.parquet files (is it a tokenize output folder?)")

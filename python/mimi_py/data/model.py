@@ -1,5 +1,5 @@
 """The model of a job: what every actor needs to build the same codec (:class:`_Model`, picklable),
-and the weights' identity recorded in ``MANIFEST.json`` (sha256 of the files, or the Hub
+and the weights' identity recorded in ``.MANIFEST.json`` (sha256 of the files, or the Hub
 commit, or the seed), with which a resumed job is checked to use the same model."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The output folder of a job: part files written atomically (:class:`_Output`,
-:class:`_PartWriter`), ``MANIFEST.json`` (:func:`_new_manifest`, :func:`_open_output`,
+:class:`_PartWriter`), ``.MANIFEST.json`` (:func:`_new_manifest`, :func:`_open_output`,
 :func:`_counts`) and :func:`read_codes`, which reads the rows back."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .._core import __version__, candle_version
 from ..errors import ConfigError
 from .common import (
     _FORMAT,
+    _LEGACY_MANIFEST_NAME,
     _PART,
     MANIFEST_NAME,
     Progress,
@@ -107,12 +108,12 @@ def read_codes(output_dir: str | os.PathLike[str], columns: list[str] | None = N
     """All rows :func:`~mimi_py.data.tokenize` wrote to ``output_dir`` (its ``part-*.parquet``
     files) as one pyarrow Table; ``columns`` selects columns. ``ray.data.read_parquet(output_dir)``
     reads the same files; ``pyarrow.parquet.read_table(output_dir)`` would also try
-    ``MANIFEST.json``."""
+    ``.MANIFEST.json``."""
     return _Output(output_dir).read(columns)
 
 
 def _counts(out: _Output, inputs: Sequence[str]) -> dict[str, Any]:
-    """The rows in ``out`` against the ``inputs``: for ``MANIFEST.json``'s ``counts``."""
+    """The rows in ``out`` against the ``inputs``: for ``.MANIFEST.json``'s ``counts``."""
     t = out.read(["path", "duration_s", "num_frames", "error"])
     paths = t.column("path").to_pylist()
     errors = t.column("error").to_pylist()
@@ -137,7 +138,7 @@ def _counts(out: _Output, inputs: Sequence[str]) -> dict[str, Any]:
 def _new_manifest(
     input: Any, inputs: Sequence[str], model: _Model, ident: dict[str, Any], settings: dict[str, Any]
 ) -> dict[str, Any]:
-    """A fresh ``MANIFEST.json`` for a job; loads the model once, so that a bad checkpoint fails
+    """A fresh ``.MANIFEST.json`` for a job; loads the model once, so that a bad checkpoint fails
     here rather than in every actor."""
     codec = model.load()
     _check_cardinality(codec)
@@ -164,10 +165,23 @@ def _new_manifest(
     }
 
 
+def read_manifest(out: _Output) -> dict[str, Any] | None:
+    """``out``'s manifest, under its name or the one earlier versions wrote (which no Parquet
+    reader skips: it is removed once the new one is written)."""
+    return out.read_json(MANIFEST_NAME) or out.read_json(_LEGACY_MANIFEST_NAME)
+
+
+def write_manifest(out: _Output, manifest: dict[str, Any]) -> None:
+    """Writes ``out``'s manifest (atomically), dropping a legacy-named one."""
+    out.write_json(MANIFEST_NAME, manifest)
+    if out.read_json(_LEGACY_MANIFEST_NAME) is not None:
+        out.fs.delete_file(out.path(_LEGACY_MANIFEST_NAME))
+
+
 def _open_output(out: _Output, manifest: dict[str, Any], resume: bool) -> set[str]:
     """Creates ``out`` or checks it can be resumed (same model); returns the paths done."""
     out.mkdir()
-    old = out.read_json(MANIFEST_NAME)
+    old = read_manifest(out)
     parts = out.parts()
     if parts and not resume:
         raise FileExistsError(

@@ -1,7 +1,7 @@
 """The tokenize job: a folder of audio to Mimi codes in Parquet, on one machine or a Ray cluster.
 
 :func:`tokenize` lists the inputs (:func:`~mimi_py.data.find_audio`), pins and records the model
-(``MANIFEST.json``), runs the two stages of :func:`~mimi_py.data.encode_batches` on Ray Data and
+(``.MANIFEST.json``), runs the two stages of :func:`~mimi_py.data.encode_batches` on Ray Data and
 writes the result rows from the driver as part files (:class:`~mimi_py.data.output._PartWriter`).
 """
 
@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 from .._core import CodecConfig
 from ..audio import CHUNK_SECONDS
-from .common import _MAX_INLINE_SECONDS, MANIFEST_NAME, Progress, _check_positive, _error_text, _need, _now
+from .common import _MAX_INLINE_SECONDS, Progress, _check_positive, _error_text, _need, _now
 from .encode import encode_batches
 from .model import _Model, _model, _resolve_weights
-from .output import _counts, _new_manifest, _open_output, _Output, _PartWriter
+from .output import _counts, _new_manifest, _open_output, _Output, _PartWriter, write_manifest
 from .read import find_audio
 from .runtime import _ray_session
 
@@ -46,7 +46,7 @@ def _start_job(
     resume: bool,
 ) -> _Job:
     """Lists the inputs, pins the model, opens (or resumes) the output folder and records the
-    new run in ``MANIFEST.json``."""
+    new run in ``.MANIFEST.json``."""
     pairs = find_audio(input)
     inputs = [p for p, _ in pairs]
     out = _Output(output_dir)
@@ -57,7 +57,7 @@ def _start_job(
     run: dict[str, Any] = {"started": _now(), "resumed": bool(resume), "skipped": len(pairs) - len(todo)}
     manifest["runs"].append(run)
     manifest["counts"] = _counts(out, inputs)
-    out.write_json(MANIFEST_NAME, manifest)
+    write_manifest(out, manifest)
     return _Job(out, inputs, todo, model, manifest, run)
 
 
@@ -82,17 +82,17 @@ def _run_pipeline(job: _Job, stage: dict[str, Any], address: str | None, writer:
 
 
 def _record_interruption(job: _Job, writer: _PartWriter, e: BaseException) -> None:
-    """Ctrl-C or a Ray failure: keep the rows already computed and say so in ``MANIFEST.json``."""
+    """Ctrl-C or a Ray failure: keep the rows already computed and say so in ``.MANIFEST.json``."""
     with contextlib.suppress(Exception):
         writer.flush()
         job.run.update(interrupted=_now(), why=_error_text(e), files=writer.files, parts=writer.parts)
         job.manifest["status"] = "interrupted"
         job.manifest["counts"] = _counts(job.out, job.inputs)
-        job.out.write_json(MANIFEST_NAME, job.manifest)
+        write_manifest(job.out, job.manifest)
 
 
 def _finish(job: _Job, writer: _PartWriter) -> dict[str, Any]:
-    """Records the run and the final counts in ``MANIFEST.json``; returns it."""
+    """Records the run and the final counts in ``.MANIFEST.json``; returns it."""
     final = writer.progress()
     writer.say(final.line())
     job.run.update(
@@ -107,7 +107,7 @@ def _finish(job: _Job, writer: _PartWriter) -> dict[str, Any]:
     manifest["counts"] = c = _counts(job.out, job.inputs)
     manifest["status"] = "complete" if c["missing"] == 0 and c["duplicates"] == 0 else "incomplete"
     manifest["updated"] = _now()
-    job.out.write_json(MANIFEST_NAME, manifest)
+    write_manifest(job.out, manifest)
     return manifest
 
 
@@ -135,7 +135,7 @@ def tokenize(
     ``input``: see :func:`find_audio`. ``output_dir``: a local folder or a pyarrow filesystem
     URI (``s3://bucket/codes``); it must hold no part files unless ``resume`` is set, which skips
     the paths that already have a row (the model must be the same: checked against
-    ``MANIFEST.json``). ``weights``: a path (file or folder, as :class:`~mimi_py.MimiCodec`
+    ``.MANIFEST.json``). ``weights``: a path (file or folder, as :class:`~mimi_py.MimiCodec`
     takes), ``hf:REPO_ID[@REVISION][:FILENAME]`` (pinned to the commit the driver resolves, so
     every node loads the same files) or None (seeded random weights); ``config``: a
     :class:`~mimi_py.CodecConfig` for local weights without a ``config.json``;
@@ -149,7 +149,7 @@ def tokenize(
     renamed, so a killed job loses only the rows not yet written. A summary line goes to stderr
     every ``progress_every`` seconds (None: quiet); ``on_part`` is called after each part file.
 
-    Returns the ``MANIFEST.json`` content: config, weights identity, versions, counts.
+    Returns the ``.MANIFEST.json`` content: config, weights identity, versions, counts.
     """
     _check_positive(
         threads_per_worker=threads_per_worker,
