@@ -85,6 +85,50 @@ def test_errors_are_one_line_and_nonzero(tmp_path, small_dir):
     assert r.returncode == 1 and "cannot read audio" in r.stderr
 
 
+def one_line_error(r, *needles):
+    """The run failed with exit code 1 and one line on stderr that holds every needle."""
+    assert r.returncode == 1, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert all(n in lines[0] for n in needles), r.stderr
+
+
+def test_usage_mistakes_are_one_line_found_before_any_work(tmp_path, small_dir):
+    codes = tmp_path / "c.npy"
+    np.save(codes, IO["codes"][:1])
+    w = ("--weights", small_dir)
+    one_line_error(run("decode", codes, tmp_path / "o.xyz", *w), "unknown audio format .xyz", ".flac")
+    one_line_error(
+        run("decode", codes, tmp_path / "o.wav", "--subtype", "BOGUS", *w), "cannot hold subtype BOGUS"
+    )
+    one_line_error(run("decode", codes, tmp_path / "no" / "o.wav", *w), "does not exist")
+    src = tmp_path / "in.wav"
+    sf.write(src, np.zeros(2000, np.float32), 24000)
+    one_line_error(run("encode", src, tmp_path / "no" / "c.npy", *w), "does not exist")
+    wav = tmp_path / "hello.wav"
+    sf.write(wav, np.zeros(1000, np.float32), 24000)
+    one_line_error(run("decode", wav, tmp_path / "o.wav", *w), "not a .npy file of codes")
+    pickled = tmp_path / "p.npy"
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    one_line_error(run("decode", pickled, tmp_path / "o.wav", *w), "holds Python objects")
+    floats = tmp_path / "f.npy"
+    np.save(floats, IO["codes"][:1].astype(np.float32))
+    one_line_error(run("decode", floats, tmp_path / "o.wav", *w), "must be integers")
+
+
+@pytest.mark.parametrize("ext", ["flac", "ogg", "mp3"])
+def test_decode_writes_compressed_formats_with_a_subtype_they_hold(tmp_path, small_dir, ext):
+    codes = tmp_path / "c.npy"
+    np.save(codes, IO["codes"][:1])
+    out = tmp_path / f"o.{ext}"
+    r = run("decode", codes, out, "--weights", small_dir)
+    if r.returncode != 0 and "unknown audio format" in r.stderr:  # pragma: no cover - libsndfile build
+        pytest.skip(f"this libsndfile cannot write .{ext}")
+    assert r.returncode == 0, r.stderr
+    audio, sr = sf.read(out, dtype="float32")
+    assert sr == 24000 and abs(len(audio) - IO["codes"].shape[-1] * 1920) <= 2000
+
+
 def test_weights_from_the_hugging_face_cache_offline(tmp_path):
     pytest.importorskip("huggingface_hub")  # the hub extra; part of the test extra
     files = {

@@ -28,6 +28,7 @@ __all__ = [
     "CHUNK_SECONDS",
     "MIMI_SAMPLE_RATE",
     "open_writer",
+    "output_format",
     "read_audio",
     "write_audio",
 ]
@@ -175,6 +176,32 @@ def read_audio(
         return r.read(), r.info
 
 
+def output_format(path: str | os.PathLike[str], subtype: str | None = None) -> tuple[str, str]:
+    """The ``(format, subtype)`` a sound file ``path`` is written with, checked before any work
+    is done: the format its extension names, and ``subtype`` or the format's default (FLOAT for
+    WAV-like formats, which hold float samples; soundfile's default elsewhere: PCM_16 for FLAC,
+    VORBIS for Ogg, MPEG_LAYER_III for MP3). Raises ``InvalidInputError`` naming the choices for
+    an unknown extension, a subtype the format cannot hold, or a folder that does not exist."""
+    sf = _module("soundfile", "writing audio")
+    parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(parent):
+        raise InvalidInputError(f"{path}: the folder {parent} does not exist")
+    ext = os.path.splitext(os.fspath(path))[1].lstrip(".").upper()
+    formats = sf.available_formats()
+    if ext not in formats:
+        known = ", ".join("." + f.lower() for f in ("WAV", "FLAC", "OGG", "MP3", "AIFF") if f in formats)
+        raise InvalidInputError(
+            f"{path}: unknown audio format {('.' + ext.lower()) or '(none)'}; use {known}"
+        )
+    if subtype is None:
+        subtype = "FLOAT" if sf.check_format(ext, "FLOAT") else sf.default_subtype(ext)
+    subtype = subtype.upper()
+    if not sf.check_format(ext, subtype):
+        valid = ", ".join(sorted(sf.available_subtypes(ext)))
+        raise InvalidInputError(f"{path}: {ext} files cannot hold subtype {subtype}; choose one of {valid}")
+    return ext, subtype
+
+
 def open_writer(
     path: str | os.PathLike[str], sample_rate: int, *, subtype: str = "FLOAT", format: str | None = None
 ) -> Any:
@@ -187,8 +214,10 @@ def open_writer(
 
 
 def write_audio(
-    path: str | os.PathLike[str], pcm: np.ndarray, sample_rate: int, *, subtype: str = "FLOAT"
+    path: str | os.PathLike[str], pcm: np.ndarray, sample_rate: int, *, subtype: str | None = None
 ) -> None:
-    """Write mono samples ``pcm`` at ``sample_rate`` (the codec's) to the sound file ``path``."""
-    with open_writer(path, sample_rate, subtype=subtype) as f:
+    """Write mono samples ``pcm`` at ``sample_rate`` (the codec's) to the sound file ``path``
+    (format and subtype as :func:`output_format` picks and checks them)."""
+    fmt, subtype = output_format(path, subtype)
+    with open_writer(path, sample_rate, subtype=subtype, format=fmt) as f:
         f.write(pcm)

@@ -6,8 +6,8 @@ Each subcommand's parser names its function (``set_defaults(func=...)``), which 
 Audio is read and written with :mod:`mimi_py.audio` (``soundfile``); other sample rates are
 resampled to the codec's rate with ``soxr`` (install both, and ``tqdm``, with
 ``pip install 'mimi_py[audio]'``).
-Long files are processed in chunks through the streaming encoder/decoder, so memory stays
-bounded, with a tqdm progress bar on stderr. ``--weights`` is a path or an
+The codec runs over chunks through the streaming encoder/decoder, with a tqdm progress bar on
+stderr (the file itself is read whole). ``--weights`` is a path or an
 ``hf:REPO_ID[@REVISION][:FILENAME]`` spec (``mimi_py.hub``). Errors are one line on stderr and a
 non-zero exit code.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import MimiCodec, MimiError
-from .audio import CHUNK_SECONDS, read_audio, write_audio
+from .audio import CHUNK_SECONDS, output_format, read_audio, write_audio
 from .errors import InvalidInputError
 from .hub import load_codec
 
@@ -65,6 +65,9 @@ def encode(args) -> None:
     path = Path(args.input)
     if not path.is_file():
         raise CliError(f"{path}: no such file")
+    out_dir = Path(args.output).resolve().parent
+    if not out_dir.is_dir():
+        raise CliError(f"{args.output}: the folder {out_dir} does not exist")
     codec = _codec(args)
     mono = _read_mono(path, codec)
     # Pad to whole frames (as moshi does), then stream in chunks: memory stays bounded and
@@ -91,9 +94,18 @@ def encode(args) -> None:
 def _load_codes(path: str) -> np.ndarray:
     """Codes from a .npy file, as (1, num_codebooks, frames)."""
     try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise CliError(f"{path}: cannot read codes: {e.strerror}") from e
+    if magic != b"\x93NUMPY":
+        raise CliError(f"{path}: not a .npy file of codes (write them with numpy.save, as `encode` does)")
+    try:
         codes = np.load(path, allow_pickle=False)
-    except Exception as e:
-        raise CliError(f"{path}: cannot read codes: {e}") from e
+    except ValueError as e:
+        raise CliError(f"{path}: not a .npy file of codes: it holds Python objects ({e})") from e
+    if codes.dtype.kind not in "iu":
+        raise CliError(f"{path}: codes must be integers, got dtype {codes.dtype}")
     if codes.ndim == 2:
         codes = codes[None]
     if codes.ndim != 3 or codes.shape[0] != 1:
@@ -105,6 +117,10 @@ def _load_codes(path: str) -> np.ndarray:
 
 def decode(args) -> None:
     """``decode IN.npy OUT``: codes -> audio file at the codec's sample rate."""
+    try:
+        _, subtype = output_format(args.output, args.subtype)
+    except InvalidInputError as e:
+        raise CliError(str(e)) from e
     codes = _load_codes(args.input)
     args.num_codebooks = codes.shape[1]
     codec = _codec(args)
@@ -117,7 +133,7 @@ def decode(args) -> None:
                 out.append(pcm[0, 0])
             bar.update(min(step, codes.shape[-1] - s))
     pcm = np.concatenate(out) if out else np.zeros(0, np.float32)
-    write_audio(args.output, pcm, codec.sample_rate, subtype=args.subtype)
+    write_audio(args.output, pcm, codec.sample_rate, subtype=subtype)
     print(f"{args.output}: {len(pcm) / codec.sample_rate:.2f} s at {codec.sample_rate} Hz", file=sys.stderr)
 
 
@@ -190,7 +206,10 @@ def _add_codec_parsers(sub) -> None:
     d.add_argument("input")
     d.add_argument("output")
     d.add_argument(
-        "--subtype", default="FLOAT", help="soundfile subtype of the output (default FLOAT; PCM_16 clips)"
+        "--subtype",
+        default=None,
+        help="soundfile subtype of the output (default: FLOAT where the format holds it, else the "
+        "format's own: PCM_16 for FLAC, VORBIS for Ogg, MPEG_LAYER_III for MP3)",
     )
     d.set_defaults(func=decode)
     for q in (e, d):
