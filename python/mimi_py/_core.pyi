@@ -255,12 +255,22 @@ class MimiCodec:
         ``hub`` extra; ``HF_HUB_OFFLINE=1`` reads the cache only. Raises WeightsError when the files
         can be neither downloaded nor found in the cache, or huggingface_hub is not installed.
         """
-    def encode(self, pcm: npt.ArrayLike) -> npt.NDArray[np.uint32]:
-        """(batch, channels, samples) or (samples,) -> (batch, num_codebooks, frames) uint32."""
-    def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
-        """(batch, num_codebooks, frames) integers -> (batch, channels, frames * frame_size) float32."""
-    def encode_latents(self, pcm: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
-    def decode_latents(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
+    def encode(self, pcm: npt.ArrayLike, *, lengths: npt.ArrayLike | None = None) -> npt.NDArray[np.uint32]:
+        """(batch, channels, samples) or (samples,) -> (batch, num_codebooks, frames) uint32.
+
+        ``lengths``: samples per item; item i gets exactly its codes alone, then zeros."""
+    def decode(
+        self, codes: npt.ArrayLike, *, lengths: npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.float32]:
+        """(batch, num_codebooks, frames) integers -> (batch, channels, frames * frame_size) float32.
+
+        ``lengths``: frames per item; item i gets exactly its audio alone, then zeros."""
+    def encode_latents(
+        self, pcm: npt.ArrayLike, *, lengths: npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.float32]: ...
+    def decode_latents(
+        self, codes: npt.ArrayLike, *, lengths: npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.float32]: ...
     def encode_step(
         self, pcm: npt.ArrayLike | None, *, active: npt.ArrayLike | None = None, last: bool = False
     ) -> npt.NDArray[np.uint32] | None:

@@ -363,11 +363,23 @@ impl PyMimiCodec {
     }
 
     /// Audio to codes. ``pcm``: (batch, channels, samples) or (samples,), any real float
-    /// dtype, or int16 / int32 PCM (scaled by 1/32768 and 1/2**31), at ``sample_rate``. Returns uint32 codes of shape (batch, num_codebooks,
-    /// ceil(samples / frame_size)); a last partial frame is zero-padded.
-    fn encode<'py>(&self, py: Python<'py>, pcm: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// dtype, or int16 / int32 PCM (scaled by 1/32768 and 1/2**31), at ``sample_rate``.
+    /// Returns uint32 codes of shape (batch, num_codebooks, ceil(samples / frame_size)); a
+    /// last partial frame is zero-padded.
+    ///
+    /// ``lengths``: one sample count per batch item (a padded batch of clips of different
+    /// lengths). Item i then gets ``ceil(lengths[i] / frame_size)`` frames, exactly the codes
+    /// of ``encode(pcm[i:i+1, :, :lengths[i]])``, then zeros up to the longest item.
+    #[pyo3(signature = (pcm, *, lengths=None))]
+    fn encode<'py>(
+        &self,
+        py: Python<'py>,
+        pcm: &Bound<'py, PyAny>,
+        lengths: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let host = self.read_pcm(pcm)?;
         let (b, k) = (host.shape[0], self.codec.config().quantizer_n_q);
+        let lengths = rows::lengths(lengths, b, host.shape[2], "samples")?;
         if host.shape[2] == 0 {
             return Ok(convert::to_numpy(py, Vec::<u32>::new(), &[b, k, 0])?);
         }
@@ -375,18 +387,25 @@ impl PyMimiCodec {
         let (data, shape) = interruptible(py, move |cancel| {
             let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
                 .to_dtype(codec.dtype())?;
-            tensor_u32(&codec.encode(&x, Some(cancel))?)
+            tensor_u32(&match &lengths {
+                None => codec.encode(&x, Some(cancel))?,
+                Some(l) => codec.encode_lengths(&x, l, Some(cancel))?,
+            })
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
 
-    /// Pre-quantization latents: (batch, dimension, frames) float32.
+    /// Pre-quantization latents: (batch, dimension, frames) float32. ``lengths``: as in
+    /// ``encode``.
+    #[pyo3(signature = (pcm, *, lengths=None))]
     fn encode_latents<'py>(
         &self,
         py: Python<'py>,
         pcm: &Bound<'py, PyAny>,
+        lengths: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let host = self.read_pcm(pcm)?;
+        let lengths = rows::lengths(lengths, host.shape[0], host.shape[2], "samples")?;
         if host.shape[2] == 0 {
             let dim = self.codec.config().seanet.dimension;
             return Ok(convert::to_numpy(
@@ -399,34 +418,51 @@ impl PyMimiCodec {
         let (data, shape) = interruptible(py, move |cancel| {
             let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
                 .to_dtype(codec.dtype())?;
-            tensor_f32(&codec.encode_latents(&x, Some(cancel))?)
+            tensor_f32(&match &lengths {
+                None => codec.encode_latents(&x, Some(cancel))?,
+                Some(l) => codec.encode_latents_lengths(&x, l, Some(cancel))?,
+            })
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
 
     /// The quantizer's reconstruction of codes: (batch, dimension, frames) float32.
+    /// ``lengths``: one frame count per batch item (as in ``decode``).
+    #[pyo3(signature = (codes, *, lengths=None))]
     fn decode_latents<'py>(
         &self,
         py: Python<'py>,
         codes: &Bound<'py, PyAny>,
+        lengths: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (data, shape) = self.read_codes_arg(codes)?;
+        let lengths = rows::lengths(lengths, shape[0], shape[2], "frames")?;
         let codec = self.codec.clone();
         let (data, shape) = guard::detached(py, move |_| {
             let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-            tensor_f32(&codec.decode_latents(&c)?)
+            tensor_f32(&match &lengths {
+                None => codec.decode_latents(&c)?,
+                Some(l) => codec.decode_latents_lengths(&c, l)?,
+            })
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }
 
     /// Codes to audio. ``codes``: integers of shape (batch, num_codebooks, frames) in
     /// [0, cardinality). Returns float32 audio (batch, channels, frames * frame_size).
+    ///
+    /// ``lengths``: one frame count per batch item. Item i's first ``lengths[i] *
+    /// frame_size`` samples are then exactly ``decode(codes[i:i+1, :, :lengths[i]])``, then
+    /// zeros up to the longest item (codes past an item's length must still be in range).
+    #[pyo3(signature = (codes, *, lengths=None))]
     fn decode<'py>(
         &self,
         py: Python<'py>,
         codes: &Bound<'py, PyAny>,
+        lengths: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (data, shape) = self.read_codes_arg(codes)?;
+        let lengths = rows::lengths(lengths, shape[0], shape[2], "frames")?;
         self.check_decode_size(&shape)?;
         if shape[2] == 0 {
             return Ok(convert::to_numpy(
@@ -438,7 +474,10 @@ impl PyMimiCodec {
         let codec = self.codec.clone();
         let (data, shape) = interruptible(py, move |cancel| {
             let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-            tensor_f32(&codec.decode(&c, Some(cancel))?)
+            tensor_f32(&match &lengths {
+                None => codec.decode(&c, Some(cancel))?,
+                Some(l) => codec.decode_lengths(&c, l, Some(cancel))?,
+            })
         })?;
         Ok(convert::to_numpy(py, data, &shape)?)
     }

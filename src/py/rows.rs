@@ -87,3 +87,49 @@ pub fn resolve(rows: &Rows, batch: Option<usize>) -> Result<Vec<usize>> {
         Rows::Indices(ix) => mimi_core::codec::Rows::resolve_indices(ix, batch),
     }
 }
+
+/// `lengths=`: `None`, or one non-negative integer per batch item, each at most `max` (in
+/// `unit`s: samples or frames). Read and checked while attached, before anything runs.
+pub fn lengths(
+    obj: Option<&Bound<'_, PyAny>>,
+    batch: usize,
+    max: usize,
+    unit: &str,
+) -> PyResult<Option<Vec<usize>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let not_ints = |got: String| {
+        Error::DType(format!(
+            "lengths must be integers ({unit} per batch item), got {got}"
+        ))
+    };
+    let a = convert::as_ndarray(obj, "lengths")
+        .map_err(|_| not_ints(format!("a {}", obj.get_type().name().map_or("?".into(), |n| n.to_string()))))?;
+    if !matches!(a.dtype().kind(), b'i' | b'u') && !(a.len() == 0 && a.ndim() == 1) {
+        return Err(Error::DType(format!(
+            "lengths must be integers ({unit} per batch item), got dtype {}",
+            a.dtype().str().map_or_else(|_| "?".into(), |s| s.to_string())
+        ))
+        .into());
+    }
+    if a.ndim() != 1 || a.len() != batch {
+        return Err(Error::Shape(format!(
+            "lengths must have shape (batch,) = ({batch},), got {:?}",
+            a.shape()
+        ))
+        .into());
+    }
+    let values = read_ints(&a)?;
+    let out = values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| match usize::try_from(v) {
+            Ok(v) if v <= max => Ok(v),
+            _ => Err(Error::Shape(format!(
+                "lengths[{i}] = {v} is outside [0, {max}] (the input's {unit})"
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(out))
+}

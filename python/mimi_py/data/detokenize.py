@@ -77,48 +77,55 @@ class MimiDecoder:
         self._chunk = max(1, round(batch_seconds * self.codec.frame_rate))
         self._inline = max_inline_seconds * self.codec.frame_rate
 
-    def _decode_into(self, f: Any, codes: np.ndarray) -> None:
-        """Writes the audio of ``codes`` to the open sound file ``f``: whole, or streamed."""
+    def _decode_into(self, f: Any, codes: np.ndarray, samples: int) -> None:
+        """Writes the first ``samples`` samples of the audio of ``codes`` to the open sound
+        file ``f``: whole, or streamed."""
         if codes.shape[1] <= self._inline:
-            f.write(self.codec.decode(codes[None].astype(np.uint32))[0, 0])
+            f.write(self.codec.decode(codes[None].astype(np.uint32))[0, 0, :samples])
             return
         self.codec.reset_state()
+        left = samples
         for s in range(0, codes.shape[1], self._chunk):
             pcm = self.codec.decode_step(codes[None, :, s : s + self._chunk].astype(np.uint32))
-            if pcm is not None:
-                f.write(pcm[0, 0])
+            if pcm is not None and left > 0:
+                f.write(pcm[0, 0, :left])
+                left -= min(left, pcm.shape[-1])
         self.codec.reset_state()
 
-    def write(self, codes: np.ndarray, target: str) -> float:
-        """Decode (num_codebooks, num_frames) ``codes`` into the wav file ``target``; returns its
-        duration in seconds."""
+    def write(self, codes: np.ndarray, target: str, duration_s: float | None = None) -> float:
+        """Decode (num_codebooks, num_frames) ``codes`` into the wav file ``target``, trimmed to
+        ``duration_s`` (the source's duration: the codes of its last frame cover padding);
+        returns the written duration in seconds."""
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
         tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"
         sr = self.codec.sample_rate
+        full = codes.shape[1] * self.codec.frame_size
+        samples = full if duration_s is None else min(full, int(round(duration_s * sr)))
         try:
             with open_writer(tmp, sr, subtype="FLOAT", format="WAV") as f:
-                self._decode_into(f, codes)
+                self._decode_into(f, codes, samples)
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        return codes.shape[1] * self.codec.frame_size / sr
+        return samples / sr
 
     def __call__(self, batch: Any) -> pa.Table:
         """Decode a batch of :func:`~mimi_py.data.output_schema` rows into wav files."""
         pa = _pa()
         paths = _column(batch, "path") or []
         errors = _column(batch, "error") or [None] * len(paths)
+        source_durs = _column(batch, "duration_s") or [None] * len(paths)
         codes = codes_to_numpy(batch.column("codes") if hasattr(batch, "column") else batch["codes"])
         wavs: list[str | None] = []
         durs: list[float | None] = []
         out_err: list[str | None] = []
-        for path, err, c in zip(paths, errors, codes):
+        for path, err, c, source_dur in zip(paths, errors, codes, source_durs):
             wav = dur = fail = None
             if err is None and c is not None:
                 try:
                     wav = os.path.join(self.wav_dir, wav_name(path))
-                    dur = self.write(c, wav)
+                    dur = self.write(c, wav, source_dur)
                 except Exception as e:
                     fail, wav = _error_text(e), None
             wavs.append(wav)
@@ -157,7 +164,7 @@ def _code_refs(out: _Output, parts: list[str], limit: int | None, n_workers: int
     ray, pq = _need("ray"), _need("pyarrow.parquet")
     refs, rows = [], 0
     for part in parts:
-        t = pq.read_table(part, columns=["path", "codes", "error"], filesystem=out.fs)
+        t = pq.read_table(part, columns=["path", "duration_s", "codes", "error"], filesystem=out.fs)
         if limit is not None:
             t = t.slice(0, max(0, limit - rows))
         rows += t.num_rows

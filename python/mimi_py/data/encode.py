@@ -47,9 +47,10 @@ class MimiEncoder:
     ``duration_s`` and ``error``. A row with an error is passed through. Output rows follow
     :func:`output_schema`.
 
-    A row with audio is encoded with :meth:`~mimi_py.MimiCodec.encode` (which runs as
-    streams over short chunks inside, so its working memory is bounded): its codes equal
-    ``MimiCodec.encode`` of the file's audio exactly. A row without audio (a file longer than
+    Rows with audio are encoded together: clips of similar length are padded into batches of
+    at most ``batch_seconds`` of audio and go through ``MimiCodec.encode(pcm, lengths=...)``
+    (:meth:`encode_many`), which gives each clip exactly the codes of ``MimiCodec.encode`` of
+    its audio alone. A row without audio (a file longer than
     ``max_inline_seconds``) is read from ``source`` here, block by block, and streamed through
     ``encode_step`` in chunks of ``batch_seconds`` (see :meth:`encode_blocks`), so memory does
     not grow with the file.
@@ -115,6 +116,52 @@ class MimiEncoder:
             raise MimiError(f"internal: {codes.shape} codes for {n} samples")
         return codes.astype(np.uint16)
 
+    def encode_many(self, clips: list[np.ndarray]) -> list[np.ndarray]:
+        """The codes of several short clips, batched: groups of clips whose padded batch holds
+        at most ``batch_seconds`` of audio go through one ``encode(pcm, lengths=...)`` call,
+        which gives each clip exactly its codes alone (and runs the clips of a group in
+        parallel). Clips are grouped by length, so little padding is encoded."""
+        budget = self._chunk
+        order = sorted(range(len(clips)), key=lambda i: len(clips[i]))
+        out: list[np.ndarray] = [np.zeros((0, 0), np.uint16)] * len(clips)
+        group: list[int] = []
+        for i in order + [-1]:
+            longest = max([len(clips[j]) for j in group + ([i] if i >= 0 else [])], default=0)
+            if group and (i < 0 or longest * (len(group) + 1) > budget):
+                width = max(len(clips[j]) for j in group)
+                pcm = np.zeros((len(group), 1, width), np.float32)
+                for r, j in enumerate(group):
+                    pcm[r, 0, : len(clips[j])] = clips[j]
+                codes = self.codec.encode(pcm, lengths=[len(clips[j]) for j in group])
+                fs = self.codec.frame_size
+                for r, j in enumerate(group):
+                    out[j] = codes[r, :, : -(-len(clips[j]) // fs)].astype(np.uint16)
+                group = []
+            if i >= 0:
+                group.append(i)
+        return out
+
+    def _encode_inline(self, audio: list, errors: list) -> dict[int, np.ndarray]:
+        """The codes of every row with its audio in the batch, batched (see
+        :meth:`encode_many`); a batch that fails is retried clip by clip, so that one bad clip
+        is one error row."""
+        rows = [i for i, pcm in enumerate(audio) if pcm is not None and errors[i] is None]
+        clips = [np.asarray(audio[i], np.float32) for i in rows]
+        for i, c in zip(rows, clips):
+            if len(c) == 0:
+                errors[i] = _error_text(InvalidInputError("no audio samples"))
+        keep = [(i, c) for i, c in zip(rows, clips) if len(c) > 0]
+        try:
+            return dict(zip([i for i, _ in keep], self.encode_many([c for _, c in keep])))
+        except Exception:
+            done = {}
+            for i, c in keep:
+                try:
+                    done[i] = self.encode(c)
+                except Exception as e:  # one bad file is one error row
+                    errors[i] = _error_text(e)
+            return done
+
     def __call__(self, batch: Any) -> pa.Table:
         """Encode a batch of rows (see the class docstring) into :func:`output_schema` rows."""
         pa = _pa()
@@ -125,15 +172,13 @@ class MimiEncoder:
         srs = _column(batch, "sample_rate") or [None] * n
         durs = _column(batch, "duration_s") or [None] * n
         audio = _audio_column(batch, n)
+        inline = self._encode_inline(audio, errors)
         codes: list[np.ndarray | None] = []
         for i in range(n):
-            c = None
-            if errors[i] is None:
+            c = inline.get(i)
+            if errors[i] is None and c is None:
                 try:
-                    pcm = audio[i]
-                    if pcm is not None:
-                        c = self.encode(pcm)
-                    else:
+                    if audio[i] is None:
                         with AudioReader(
                             sources[i], self.codec.sample_rate, block_seconds=self._batch_seconds
                         ) as r:

@@ -15,6 +15,7 @@ pub mod candle;
 pub mod checkpoint;
 pub mod engine;
 mod host;
+mod lengths;
 pub mod native;
 mod offline;
 pub mod stream;

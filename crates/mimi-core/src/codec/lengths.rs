@@ -1,0 +1,132 @@
+//! Offline calls on batches of items of different lengths (`lengths=`): each item is computed
+//! alone, on its own length, so its result is exactly the one it would get in a batch of one;
+//! the batch runs its items in parallel (each item's segments too), and the output is padded
+//! with zeros to the longest item.
+
+use super::offline::offline_call;
+use super::Codec;
+use crate::error::{Cancel, Error, Result};
+use candle::{DType, Tensor};
+use rayon::prelude::*;
+
+/// Refuses `lengths` that are not one entry per batch item, each at most `max` (`what`
+/// names the unit in the message: samples, frames).
+pub fn check_lengths(lengths: &[usize], batch: usize, max: usize, what: &str) -> Result<()> {
+    if lengths.len() != batch {
+        return Err(Error::Shape(format!(
+            "lengths must hold one entry per batch item ({batch}), got {}",
+            lengths.len()
+        )));
+    }
+    if let Some((i, &l)) = lengths.iter().enumerate().find(|(_, &l)| l > max) {
+        return Err(Error::Shape(format!(
+            "lengths[{i}] = {l} is longer than the input ({max} {what})"
+        )));
+    }
+    Ok(())
+}
+
+/// `f` on each item's first `lengths[i]` columns (dim 2) alone, in parallel; each output
+/// padded with zeros along dim 2 to the longest, then stacked. An item of length 0 gives
+/// zeros (`out_len(0)` columns, `channels` rows).
+fn per_item_padded(
+    x: &Tensor,
+    lengths: &[usize],
+    (channels, dtype): (usize, DType),
+    out_len: impl Fn(usize) -> usize + Sync,
+    f: impl Fn(&Tensor) -> Result<Tensor> + Sync,
+) -> Result<Tensor> {
+    let outs = lengths
+        .par_iter()
+        .enumerate()
+        .map(|(i, &l)| match l {
+            0 => Ok(None),
+            l => f(&x.narrow(0, i, 1)?.narrow(2, 0, l)?).map(Some),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let width = lengths.iter().map(|&l| out_len(l)).max().unwrap_or(0);
+    let padded = outs
+        .into_iter()
+        .map(|y| match y {
+            None => Ok(Tensor::zeros((1, channels, width), dtype, x.device())?),
+            Some(y) if y.dim(2)? == width => Ok(y),
+            Some(y) => {
+                let pad = Tensor::zeros((1, y.dim(1)?, width - y.dim(2)?), y.dtype(), y.device())?;
+                Ok(Tensor::cat(&[&y, &pad], 2)?)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&padded, 0)?)
+}
+
+impl Codec {
+    fn frames_of(&self, samples: usize) -> usize {
+        samples.div_ceil(self.parts.cfg.frame_size())
+    }
+
+    /// [`Self::encode_latents`] of items of `lengths` samples: (B, dimension, max frames).
+    pub fn encode_latents_lengths(
+        &self,
+        pcm: &Tensor,
+        lengths: &[usize],
+        cancel: Cancel,
+    ) -> Result<Tensor> {
+        check_lengths(lengths, pcm.dim(0)?, pcm.dim(2)?, "samples")?;
+        let p = &self.parts;
+        let spec = (p.cfg.seanet.dimension, p.dtype);
+        offline_call(|| {
+            let f = |x: &Tensor| self.engine.encode(p, x, cancel);
+            per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
+        })
+    }
+
+    /// [`Self::encode`] of items of `lengths` samples: (B, n_q, max_i ceil(L_i / frame_size))
+    /// u32; item i's first `ceil(L_i / frame_size)` frames are its codes alone, the rest 0.
+    pub fn encode_lengths(&self, pcm: &Tensor, lengths: &[usize], cancel: Cancel) -> Result<Tensor> {
+        check_lengths(lengths, pcm.dim(0)?, pcm.dim(2)?, "samples")?;
+        let p = &self.parts;
+        let spec = (p.cfg.quantizer_n_q, DType::U32);
+        offline_call(|| {
+            let f = |x: &Tensor| {
+                let latents = self.engine.encode(p, x, cancel)?;
+                self.quantizer.encode(&latents.to_dtype(DType::F32)?)
+            };
+            per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
+        })
+    }
+
+    /// [`Self::decode_latents`] of items of `frames` code frames: (B, dimension, max frames).
+    pub fn decode_latents_lengths(&self, codes: &Tensor, frames: &[usize]) -> Result<Tensor> {
+        check_lengths(frames, codes.dim(0)?, codes.dim(2)?, "frames")?;
+        let spec = (self.parts.cfg.seanet.dimension, DType::F32);
+        per_item_padded(codes, frames, spec, |f| f, |c| self.decode_latents(c))
+    }
+
+    /// [`Self::decode`] of items of `frames` code frames: (B, C, max_i F_i * frame_size);
+    /// item i's first `F_i * frame_size` samples are its audio alone, the rest 0.
+    pub fn decode_lengths(&self, codes: &Tensor, frames: &[usize], cancel: Cancel) -> Result<Tensor> {
+        check_lengths(frames, codes.dim(0)?, codes.dim(2)?, "frames")?;
+        let p = &self.parts;
+        let spec = (p.cfg.channels, p.dtype);
+        let fs = p.cfg.frame_size();
+        offline_call(|| {
+            let f = |c: &Tensor| {
+                let x = self.decode_latents(c)?.to_dtype(p.dtype)?;
+                self.engine.decode(p, &x, cancel)
+            };
+            per_item_padded(codes, frames, spec, |f| f * fs, f)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_are_one_per_item_and_within_the_input() {
+        assert!(check_lengths(&[3, 5], 2, 5, "samples").is_ok());
+        assert!(matches!(check_lengths(&[3], 2, 5, "samples"), Err(Error::Shape(_))));
+        assert!(matches!(check_lengths(&[3, 6], 2, 5, "samples"), Err(Error::Shape(_))));
+    }
+}
