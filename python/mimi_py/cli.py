@@ -6,8 +6,9 @@ Each subcommand's parser names its function (``set_defaults(func=...)``), which 
 Audio is read and written with :mod:`mimi_py.audio` (``soundfile``); other sample rates are
 resampled to the codec's rate with ``soxr`` (install both, and ``tqdm``, with
 ``pip install 'mimi_py[audio]'``).
-The codec runs over chunks through the streaming encoder/decoder, with a tqdm progress bar on
-stderr (the file itself is read whole). ``--weights`` is a path or an
+Files are read, encoded, decoded and written block by block through the streaming calls
+(``encode_step(..., last=True)`` ends a file, so its codes equal ``encode``'s exactly), so memory
+stays bounded whatever the length, with a tqdm progress bar on stderr. ``--weights`` is a path or an
 ``hf:REPO_ID[@REVISION][:FILENAME]`` spec (``mimi_py.hub``). Errors are one line on stderr and a
 non-zero exit code.
 """
@@ -15,13 +16,15 @@ non-zero exit code.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from . import MimiCodec, MimiError
-from .audio import CHUNK_SECONDS, output_format, read_audio, write_audio
+from .audio import CHUNK_SECONDS, AudioReader, open_writer, output_format
 from .errors import InvalidInputError
 from .hub import load_codec
 
@@ -49,19 +52,26 @@ def _codec(args) -> MimiCodec:
     return load_codec(args.weights, num_codebooks=getattr(args, "num_codebooks", None), device=args.device)
 
 
-def _read_mono(path: Path, codec: MimiCodec) -> np.ndarray:
-    """The file's audio as mono float32 at the codec's sample rate (mimi_py.audio)."""
-    try:
-        mono, info = read_audio(path, codec.sample_rate, block_seconds=CHUNK_SECONDS)
-    except InvalidInputError as e:
-        raise CliError(f"{path}: cannot read audio: {e}") from e
-    if info.channels > 1:
-        print(f"note: downmixing {info.channels} channels to mono", file=sys.stderr)
-    return mono
+def _encode_stream(reader: AudioReader, codec: MimiCodec, bar) -> np.ndarray:
+    """The codes of ``reader``'s blocks, streamed through ``encode_step`` and ended with
+    ``last=True``: exactly ``encode``'s codes of the whole file, with memory bounded by a block."""
+    codec.reset_state()
+    out = []
+    for block in reader:
+        codes = codec.encode_step(block[None, None])
+        if codes is not None:
+            out.append(codes)
+            bar.update(codes.shape[-1])
+    codes = codec.encode_step(np.zeros((1, 1, 0), np.float32), last=True)
+    if codes is not None:
+        out.append(codes)
+        bar.update(codes.shape[-1])
+    return np.concatenate(out, axis=-1) if out else np.zeros((1, codec.num_codebooks, 0), np.uint32)
 
 
 def encode(args) -> None:
-    """``encode IN OUT.npy``: audio file -> codes (1, num_codebooks, frames) uint32."""
+    """``encode IN OUT.npy``: audio file -> codes (1, num_codebooks, frames) uint32, read and
+    encoded block by block."""
     path = Path(args.input)
     if not path.is_file():
         raise CliError(f"{path}: no such file")
@@ -69,21 +79,15 @@ def encode(args) -> None:
     if not out_dir.is_dir():
         raise CliError(f"{args.output}: the folder {out_dir} does not exist")
     codec = _codec(args)
-    mono = _read_mono(path, codec)
-    # Pad to whole frames (as moshi does), then stream in chunks: memory stays bounded and
-    # every frame equals the offline codes of the padded audio.
-    fs = codec.frame_size
-    n = -(-len(mono) // fs) * fs
-    mono = np.pad(mono, (0, n - len(mono)))
-    chunk = int(CHUNK_SECONDS * codec.sample_rate) // fs * fs
-    out = []
-    with _progress(n // fs, "encode", args.progress) as bar:
-        for s in range(0, n, chunk):
-            codes = codec.encode_step(mono[None, None, s : s + chunk])
-            if codes is not None:
-                out.append(codes)
-                bar.update(codes.shape[-1])
-    codes = np.concatenate(out, axis=-1) if out else np.zeros((1, codec.num_codebooks, 0), np.uint32)
+    try:
+        with AudioReader(path, codec.sample_rate, block_seconds=CHUNK_SECONDS) as reader:
+            if reader.info.channels > 1:
+                print(f"note: downmixing {reader.info.channels} channels to mono", file=sys.stderr)
+            total = math.ceil(reader.info.duration_s * codec.frame_rate)
+            with _progress(total, "encode", args.progress) as bar:
+                codes = _encode_stream(reader, codec, bar)
+    except InvalidInputError as e:
+        raise CliError(f"{path}: cannot read audio: {e}") from e
     np.save(args.output, codes)
     print(
         f"{args.output}: codes {codes.shape} uint32 ({codes.shape[-1] / codec.frame_rate:.2f} s)",
@@ -101,7 +105,7 @@ def _load_codes(path: str) -> np.ndarray:
     if magic != b"\x93NUMPY":
         raise CliError(f"{path}: not a .npy file of codes (write them with numpy.save, as `encode` does)")
     try:
-        codes = np.load(path, allow_pickle=False)
+        codes = np.load(path, allow_pickle=False, mmap_mode="r")
     except ValueError as e:
         raise CliError(f"{path}: not a .npy file of codes: it holds Python objects ({e})") from e
     if codes.dtype.kind not in "iu":
@@ -116,25 +120,32 @@ def _load_codes(path: str) -> np.ndarray:
 
 
 def decode(args) -> None:
-    """``decode IN.npy OUT``: codes -> audio file at the codec's sample rate."""
+    """``decode IN.npy OUT``: codes -> audio file at the codec's sample rate, decoded and
+    written block by block."""
     try:
-        _, subtype = output_format(args.output, args.subtype)
+        fmt, subtype = output_format(args.output, args.subtype)
     except InvalidInputError as e:
         raise CliError(str(e)) from e
     codes = _load_codes(args.input)
     args.num_codebooks = codes.shape[1]
     codec = _codec(args)
     step = int(CHUNK_SECONDS * codec.frame_rate)
-    out = []
-    with _progress(codes.shape[-1], "decode", args.progress) as bar:
-        for s in range(0, codes.shape[-1], step):
-            pcm = codec.decode_step(codes[..., s : s + step])
-            if pcm is not None:
-                out.append(pcm[0, 0])
-            bar.update(min(step, codes.shape[-1] - s))
-    pcm = np.concatenate(out) if out else np.zeros(0, np.float32)
-    write_audio(args.output, pcm, codec.sample_rate, subtype=subtype)
-    print(f"{args.output}: {len(pcm) / codec.sample_rate:.2f} s at {codec.sample_rate} Hz", file=sys.stderr)
+    samples = 0
+    codec.reset_state()
+    tmp = Path(args.output).with_name(f".{Path(args.output).name}.{os.getpid()}.tmp")
+    try:  # written under a temporary name: a failed decode leaves no partial file
+        with open_writer(tmp, codec.sample_rate, subtype=subtype, format=fmt) as f:
+            with _progress(codes.shape[-1], "decode", args.progress) as bar:
+                for s in range(0, codes.shape[-1], step):
+                    pcm = codec.decode_step(np.asarray(codes[..., s : s + step]))
+                    if pcm is not None:
+                        f.write(pcm[0, 0])
+                        samples += pcm.shape[-1]
+                    bar.update(min(step, codes.shape[-1] - s))
+        os.replace(tmp, args.output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"{args.output}: {samples / codec.sample_rate:.2f} s at {codec.sample_rate} Hz", file=sys.stderr)
 
 
 def tokenize(args) -> None:
