@@ -313,6 +313,9 @@ def test_command_line_tokenizes_a_manifest_and_decodes_it_back(ray_address, corp
     r = run("tokenize", manifest, out, "--weights", small, "--num-codebooks", Q)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "tokenize: 3/3 files (1 errors)" in r.stderr and "3 rows for 3 inputs" in r.stderr
+    # A successful run says only its own lines: none of Ray's warnings or error-level notes.
+    foreign = [ln for ln in r.stderr.splitlines() if not ln.startswith(("tokenize:", "note:", str(out)))]
+    assert not [ln for ln in foreign if re.search(r"WARNING| E |ERROR|Warning", ln)], r.stderr[-3000:]
     rows = rows_by_path(out)
     assert set(rows) == {str(corpus / n) for n in names}
     ref = small_codec().encode(reference_audio(corpus / names[0]))[0]

@@ -44,15 +44,29 @@ def _ray_stage_args(workers: int, threads: int, cluster_cpus: float | None) -> d
     return {"compute": compute, "num_cpus": threads, "runtime_env": {"env_vars": _thread_vars(threads)}}
 
 
+# Ray's own chatter on a successful run (its INFO/WARNING lines, the token-auth notice, the
+# progress-bar notice, the driver core worker's note about actor restarts with constructor
+# arguments in the object store) goes to its log files only; errors still reach stderr.
+_RAY_LOGGERS = ("ray", "ray.data", "ray.data._internal")
+
+
+def _quiet_ray() -> None:
+    """Keeps Ray's routine lines out of the job's output (they stay in Ray's log files)."""
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's core worker (C++)
+    for name in _RAY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _init_ray(address: str | None) -> bool:
     """Connect to (or start) Ray; True when this call started it (and should shut it down)."""
     ray = _need("ray")
     if ray.is_initialized():
         return False
+    _quiet_ray()
     if address is None and not os.environ.get("RAY_ADDRESS"):
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     else:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     return True
 
 
@@ -65,13 +79,13 @@ def _ray_session(address: str | None, quiet_bars: bool) -> Iterator[float]:
     try:
         ray, ray_data = _need("ray"), _need("ray.data")
         ctx = ray_data.DataContext.get_current()
-        bars = ctx.enable_progress_bars
+        bars, banner = ctx.enable_progress_bars, ctx.print_on_execution_start
         if quiet_bars:
-            ctx.enable_progress_bars = False
+            ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
         try:
             yield float(ray.cluster_resources().get("CPU", 1))
         finally:
-            ctx.enable_progress_bars = bars
+            ctx.enable_progress_bars, ctx.print_on_execution_start = bars, banner
     finally:
         if started:
             _need("ray").shutdown()
