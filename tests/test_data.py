@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -527,3 +528,26 @@ def test_short_clips_are_batched_and_each_gets_its_codes_alone():
     for clip, codes in zip(clips, enc.encode_many(clips)):
         np.testing.assert_array_equal(codes, codec.encode(clip)[0])
         assert codes.dtype == np.uint16
+
+
+def test_the_readme_recipe_adds_a_codes_column_to_an_hf_audio_dataset(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    datasets = pytest.importorskip("datasets")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("**A Hugging Face `datasets` audio dataset into a codes column.**")
+    block = readme[readme.index("```python\n", start) + len("```python\n") : readme.index("```\n", start + 1)]
+    # The recipe's model: the fixtures' small codec instead of the hub's (no network).
+    block = block.replace(
+        'mimi_py.MimiCodec.from_pretrained("kyutai/mimi", num_codebooks=8)', "small_codec()"
+    )
+    names = ["a/stereo16k.wav", "b/mono24k.flac", "b/deep/stereo44k.flac"]
+    ds = datasets.Dataset.from_dict({"audio": [str(corpus / n) for n in names]})
+    ds = ds.cast_column("audio", datasets.Audio(decode=False))
+    scope = {"mimi_py": mimi_py, "ds": ds, "small_codec": small_codec}
+    exec(compile(block, "README.md", "exec"), scope)
+    out = scope["ds"]
+    codec = small_codec()
+    for name, codes in zip(names, out["codes"]):
+        np.testing.assert_array_equal(np.array(codes), codec.encode(reference_audio(corpus / name))[0])
