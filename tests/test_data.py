@@ -255,8 +255,13 @@ def test_detokenize_writes_the_audio_of_decode(corpus, tokenized, tmp_path):
     counts = data.detokenize(out, wav_dir, max_inline_seconds=10.0, progress_every=None)
     assert (counts["files"], counts["skipped"], counts["failed"]) == (len(GOOD), len(BAD), 0)
     codec = small_codec()
-    for path, row in rows_by_path(out).items():
-        wav = wav_dir / data.wav_name(path)
+    rows = rows_by_path(out)
+    names = data.wav_names(list(rows))
+    assert names[str(corpus / "b/mono24k.flac")] == os.path.join(
+        *str(corpus / "b/mono24k.wav").split(os.sep)[1:]
+    )
+    for path, row in rows.items():
+        wav = wav_dir / names[path]
         if row["error"] is not None:
             assert not wav.exists()
             continue
@@ -400,8 +405,16 @@ def test_codes_round_trip_through_arrow():
     np.testing.assert_array_equal(back[0], arrays[0])
     assert back[1] is None
     np.testing.assert_array_equal(back[2], arrays[2])
-    assert data.wav_name("/data/x/a.flac") == os.path.join("data", "x", "a.flac.wav")
+    assert data.wav_name("/data/x/a.flac") == os.path.join("data", "x", "a.wav")
+    assert data.wav_name("/data/x/a.flac", keep_extension=True) == os.path.join("data", "x", "a.flac.wav")
     assert data.wav_name("../up/b.wav") == os.path.join("__", "up", "b.wav")
+    names = data.wav_names(["/d/a.wav", "/d/a.flac", "/d/b.flac", "/e/a.flac"])
+    assert names == {
+        "/d/a.wav": os.path.join("d", "a.wav"),
+        "/d/a.flac": os.path.join("d", "a.flac.wav"),
+        "/d/b.flac": os.path.join("d", "b.wav"),
+        "/e/a.flac": os.path.join("e", "a.wav"),
+    }
 
 
 def test_hf_weights_are_pinned_to_the_commit_and_identified_by_sha256(tmp_path, monkeypatch):

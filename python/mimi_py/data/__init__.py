@@ -34,7 +34,7 @@ reverse), ``model`` (the weights and their identity), ``runtime`` (Ray and threa
 
 from ..audio import AudioInfo, AudioReader
 from .common import MANIFEST_NAME, Progress, codes_to_numpy, output_schema
-from .detokenize import MimiDecoder, detokenize, wav_name
+from .detokenize import MimiDecoder, detokenize, wav_name, wav_names
 from .encode import MimiEncoder, encode_batches
 from .output import read_codes
 from .read import AUDIO_EXTENSIONS, find_audio, read_audio_batch
@@ -63,4 +63,5 @@ __all__ = [
     "read_codes",
     "tokenize",
     "wav_name",
+    "wav_names",
 ]

@@ -32,17 +32,31 @@ from .runtime import _ray_session, _ray_stage_args, _threads_env
 if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
     import pyarrow as pa
 
-__all__ = ["MimiDecoder", "detokenize", "wav_name"]
+__all__ = ["MimiDecoder", "detokenize", "wav_name", "wav_names"]
 
 
-def wav_name(path: str) -> str:
+def wav_name(path: str, keep_extension: bool = False) -> str:
     """The relative file name :func:`detokenize` writes ``path``'s audio to: the path without
-    its root (``..`` parts become ``__``), with ``.wav`` appended unless it ends in ``.wav``."""
+    its root (``..`` parts become ``__``), as ``<stem>.wav`` (``a/b.flac`` -> ``a/b.wav``). With
+    ``keep_extension`` the source's extension stays in the name (``a/b.flac.wav``): what
+    :func:`wav_names` gives inputs that would otherwise share a name."""
     parts = [
         ("__" if p == ".." else p) for p in PurePath(path).parts if p not in (PurePath(path).anchor, ".")
     ]
     name = os.path.join(*parts) if parts else "audio"
-    return name if name.lower().endswith(".wav") else name + ".wav"
+    if name.lower().endswith(".wav"):
+        return name
+    stem, ext = os.path.splitext(name)
+    return name + ".wav" if keep_extension or not ext else stem + ".wav"
+
+
+def wav_names(paths: list[str]) -> dict[str, str]:
+    """:func:`wav_name` of every path, with the source extension kept for the paths whose
+    ``<stem>.wav`` another path also maps to (``a.wav`` and ``a.flac`` in one folder)."""
+    taken: dict[str, int] = {}
+    for p in set(paths):
+        taken[wav_name(p)] = taken.get(wav_name(p), 0) + 1
+    return {p: wav_name(p, keep_extension=taken[wav_name(p)] > 1) for p in paths}
 
 
 class MimiDecoder:
@@ -116,15 +130,16 @@ class MimiDecoder:
         paths = _column(batch, "path") or []
         errors = _column(batch, "error") or [None] * len(paths)
         source_durs = _column(batch, "duration_s") or [None] * len(paths)
+        names = _column(batch, "wav") or [wav_name(p) for p in paths]
         codes = codes_to_numpy(batch.column("codes") if hasattr(batch, "column") else batch["codes"])
         wavs: list[str | None] = []
         durs: list[float | None] = []
         out_err: list[str | None] = []
-        for path, err, c, source_dur in zip(paths, errors, codes, source_durs):
+        for name, err, c, source_dur in zip(names, errors, codes, source_durs):
             wav = dur = fail = None
             if err is None and c is not None:
                 try:
-                    wav = os.path.join(self.wav_dir, wav_name(path))
+                    wav = os.path.join(self.wav_dir, name)
                     dur = self.write(c, wav, source_dur)
                 except Exception as e:
                     fail, wav = _error_text(e), None
@@ -161,13 +176,18 @@ def _recorded_model(
 def _code_refs(out: _Output, parts: list[str], limit: int | None, n_workers: int) -> list[Any]:
     """The code rows, read by the driver and put in Ray's object store in blocks of a few rows:
     no read tasks, which would wait for the CPUs the decoder actors hold."""
-    ray, pq = _need("ray"), _need("pyarrow.parquet")
-    refs, rows = [], 0
+    ray, pq, pa = _need("ray"), _need("pyarrow.parquet"), _pa()
+    tables, rows = [], 0
     for part in parts:
         t = pq.read_table(part, columns=["path", "duration_s", "codes", "error"], filesystem=out.fs)
         if limit is not None:
             t = t.slice(0, max(0, limit - rows))
         rows += t.num_rows
+        tables.append(t)
+    names = wav_names([p for t in tables for p in t.column("path").to_pylist()])
+    refs = []
+    for t in tables:
+        t = t.append_column("wav", pa.array([names[p] for p in t.column("path").to_pylist()], pa.string()))
         step = max(1, min(16, -(-t.num_rows // (4 * n_workers))))
         refs += [ray.put(t.slice(i, step)) for i in range(0, t.num_rows, step)]
     return refs
