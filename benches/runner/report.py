@@ -114,7 +114,7 @@ def _render_header(L: list, res) -> None:
 
 
 def _render_targets(L: list, res) -> None:
-    L.append("### Targets (issue 5)")
+    L.append("### Targets")
     L.append("")
     if res["targets"]:
         L.append("| target | bound | measured | measured ÷ bound | met |")
@@ -425,7 +425,7 @@ def render_corpus(L: list, c: dict, args: dict) -> None:
             f"{'—' if eq is None else ('✅' if eq else '❌')} |"
         )
     L.append("")
-    L.append("| goal (issue 14) | bound | measured | met |")
+    L.append("| goal | bound | measured | met |")
     L.append("| --- | --- | --- | --- |")
     names = {
         "ray_overhead_per_core": "Ray's overhead per core: 1 − (tokenize 1×1 ÷ loop), audio h per core h",
