@@ -52,16 +52,25 @@ def _codec(args) -> MimiCodec:
     return load_codec(args.weights, num_codebooks=getattr(args, "num_codebooks", None), device=args.device)
 
 
+# Seconds of audio per streaming call: a call's activations (~2 KB per sample on the real
+# model) are what memory holds beyond the weights. 1 s keeps an hour-long encode near the
+# offline API's peak; 10 s calls peaked at 1.44 GB.
+_STEP_SECONDS = 1.0
+
+
 def _encode_stream(reader: AudioReader, codec: MimiCodec, bar) -> np.ndarray:
-    """The codes of ``reader``'s blocks, streamed through ``encode_step`` and ended with
-    ``last=True``: exactly ``encode``'s codes of the whole file, with memory bounded by a block."""
+    """The codes of ``reader``'s blocks, streamed through ``encode_step`` in calls of
+    ``_STEP_SECONDS`` and ended with ``last=True``: exactly ``encode``'s codes of the whole
+    file, with memory bounded by a call."""
     codec.reset_state()
     out = []
+    step = int(_STEP_SECONDS * codec.sample_rate)
     for block in reader:
-        codes = codec.encode_step(block[None, None])
-        if codes is not None:
-            out.append(codes)
-            bar.update(codes.shape[-1])
+        for s in range(0, len(block), step):
+            codes = codec.encode_step(block[None, None, s : s + step])
+            if codes is not None:
+                out.append(codes)
+                bar.update(codes.shape[-1])
     codes = codec.encode_step(np.zeros((1, 1, 0), np.float32), last=True)
     if codes is not None:
         out.append(codes)
@@ -129,7 +138,7 @@ def decode(args) -> None:
     codes = _load_codes(args.input)
     args.num_codebooks = codes.shape[1]
     codec = _codec(args)
-    step = int(CHUNK_SECONDS * codec.frame_rate)
+    step = max(1, int(_STEP_SECONDS * codec.frame_rate))
     samples = 0
     codec.reset_state()
     tmp = Path(args.output).with_name(f".{Path(args.output).name}.{os.getpid()}.tmp")
