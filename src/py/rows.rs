@@ -104,12 +104,20 @@ pub fn lengths(
             "lengths must be integers ({unit} per batch item), got {got}"
         ))
     };
-    let a = convert::as_ndarray(obj, "lengths")
-        .map_err(|_| not_ints(format!("a {}", obj.get_type().name().map_or("?".into(), |n| n.to_string()))))?;
-    if !matches!(a.dtype().kind(), b'i' | b'u') && !(a.len() == 0 && a.ndim() == 1) {
+    let a = convert::as_ndarray(obj, "lengths").map_err(|_| {
+        not_ints(format!(
+            "a {}",
+            obj.get_type().name().map_or("?".into(), |n| n.to_string())
+        ))
+    })?;
+    // An empty list arrives as float64: it is an (empty) list of integers.
+    let integers = matches!(a.dtype().kind(), b'i' | b'u') || (a.len() == 0 && a.ndim() == 1);
+    if !integers {
         return Err(Error::DType(format!(
             "lengths must be integers ({unit} per batch item), got dtype {}",
-            a.dtype().str().map_or_else(|_| "?".into(), |s| s.to_string())
+            a.dtype()
+                .str()
+                .map_or_else(|_| "?".into(), |s| s.to_string())
         ))
         .into());
     }

@@ -82,7 +82,12 @@ impl Codec {
 
     /// [`Self::encode`] of items of `lengths` samples: (B, n_q, max_i ceil(L_i / frame_size))
     /// u32; item i's first `ceil(L_i / frame_size)` frames are its codes alone, the rest 0.
-    pub fn encode_lengths(&self, pcm: &Tensor, lengths: &[usize], cancel: Cancel) -> Result<Tensor> {
+    pub fn encode_lengths(
+        &self,
+        pcm: &Tensor,
+        lengths: &[usize],
+        cancel: Cancel,
+    ) -> Result<Tensor> {
         check_lengths(lengths, pcm.dim(0)?, pcm.dim(2)?, "samples")?;
         let p = &self.parts;
         let spec = (p.cfg.quantizer_n_q, DType::U32);
@@ -104,7 +109,12 @@ impl Codec {
 
     /// [`Self::decode`] of items of `frames` code frames: (B, C, max_i F_i * frame_size);
     /// item i's first `F_i * frame_size` samples are its audio alone, the rest 0.
-    pub fn decode_lengths(&self, codes: &Tensor, frames: &[usize], cancel: Cancel) -> Result<Tensor> {
+    pub fn decode_lengths(
+        &self,
+        codes: &Tensor,
+        frames: &[usize],
+        cancel: Cancel,
+    ) -> Result<Tensor> {
         check_lengths(frames, codes.dim(0)?, codes.dim(2)?, "frames")?;
         let p = &self.parts;
         let spec = (p.cfg.channels, p.dtype);
@@ -126,7 +136,13 @@ mod tests {
     #[test]
     fn lengths_are_one_per_item_and_within_the_input() {
         assert!(check_lengths(&[3, 5], 2, 5, "samples").is_ok());
-        assert!(matches!(check_lengths(&[3], 2, 5, "samples"), Err(Error::Shape(_))));
-        assert!(matches!(check_lengths(&[3, 6], 2, 5, "samples"), Err(Error::Shape(_))));
+        assert!(matches!(
+            check_lengths(&[3], 2, 5, "samples"),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            check_lengths(&[3, 6], 2, 5, "samples"),
+            Err(Error::Shape(_))
+        ));
     }
 }
