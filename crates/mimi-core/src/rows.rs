@@ -59,6 +59,19 @@ impl Rows {
         Ok(Self::from_mask(mask).indices().into_owned())
     }
 
+    /// `rows`, or every row of a batch of `batch` when `None`; refuses a mask of another
+    /// length (the step's input has `batch` rows).
+    pub fn or_all(rows: Option<Rows>, batch: usize) -> Result<Rows> {
+        match rows {
+            None => Ok(Rows::all(batch)),
+            Some(r) if r.batch == batch => Ok(r),
+            Some(r) => Err(Error::Shape(format!(
+                "active must have shape (batch,) = ({batch},), got ({},)",
+                r.batch
+            ))),
+        }
+    }
+
     /// The stream's batch size.
     pub fn batch(&self) -> usize {
         self.batch

@@ -412,16 +412,7 @@ impl Transformer {
         self.check_input(&x.shape)?;
         let (b, t, d) = (x.shape[0], x.shape[1], x.shape[2]);
         self.check_batch(state, b)?;
-        let rows = match rows {
-            None => Rows::all(b),
-            Some(r) if r.batch() == b => r,
-            Some(r) => {
-                return Err(Error::Shape(format!(
-                    "active must have shape (batch,) = ({b},), got ({},)",
-                    r.batch()
-                )))
-            }
-        };
+        let rows = Rows::or_all(rows, b)?;
         let out = if rows.is_masked() {
             self.start(state, b)?;
             if rows.count() == 0 || t == 0 {

@@ -3,23 +3,11 @@
 //! rows' output is zeros), so a caller without candle gets the same per-row semantics.
 
 use super::{host_f32, host_u32, Codec, DecodeStream, EncodeStream, Rows};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::host::HostArray;
 use candle::Tensor;
 
 impl Codec {
-    /// `rows`, or every row of a batch of `b`; refuses a mask of another length.
-    fn rows_for(b: usize, rows: Option<Rows>) -> Result<Rows> {
-        match rows {
-            None => Ok(Rows::all(b)),
-            Some(r) if r.batch() == b => Ok(r),
-            Some(r) => Err(Error::Shape(format!(
-                "active must have shape (batch,) = ({b},), got ({},)",
-                r.batch()
-            ))),
-        }
-    }
-
     /// One encoder step of `pcm` (B, C, n) for the rows `rows` (all if `None`): the codes
     /// (B, n_q, frames) of the frames it completes, `None` if none.
     pub fn encode_step_host(
@@ -29,7 +17,7 @@ impl Codec {
         rows: Option<Rows>,
     ) -> Result<Option<HostArray<u32>>> {
         let (b, c, n) = (pcm.shape[0], pcm.shape[1], pcm.shape[2]);
-        let rows = Self::rows_for(b, rows)?;
+        let rows = Rows::or_all(rows, b)?;
         if !rows.is_masked() && n == 0 {
             s.check_batch(b, "encoder")?;
             return Ok(None);
@@ -76,7 +64,7 @@ impl Codec {
         rows: Option<Rows>,
     ) -> Result<Option<HostArray<f32>>> {
         let (b, k, t) = (codes.shape[0], codes.shape[1], codes.shape[2]);
-        let rows = Self::rows_for(b, rows)?;
+        let rows = Rows::or_all(rows, b)?;
         s.check_batch(b, "decoder")?;
         if t == 0 {
             s.start(b);
