@@ -27,6 +27,7 @@ __all__ = [
     "AudioReader",
     "CHUNK_SECONDS",
     "MIMI_SAMPLE_RATE",
+    "encode_blocks",
     "open_writer",
     "output_format",
     "read_audio",
@@ -165,6 +166,33 @@ class AudioReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def encode_blocks(codec: Any, blocks: Any, step: int, on_codes: Any = None) -> np.ndarray:
+    """The codes ``(1, num_codebooks, frames)`` of consecutive mono blocks at the codec's rate
+    (an :class:`AudioReader`, say), streamed through ``codec.encode_step`` in calls of ``step``
+    samples from a fresh state and ended with ``last=True``, which pads the last partial frame
+    as ``encode`` does: ``encode``'s codes of the whole audio, with memory bounded by a call.
+    ``on_codes(codes)`` sees each call's codes (a progress bar). Leaves the codec's streams fresh."""
+    out, fed = [], 0
+
+    def keep(codes: np.ndarray | None) -> None:
+        if codes is not None:
+            out.append(codes)
+            if on_codes is not None:
+                on_codes(codes)
+
+    codec.reset_state()
+    try:
+        for block in blocks:
+            for s in range(0, len(block), step):
+                fed += len(block[s : s + step])
+                keep(codec.encode_step(block[None, None, s : s + step]))
+        if fed:  # no audio, no frames: nothing to end
+            keep(codec.encode_step(np.zeros((1, 1, 0), np.float32), last=True))
+    finally:
+        codec.reset_state()
+    return np.concatenate(out, axis=-1) if out else np.zeros((1, codec.num_codebooks, 0), np.uint32)
 
 
 def read_audio(

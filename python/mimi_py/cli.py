@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import MimiCodec, MimiError
-from .audio import CHUNK_SECONDS, AudioReader, open_writer, output_format
+from .audio import CHUNK_SECONDS, AudioReader, encode_blocks, open_writer, output_format
 from .errors import InvalidInputError
 from .hub import load_codec
 
@@ -58,26 +58,6 @@ def _codec(args) -> MimiCodec:
 _STEP_SECONDS = 2.0
 
 
-def _encode_stream(reader: AudioReader, codec: MimiCodec, bar) -> np.ndarray:
-    """The codes of ``reader``'s blocks, streamed through ``encode_step`` in calls of
-    ``_STEP_SECONDS`` and ended with ``last=True``: exactly ``encode``'s codes of the whole
-    file, with memory bounded by a call."""
-    codec.reset_state()
-    out = []
-    step = int(_STEP_SECONDS * codec.sample_rate)
-    for block in reader:
-        for s in range(0, len(block), step):
-            codes = codec.encode_step(block[None, None, s : s + step])
-            if codes is not None:
-                out.append(codes)
-                bar.update(codes.shape[-1])
-    codes = codec.encode_step(np.zeros((1, 1, 0), np.float32), last=True)
-    if codes is not None:
-        out.append(codes)
-        bar.update(codes.shape[-1])
-    return np.concatenate(out, axis=-1) if out else np.zeros((1, codec.num_codebooks, 0), np.uint32)
-
-
 def encode(args) -> None:
     """``encode IN OUT.npy``: audio file -> codes (1, num_codebooks, frames) uint32, read and
     encoded block by block."""
@@ -94,7 +74,8 @@ def encode(args) -> None:
                 print(f"note: downmixing {reader.info.channels} channels to mono", file=sys.stderr)
             total = math.ceil(reader.info.duration_s * codec.frame_rate)
             with _progress(total, "encode", args.progress) as bar:
-                codes = _encode_stream(reader, codec, bar)
+                step = int(_STEP_SECONDS * codec.sample_rate)
+                codes = encode_blocks(codec, reader, step, lambda c: bar.update(c.shape[-1]))
     except InvalidInputError as e:
         raise CliError(f"{path}: cannot read audio: {e}") from e
     np.save(args.output, codes)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import CodecConfig
-from ..audio import CHUNK_SECONDS, AudioReader
+from ..audio import CHUNK_SECONDS, AudioReader, encode_blocks
 from ..errors import InvalidInputError, MimiError
 from .common import (
     _MAX_INLINE_SECONDS,
@@ -93,25 +93,18 @@ class MimiEncoder:
         as ``MimiCodec.encode`` does, so the codes equal ``encode``'s exactly, with memory
         bounded by the chunk whatever the file's length.
         """
-        codec, fs = self.codec, self.codec.frame_size
-        codec.reset_state()
-        out = []
-        n = 0
-        for block in blocks:
-            for s in range(0, len(block), self._chunk):
-                piece = block[s : s + self._chunk]
-                n += len(piece)
-                codes = codec.encode_step(piece[None, None])
-                if codes is not None:
-                    out.append(codes[0])
+        fs, n = self.codec.frame_size, 0
+
+        def counted() -> Iterable[np.ndarray]:
+            nonlocal n
+            for block in blocks:
+                n += len(block)
+                yield block
+
+        codes = encode_blocks(self.codec, counted(), self._chunk)[0]
         if n == 0:
             raise InvalidInputError("no audio samples")
-        codes = codec.encode_step(np.zeros((1, 1, 0), np.float32), last=True)
-        if codes is not None:
-            out.append(codes[0])
-        codec.reset_state()
         q = self.codec.num_codebooks
-        codes = np.concatenate(out, axis=1) if out else np.zeros((q, 0), np.uint32)
         if codes.shape != (q, -(-n // fs)):  # pragma: no cover - an invariant of encode_step
             raise MimiError(f"internal: {codes.shape} codes for {n} samples")
         return codes.astype(np.uint16)
