@@ -1,4 +1,4 @@
-"""The WebSocket server now lives in the package: ``python -m mimi_py.serve`` (mimi_py/serve.py)."""
+"""The server ships in the package: ``mimi-py serve`` or ``python -m mimi_py serve`` (docs/protocol.md)."""
 
 from mimi_py.serve import main
 

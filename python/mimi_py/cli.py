@@ -292,12 +292,26 @@ def _add_corpus_parsers(sub) -> None:
         )
 
 
+def _add_serve_parser(sub) -> None:
+    """The serve subcommand (mimi_py.serve: the WebSocket server and its page)."""
+    from . import serve
+
+    s = sub.add_parser(
+        "serve",
+        help="a real-time WebSocket server: /encode, /decode, /health and a page at / (needs mimi_py[serve])",
+        description="Serve Mimi over WebSockets (docs/protocol.md). The first line on stdout is "
+        "'listening on ws://HOST:PORT'; SIGINT/SIGTERM shut it down gracefully.",
+    )
+    serve.add_arguments(s)
+
+
 def parser(prog: str = "mimi-py") -> argparse.ArgumentParser:
     """The argument parser: one subcommand per job, each naming its function (``func``)."""
     p = argparse.ArgumentParser(prog=prog, description="Mimi codec: audio <-> tokens")
     sub = p.add_subparsers(dest="command", required=True)
     _add_codec_parsers(sub)
     _add_corpus_parsers(sub)
+    _add_serve_parser(sub)
     return p
 
 

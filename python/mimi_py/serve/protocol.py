@@ -1,0 +1,120 @@
+"""The server's wire protocol, declared once: its paths, PCM formats, limits and close codes.
+
+``docs/protocol.md`` describes it for client authors; ``tests/test_serve_protocol.py`` checks
+that document against the tables here. Nothing in this module needs websockets or a codec.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+import numpy as np
+
+__all__ = [
+    "CLOSE_REASONS",
+    "END",
+    "FORMATS",
+    "MAX_AHEAD_SECONDS",
+    "MAX_MESSAGE_BYTES",
+    "Close",
+    "PcmFormat",
+    "ProtocolError",
+    "Route",
+    "parse_route",
+]
+
+# The one text message a client sends: the end of its stream.
+END = "end"
+# A message larger than this closes the connection with 1009 (websockets enforces it).
+MAX_MESSAGE_BYTES = 16 * 2**20
+# A client may send at most this much audio (or codes) ahead of what the server has stepped.
+MAX_AHEAD_SECONDS = 10.0
+
+
+class Close(enum.IntEnum):
+    """The close codes the server sends (RFC 6455 numbers)."""
+
+    DONE = 1000
+    GOING_AWAY = 1001
+    UNSUPPORTED = 1003
+    INVALID = 1007
+    POLICY = 1008
+    TOO_BIG = 1009
+    TRY_AGAIN = 1013
+
+
+# When each close code is sent: the table docs/protocol.md shows.
+CLOSE_REASONS: dict[Close, str] = {
+    Close.DONE: 'the stream ended: every frame was sent, then `{"done": n}`',
+    Close.GOING_AWAY: "the server is shutting down (after the frames already queued)",
+    Close.UNSUPPORTED: "a text message other than `end`",
+    Close.INVALID: "PCM bytes that are not whole samples, a codes message that is not whole frames, "
+    "a code not below the cardinality, or data after `end`",
+    Close.POLICY: "a client too slow to take its frames, or more than 10 s ahead of real time",
+    Close.TOO_BIG: "a message over 16 MiB",
+    Close.TRY_AGAIN: "all slots are busy",
+}
+
+
+class ProtocolError(Exception):
+    """A client broke the protocol: the connection closes with ``code`` and ``reason``."""
+
+    def __init__(self, code: Close, reason: str):
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+@dataclass(frozen=True)
+class PcmFormat:
+    """A PCM sample format on the wire: little-endian float32 or int16 (full scale 32768)."""
+
+    name: str
+    dtype: str
+    scale: float
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per sample."""
+        return np.dtype(self.dtype).itemsize
+
+    def to_float(self, data: bytes) -> np.ndarray:
+        """A message's samples as float32; raises ProtocolError (1007) if not whole samples."""
+        if len(data) % self.itemsize:
+            raise ProtocolError(
+                Close.INVALID,
+                f"a PCM message of {len(data)} bytes is not whole {self.name} samples "
+                f"({self.itemsize} bytes each)",
+            )
+        x = np.frombuffer(data, self.dtype)
+        return x.astype(np.float32) / self.scale if self.scale != 1.0 else x.astype(np.float32)
+
+    def from_float(self, x: np.ndarray) -> bytes:
+        """float32 samples on the wire (int16 clips to full scale and rounds)."""
+        if self.scale == 1.0:
+            return np.asarray(x, "<f4").tobytes()
+        q = np.clip(np.rint(np.asarray(x, np.float32) * self.scale), -self.scale, self.scale - 1)
+        return q.astype(self.dtype).tobytes()
+
+
+FORMATS = {f.name: f for f in (PcmFormat("f32le", "<f4", 1.0), PcmFormat("s16le", "<i2", 32768.0))}
+
+
+@dataclass(frozen=True)
+class Route:
+    """A WebSocket request: ``kind`` is ``encode`` or ``decode``, in a PCM format."""
+
+    kind: str
+    format: PcmFormat
+
+
+def parse_route(path: str) -> Route | str:
+    """``/encode?format=s16le`` -> its Route, or the reason it is not one (for HTTP 404/400)."""
+    base, _, query = path.partition("?")
+    if base not in ("/encode", "/decode"):
+        return f"unknown path {base!r}: the server serves /encode, /decode, /health and /"
+    names = parse_qs(query).get("format", ["f32le"])
+    if len(names) != 1 or names[0] not in FORMATS:
+        return f"format={','.join(names)!r} is not one of {', '.join(FORMATS)}"
+    return Route(base[1:], FORMATS[names[0]])

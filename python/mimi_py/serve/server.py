@@ -1,0 +1,223 @@
+"""The server: slots (rows of one batched codec), a deadline ticker, and the connections.
+
+Each connection takes a slot, a row of the codec's encoder and decoder streams. Ticks are due
+at ``t0 + n * tick``; each steps every encode slot that has a whole frame with one masked
+``encode_step`` (its codes go out at once), then every decode slot with one masked
+``decode_step``. A step that ends past the next tick's due time is counted as late, and the
+next tick starts at once, never after a sleep. Steps run in a worker thread (the codec
+releases the GIL), so sockets keep being served during them. Only the ticker seats, resets
+and frees rows, between steps, so a row never changes hands during a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import statistics
+import time
+from collections import Counter, deque
+
+import numpy as np
+
+from .client import Client, Shape
+from .protocol import Close, ProtocolError, Route
+
+__all__ = ["Server", "Stats"]
+
+log = logging.getLogger("mimi_py.serve")
+
+# Per-connection kernel send buffer: bounds what a slow reader holds in the kernel.
+SEND_BUFFER_BYTES = 64 * 1024
+
+
+def websockets_module():
+    """websockets (the serve extra), imported when first used so that the module imports without it."""
+    try:
+        import websockets
+        import websockets.asyncio.server  # noqa: F401  (the asyncio implementation, websockets >= 14)
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("mimi_py.serve needs websockets: pip install 'mimi_py[serve]'") from e
+    return websockets
+
+
+class Stats:
+    """What ``/health`` reports: ticks, late ticks, frames served and recent step times."""
+
+    def __init__(self, window: int = 1000):
+        self.ticks = self.late_ticks = self.frames_served = 0
+        self.step_ms: deque[float] = deque(maxlen=window)
+        self.closed: Counter = Counter()  # close codes sent, by code
+        self._late_logged = 0.0
+
+    def step(self, seconds: float) -> None:
+        """One step's compute time (encode and decode of one tick)."""
+        self.step_ms.append(1000 * seconds)
+
+    def late(self, behind: float) -> None:
+        """A tick that started late (the previous one overran); logged at most once a second."""
+        self.late_ticks += 1
+        now = time.monotonic()
+        if now - self._late_logged >= 1.0:
+            self._late_logged = now
+            log.warning(
+                "late tick: %.1f ms behind its deadline (%d late so far)", 1000 * behind, self.late_ticks
+            )
+
+    def summary(self) -> dict:
+        """Step time median and p99 (ms) over the recent window."""
+        ms = sorted(self.step_ms)
+        pick = (lambda q: round(ms[min(len(ms) - 1, int(q * len(ms)))], 3)) if ms else (lambda q: None)
+        return {"median": round(statistics.median(ms), 3) if ms else None, "p99": pick(0.99)}
+
+
+class Server:
+    """The slots and the ticker stepping the batched codec once per frame."""
+
+    def __init__(self, codec, slots: int, tick: float | None = None, queue_seconds: float = 2.0):
+        self.codec = codec
+        self.shape = Shape(codec.frame_size, codec.num_codebooks, codec.cardinality, codec.frame_rate)
+        self.tick = tick if tick is not None else 1.0 / codec.frame_rate
+        self.queue_frames = max(4, int(queue_seconds * codec.frame_rate))
+        self.rows: list[Client | None] = [None] * slots
+        self.joining: list[Client] = []
+        self.stats = Stats()
+        self.stopping = False
+
+    def health(self) -> dict:
+        """``GET /health``: slots busy and free, frames served, late ticks, step times."""
+        busy = sum(c is not None for c in self.rows) + len(self.joining)
+        return {
+            "slots": {"total": len(self.rows), "busy": busy, "free": len(self.rows) - busy},
+            "frames_served": self.stats.frames_served,
+            "ticks": self.stats.ticks,
+            "late_ticks": self.stats.late_ticks,
+            "closed": {str(code): n for code, n in sorted(self.stats.closed.items())},
+            "tick_ms": round(1000 * self.tick, 3),
+            "codec": {
+                "sample_rate": self.codec.sample_rate,
+                "frame_size": self.shape.frame_size,
+                "frame_rate": self.shape.frame_rate,
+                "num_codebooks": self.shape.num_codebooks,
+                "cardinality": self.shape.cardinality,
+            },
+            "step_ms": self.stats.summary(),
+        }
+
+    async def handle(self, ws, route: Route) -> None:
+        """One connection: admit it, read its messages, and close it with its code."""
+        if sum(c is not None for c in self.rows) + len(self.joining) >= len(self.rows) or self.stopping:
+            self.stats.closed[int(Close.TRY_AGAIN)] += 1
+            await ws.close(int(Close.TRY_AGAIN), f"all {len(self.rows)} slots are busy; try again later")
+            return
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        client = Client(ws, route, self.shape, self.queue_frames, self.stats.closed)
+        self.joining.append(client)
+        sender = asyncio.create_task(self.send(client))
+        try:
+            async for msg in ws:
+                client.receive(msg)
+        except ProtocolError as e:
+            log.info("closing a %s client: %d %s", client.kind, e.code, e.reason)
+            client.inbox.clear()
+            client.closing = (e.code, e.reason)
+            self.stats.closed[int(e.code)] += 1
+            await ws.close(int(e.code), e.reason)
+        except websockets_module().ConnectionClosed as e:
+            if e.sent is not None and e.sent.code == Close.TOO_BIG:
+                self.stats.closed[int(Close.TOO_BIG)] += 1
+        finally:
+            client.left = True  # the connection is closed: nothing more can be sent
+            sender.cancel()
+
+    async def send(self, client: Client) -> None:
+        """Sends a client's queued messages in order; the `None` after them closes the socket."""
+        closed = websockets_module().ConnectionClosed
+        try:
+            while (msg := await client.outbox.get()) is not None:
+                await client.ws.send(msg)
+            code, reason = client.closing or (Close.DONE, "")
+            await client.ws.close(int(code), reason)
+        except closed:
+            pass
+
+    async def seat(self) -> None:
+        """Frees the rows of clients that left and gives free rows to new clients (reset)."""
+        for r, c in enumerate(self.rows):
+            if c is not None and (c.left or c.done):
+                self.rows[r] = None
+        fresh = []
+        while self.joining and None in self.rows:
+            c = self.joining.pop(0)
+            if c.left:
+                continue
+            c.row = self.rows.index(None)
+            self.rows[c.row] = c
+            fresh.append(c.row)
+        if fresh:
+            await asyncio.to_thread(self.codec.reset_state, rows=fresh)
+
+    async def step(self) -> None:
+        """One tick: a masked encode step of the encode slots, then a decode step of the decode slots."""
+        await self.seat()
+        t = time.perf_counter()
+        for kind in ("encode", "decode"):
+            ready = [(r, c) for r, c in enumerate(self.rows) if c is not None and c.kind == kind and c.inbox]
+            if ready:
+                await self._step(kind, ready)
+        self.stats.step(time.perf_counter() - t)
+        for c in self.rows:
+            if c is not None and c.finished():
+                c.done = True
+                c.post(json.dumps({"done": c.frames_out}))
+                c.close(Close.DONE, "")
+
+    async def _step(self, kind: str, ready: list[tuple[int, Client]]) -> None:
+        """One masked step of the codec's encode or decode stream over the ready rows."""
+        b, s = len(self.rows), self.shape
+        active = np.zeros(b, bool)
+        if kind == "encode":
+            x = np.zeros((b, 1, s.frame_size), np.float32)
+        else:
+            x = np.zeros((b, s.num_codebooks, 1), np.uint32)
+        for r, c in ready:
+            active[r] = True
+            if kind == "encode":
+                x[r, 0] = c.take()
+            else:
+                x[r, :, 0] = c.take()
+        fn = self.codec.encode_step if kind == "encode" else self.codec.decode_step
+        y = await asyncio.to_thread(fn, x, active=active)
+        for r, c in ready:
+            if kind == "encode":
+                msg: str | bytes = json.dumps({"frame": c.frames_out, "codes": y[r, :, 0].tolist()})
+            else:
+                msg = c.route.format.from_float(y[r, 0])
+            if c.post(msg):
+                c.frames_out += 1
+                self.stats.frames_served += 1
+
+    async def run(self) -> None:
+        """The ticker: ticks due at t0 + n * tick until :meth:`stop`; late ticks never sleep."""
+        loop = asyncio.get_running_loop()
+        t0, n = loop.time(), 0
+        while not self.stopping:
+            n += 1
+            behind = loop.time() - (t0 + n * self.tick)
+            if behind < 0:
+                await asyncio.sleep(-behind)
+            else:
+                self.stats.late(behind)
+            self.stats.ticks += 1
+            await self.step()
+
+    async def stop(self) -> None:
+        """Graceful shutdown: the ticker stops, every client gets its queued frames, then 1001."""
+        self.stopping = True
+        clients = [c for c in self.rows if c is not None] + self.joining
+        for c in clients:
+            c.close(Close.GOING_AWAY, "the server is shutting down")
+        await asyncio.sleep(0)
