@@ -6,6 +6,7 @@ equals ``MimiCodec.decode``'s, and latency is checked by counting the frames tha
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +37,9 @@ def offline(checkpoint):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     """4 slots, real-time ticks; yields ws://127.0.0.1:PORT."""
-    with running_server(["--slots", "4", "--weights", str(checkpoint)], tmp_path_factory.mktemp("s") / "log") as (
+    with running_server(
+        ["--slots", "4", "--weights", str(checkpoint)], tmp_path_factory.mktemp("s") / "log"
+    ) as (
         url,
         _,
     ):
@@ -171,14 +174,17 @@ def test_the_command_line_entry_points_all_serve():
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert "--slots" in r.stdout and "--num-codebooks" in r.stdout and "--threads" in r.stdout, cmd
-    r = subprocess.run([sys.executable, "-m", "mimi_py", "serve", "--slots", "0"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "mimi_py", "serve", "--slots", "0"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "--slots: 0 is not at least 1" in r.stderr
 
 
 def test_the_protocol_document_lists_every_close_code_and_format():
     doc = (REPO / "docs" / "protocol.md").read_text()
-    for code in protocol.Close:
-        assert f"| {int(code)} |" in doc, f"docs/protocol.md does not list close code {int(code)}"
+    rows = dict(re.findall(r"^\| (\d{4}) \| (.+) \|$", doc, re.M))
+    assert rows == {str(int(c)): text for c, text in protocol.CLOSE_REASONS.items()}
+    assert set(protocol.CLOSE_REASONS) == set(protocol.Close)
     for name in protocol.FORMATS:
         assert f"`{name}`" in doc
     assert "16 MiB" in doc and "10 s" in doc and "zero" in doc

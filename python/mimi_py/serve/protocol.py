@@ -48,13 +48,12 @@ class Close(enum.IntEnum):
 # When each close code is sent: the table docs/protocol.md shows.
 CLOSE_REASONS: dict[Close, str] = {
     Close.DONE: 'the stream ended: every frame was sent, then `{"done": n}`',
-    Close.GOING_AWAY: "the server is shutting down (after the frames already queued)",
+    Close.GOING_AWAY: "the server is shutting down (SIGINT/SIGTERM), after the frames already queued",
     Close.UNSUPPORTED: "a text message other than `end`",
-    Close.INVALID: "PCM bytes that are not whole samples, a codes message that is not whole frames, "
-    "a code not below the cardinality, or data after `end`",
-    Close.POLICY: "a client too slow to take its frames, or more than 10 s ahead of real time",
+    Close.INVALID: "PCM bytes that are not whole samples, a codes message that is not whole frames, a code not below the cardinality, or data after `end`",
+    Close.POLICY: "a client too slow to take its frames (2 s of them queued after its socket buffers), or more than 10 s ahead of real time",
     Close.TOO_BIG: "a message over 16 MiB",
-    Close.TRY_AGAIN: "all slots are busy",
+    Close.TRY_AGAIN: "all slots are busy (try again later)",
 }
 
 

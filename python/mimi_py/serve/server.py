@@ -85,9 +85,13 @@ class Server:
         self.stats = Stats()
         self.stopping = False
 
+    def busy(self) -> int:
+        """Slots held: seated or waiting for a row, and not yet left or done."""
+        return sum(not (c.left or c.done) for c in [*self.rows, *self.joining] if c is not None)
+
     def health(self) -> dict:
         """``GET /health``: slots busy and free, frames served, late ticks, step times."""
-        busy = sum(c is not None for c in self.rows) + len(self.joining)
+        busy = self.busy()
         return {
             "slots": {"total": len(self.rows), "busy": busy, "free": len(self.rows) - busy},
             "frames_served": self.stats.frames_served,
@@ -107,7 +111,7 @@ class Server:
 
     async def handle(self, ws, route: Route) -> None:
         """One connection: admit it, read its messages, and close it with its code."""
-        if sum(c is not None for c in self.rows) + len(self.joining) >= len(self.rows) or self.stopping:
+        if self.busy() >= len(self.rows) or self.stopping:
             self.stats.closed[int(Close.TRY_AGAIN)] += 1
             await ws.close(int(Close.TRY_AGAIN), f"all {len(self.rows)} slots are busy; try again later")
             return
