@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mimi_py benchmark suite: one entry point, every engine side by side, in one run.
 
-    python benches/run.py [--suites transformer,codec,aggregate,streaming,rss,corpus,serving]
+    python benches/run.py [--suites transformer,codec,aggregate,streaming,rss,corpus,serving,server]
                           [--repeats N]
                           [--threads 1,2] [--engines mimi_py,rustymimi,moshi,transformers]
                           [--tiny] [--out DIR]
@@ -29,6 +29,7 @@ from runner import log  # noqa: E402
 from runner.corpus import suite_corpus  # noqa: E402
 from runner.machine import machine_info  # noqa: E402
 from runner.report import render_markdown, write_readme  # noqa: E402
+from runner.server import suite_server  # noqa: E402
 from runner.suites import (  # noqa: E402
     suite_aggregate,
     suite_codec,
@@ -39,7 +40,7 @@ from runner.suites import (  # noqa: E402
 )
 from runner.targets import evaluate_targets  # noqa: E402
 
-ALL_SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving"]
+ALL_SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving", "server"]
 ALL_ENGINES = ["mimi_py", "rustymimi", "moshi", "transformers"]
 
 
@@ -154,6 +155,7 @@ SUITES = {
     "rss": lambda args, weights, tmp, suites: suite_rss(args, weights),
     "corpus": lambda args, weights, tmp, suites: suite_corpus(args, weights, tmp),
     "serving": lambda args, weights, tmp, suites: suite_serving(args, weights),
+    "server": lambda args, weights, tmp, suites: suite_server(args),
 }
 
 

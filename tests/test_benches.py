@@ -27,7 +27,7 @@ def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int) -> N
     assert proc.returncode == 0, f"{script.name} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
-SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving"]
+SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving", "server"]
 
 
 def test_bench_suites_run_tiny(tmp_path):
@@ -82,6 +82,13 @@ def test_bench_suites_run_tiny(tmp_path):
     assert serve["streams_held"] in suites["serving"]["batches"] + [0]
     assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
 
+    server = suites["server"]  # real clients through `mimi-py serve` (the serve extra)
+    assert [r["slots"] for r in server["runs"]] == [1, 2]
+    assert all(
+        r["complete"] and r["frames"] == r["slots"] * r["frames_per_client"] for r in server["runs"]
+    ), server
+    assert server["streams_held"] in (0, 1, 2)
+
     corpus = suites["corpus"]  # needs the data extra (part of the test extra)
     runs = {r["label"]: r for r in corpus["runs"]}
     assert all(r["ok"] for r in corpus["runs"]), corpus["runs"]
@@ -103,6 +110,7 @@ def test_bench_suites_run_tiny(tmp_path):
         "### Codec streaming",
         "### Peak RSS",
         "### Corpus",
+        "### Server",
     ):
         assert heading in readme
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .server import render_server
+
 MARK_START = "<!-- results:start -->"
 MARK_END = "<!-- results:end -->"
 
@@ -60,6 +62,7 @@ def render_markdown(res) -> str:
     _render_rss(L, s["rss"], args)
     render_corpus(L, s.get("corpus", {"skipped": "not selected (--suites)"}), args)
     render_serving(L, s.get("serving", {"skipped": "not selected (--suites)"}))
+    render_server(L, s.get("server", {"skipped": "not selected (--suites)"}), s.get("serving"))
     return "\n".join(L).rstrip() + "\n"
 
 

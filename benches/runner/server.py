@@ -1,0 +1,138 @@
+"""The `server` suite: streams held end to end through `mimi-py serve`, beside the codec-only
+figure of the `serving` suite.
+
+For each slot count N, a fresh server (`--slots N`, the bench's thread count; real-size seeded
+weights, or the fixtures' small codec with --tiny) takes N real WebSocket clients
+(mimi_py.serve.loadgen) streaming at real-time pace, all at once. A frame's latency runs from
+the message holding its last sample to its codes. N streams are held when every client got all
+its frames (`done` = its frame count) and the p99 latency is at most two frame periods (160 ms).
+The clients run in this process, on the same cores as the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import common
+
+from . import log
+
+HELD_P99_MS = 160.0  # two frame periods
+
+
+def _speech(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 24000)) / 24000
+    return (0.3 * np.sin(2 * np.pi * (140 + 30 * seed) * t) + 0.05 * rng.standard_normal(len(t))).astype(
+        np.float32
+    )
+
+
+def _small_checkpoint(folder: Path) -> Path:
+    import shutil
+
+    shutil.copy(common.CODEC_FIXTURES / "mimi_small_hf_config.json", folder / "config.json")
+    shutil.copy(common.CODEC_FIXTURES / "mimi_small.safetensors", folder / "model.safetensors")
+    return folder
+
+
+def _one(slots: int, seconds: float, threads: int, weights: list[str]) -> dict:
+    """N = `slots` clients through a fresh server with N slots."""
+    from mimi_py.serve import loadgen
+
+    cmd = [sys.executable, "-m", "mimi_py", "serve", "--port", "0", "--slots", str(slots)]
+    cmd += ["--threads", str(threads), *weights]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            url = proc.stdout.readline().split()[2]
+            audios = [_speech(seconds, i) for i in range(slots)]
+            # One warm-up stream, so that the first measured frame is not the first step.
+            asyncio.run(loadgen.encode_stream(url, audios[0][:4800], realtime=False))
+
+            async def clients():
+                return await asyncio.gather(*(loadgen.encode_stream(url, a) for a in audios))
+
+            results = asyncio.run(asyncio.wait_for(clients(), timeout=seconds * 4 + 60))
+            health = loadgen.json.loads(_get(url + "/health"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    frames = int(np.ceil(seconds * 12.5))
+    lat = [x for r in results for x in r.latencies]
+    summary = loadgen.latency_summary(lat)
+    per = [r.summary() for r in results]
+    complete = all(r.done == frames and r.close_code == 1000 and not r.out_of_order for r in results)
+    return {
+        "slots": slots,
+        "frames_per_client": frames,
+        "complete": complete,
+        **summary,
+        "first_second_median_ms": round(float(np.median([p["first_second_median_ms"] for p in per])), 1),
+        "last_second_median_ms": round(float(np.median([p["last_second_median_ms"] for p in per])), 1),
+        "late_ticks": health["late_ticks"],
+        "step_ms": health["step_ms"],
+        "held": bool(complete and summary["p99_ms"] <= HELD_P99_MS),
+    }
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url.replace("ws://", "http://"), timeout=10) as r:
+        return r.read().decode()
+
+
+def suite_server(args) -> dict:
+    """Streams held through the server at each slot count (see the module docstring)."""
+    slots = [1, 2] if args.tiny else [1, 2, 4, 6, 8]
+    seconds = 1.5 if args.tiny else 6.0
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = ["--weights", str(_small_checkpoint(Path(tmp)))] if args.tiny else []
+        for n in slots:
+            log(
+                f"server: {n} slot(s), {n} client(s) at real time for {seconds:g} s, {args.main_threads} threads"
+            )
+            try:
+                runs.append(_one(n, seconds, args.main_threads, weights))
+            except Exception as e:  # a failed run is reported, not hidden
+                runs.append({"slots": n, "error": f"{type(e).__name__}: {e}", "held": False})
+    held = max([r["slots"] for r in runs if r.get("held")], default=0)
+    return {"threads": args.main_threads, "seconds": seconds, "runs": runs, "streams_held": held}
+
+
+def render_server(L: list, s: dict, serving: dict | None) -> None:
+    """The server suite's table (appended to L), with the codec-only streams held beside it."""
+    L += ["", "### Server: streams held end to end through `mimi-py serve`", ""]
+    if s.get("skipped") or not s.get("runs"):
+        L.append(f"_skipped: {s.get('skipped')}_")
+        return
+    L.append(
+        f"N real-time WebSocket clients on a server with N slots, {s['seconds']:g} s each, "
+        f"{s['threads']} threads; latency = last sample sent → codes received. Held: every frame "
+        f"arrived and p99 ≤ {HELD_P99_MS:g} ms."
+    )
+    L += [
+        "",
+        "| slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | step median / p99 ms | held |",
+    ]
+    L.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in s["runs"]:
+        if "error" in r:
+            L.append(f"| {r['slots']} | error: {r['error']} | | | | | no |")
+            continue
+        st = r["step_ms"]
+        L.append(
+            f"| {r['slots']} | {r['median_ms']} | {r['p99_ms']} | {r['first_second_median_ms']} / "
+            f"{r['last_second_median_ms']} | {r['late_ticks']} | {st['median']} / {st['p99']} | "
+            f"{'yes' if r['held'] else 'no'} |"
+        )
+    codec_only = [r.get("streams_held") for r in (serving or {}).get("runs", []) if r.get("ok")]
+    beside = f"; the codec alone (serving suite, same run): {codec_only}" if codec_only else ""
+    L += ["", f"Streams held through the server: {s['streams_held']}{beside}.", ""]
