@@ -109,7 +109,7 @@ async def _run(url: str, messages, period: float, connect_kwargs) -> StreamResul
     """One connection: the paced sender and the receiver, until the server closes."""
     import websockets
 
-    result, sent_at = StreamResult(), {}
+    result, sent_at = StreamResult(), dict[int, float]()
     async with websockets.connect(url, max_size=MAX_MESSAGE_BYTES, compression=None, **connect_kwargs) as ws:
         sender = asyncio.create_task(_send_paced(ws, messages, period, sent_at))
         try:
