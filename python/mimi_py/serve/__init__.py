@@ -32,7 +32,7 @@ async def serve(args: argparse.Namespace) -> None:
     from .http import process_request
 
     codec = load_codec(args.weights, num_codebooks=args.num_codebooks)
-    server = Server(codec, args.slots, tick=None if args.tick_ms is None else args.tick_ms / 1000)
+    server = Server(codec, args.slots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -75,7 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--num-codebooks", type=int, default=None, help="default: the checkpoint's own number")
     p.add_argument("--threads", type=_positive, default=None, help="compute threads (default: one per core)")
-    p.add_argument("--tick-ms", type=float, default=None, help=argparse.SUPPRESS)  # tests: faster ticks
     p.set_defaults(func=run)
     return p
 

@@ -111,9 +111,14 @@ class Server:
 
     async def handle(self, ws, route: Route) -> None:
         """One connection: admit it, read its messages, and close it with its code."""
-        if self.busy() >= len(self.rows) or self.stopping:
-            self.stats.closed[int(Close.TRY_AGAIN)] += 1
-            await ws.close(int(Close.TRY_AGAIN), f"all {len(self.rows)} slots are busy; try again later")
+        if self.stopping or self.busy() >= len(self.rows):
+            code, reason = (
+                (Close.GOING_AWAY, "the server is shutting down")
+                if self.stopping
+                else (Close.TRY_AGAIN, f"all {len(self.rows)} slots are busy; try again later")
+            )
+            self.stats.closed[int(code)] += 1
+            await ws.close(int(code), reason)
             return
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
