@@ -26,6 +26,7 @@ from conftest import (
     count_case,
     hostile_array,
     lay_out,
+    new_codec,
     python_objects,
     reference_input,
     same,
@@ -348,3 +349,14 @@ def test_an_unconvertible_object_names_the_real_cause(codec_pair):
     codec, _ = codec_pair
     with pytest.raises(TypeError, match="numpy.asarray failed: .*inhomogeneous"):
         codec.encode([[0.0] * 10, [0.0] * 3])
+
+
+def test_a_step_with_no_frames_does_not_bind_the_stream_to_its_batch_size():
+    codec, control = new_codec(), new_codec()
+    k = codec.num_codebooks
+    assert codec.decode_step(np.zeros((2, k, 0), np.uint32)) is None
+    assert codec.encode_step(np.zeros((2, 1, 0), np.float32)) is None
+    codes = np.random.default_rng(0).integers(0, codec.cardinality, (1, k, 2)).astype(np.uint32)
+    same(codec.decode_step(codes), control.decode_step(codes), "decode_step after an empty batch-2 step")
+    pcm = np.random.default_rng(1).standard_normal((1, 1, 2 * codec.frame_size)).astype(np.float32)
+    same(codec.encode_step(pcm), control.encode_step(pcm), "encode_step after an empty batch-2 step")

@@ -67,8 +67,7 @@ impl Codec {
         let rows = Rows::or_all(rows, b)?;
         s.check_batch(b, "decoder")?;
         if t == 0 {
-            s.start(b);
-            return Ok(None);
+            return Ok(None); // no frames: the stream is not bound to this batch size
         }
         let x = Tensor::from_vec(
             rows.select(&codes.data, k * t),
