@@ -198,3 +198,43 @@ def test_sigterm_sends_the_queued_frames_then_1001_and_exits_0(checkpoint, tmp_p
     assert 5 <= len(frames) < 50
     assert [m for m in frames if '"frame"' in m] == frames  # frames only, in order below
     assert [int(m.split(",")[0].split(":")[1]) for m in frames] == list(range(len(frames)))
+
+
+class FailsOnce:
+    """The real codec, but its next encode_step raises (a failure no client can provoke)."""
+
+    def __init__(self, codec):
+        self.codec, self.armed = codec, False
+
+    def __getattr__(self, name):
+        return getattr(self.codec, name)
+
+    def encode_step(self, *args, **kwargs):
+        if self.armed:
+            self.armed = False
+            raise mimi_py.ComputeError("an injected failure")
+        return self.codec.encode_step(*args, **kwargs)
+
+
+def test_a_failed_step_closes_its_clients_with_1011_and_the_server_goes_on(checkpoint, offline):
+    from mimi_py.serve import Server, run_server
+
+    codec = FailsOnce(mimi_py.MimiCodec(checkpoint))
+    server, audio = Server(codec, 2), noise(10, 7)
+
+    async def scenario():
+        stop, ports = asyncio.Event(), asyncio.Queue()
+        task = asyncio.create_task(run_server(server, "127.0.0.1", 0, stop, ports.put_nowait))
+        url = f"ws://127.0.0.1:{await ports.get()}"
+        codec.armed = True
+        failed = await loadgen.encode_stream(url, audio, realtime=False)
+        after = await loadgen.encode_stream(url, audio, realtime=False)
+        stop.set()
+        await task
+        return failed, after
+
+    failed, after = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    assert failed.close_code == 1011 and "failed to step" in failed.close_reason, failed
+    assert after.close_code == 1000 and after.done == 10
+    np.testing.assert_array_equal(after.codes(), offline.encode(audio)[0])
+    assert server.stats.closed[1011] == 1

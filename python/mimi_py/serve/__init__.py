@@ -23,32 +23,41 @@ import sys
 from .protocol import MAX_MESSAGE_BYTES
 from .server import Server, websockets_module
 
-__all__ = ["Server", "add_arguments", "main", "serve"]
+__all__ = ["Server", "add_arguments", "main", "run_server", "serve"]
 
 
 async def serve(args: argparse.Namespace) -> None:
     """Loads the codec and serves until SIGINT/SIGTERM; the first stdout line is the address."""
     from ..hub import load_codec
-    from .http import process_request
 
     codec = load_codec(args.weights, num_codebooks=args.num_codebooks)
-    server = Server(codec, args.slots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+
+    def ready(port: int) -> None:
+        print(f"listening on ws://{args.host}:{port}", flush=True)
+        logging.getLogger("mimi_py.serve").info("%d slots, %s", args.slots, codec.device)
+
+    await run_server(Server(codec, args.slots), args.host, args.port, stop, ready)
+
+
+async def run_server(server: Server, host: str, port: int, stop: asyncio.Event, ready=None) -> None:
+    """Serves `server` on host:port until `stop` is set, then shuts down gracefully (queued
+    frames, then 1001). ``ready(port)`` is called once it listens."""
+    from .http import process_request
 
     async def handler(ws):
         await server.handle(ws, ws.route)
 
     ws_serve = websockets_module().asyncio.server.serve
     async with ws_serve(
-        handler, args.host, args.port, process_request=process_request(server),
+        handler, host, port, process_request=process_request(server),
         max_size=MAX_MESSAGE_BYTES, compression=None, close_timeout=5,
     ) as ws_server:  # fmt: skip
-        port = ws_server.sockets[0].getsockname()[1]
-        print(f"listening on ws://{args.host}:{port}", flush=True)
-        logging.getLogger("mimi_py.serve").info("%d slots, %s", args.slots, codec.device)
+        if ready is not None:
+            ready(ws_server.sockets[0].getsockname()[1])
         ticker = asyncio.create_task(server.run())
         await stop.wait()
         await server.stop()

@@ -42,6 +42,7 @@ class Close(enum.IntEnum):
     INVALID = 1007
     POLICY = 1008
     TOO_BIG = 1009
+    INTERNAL = 1011
     TRY_AGAIN = 1013
 
 
@@ -53,6 +54,7 @@ CLOSE_REASONS: dict[Close, str] = {
     Close.INVALID: "PCM bytes that are not whole samples, a codes message that is not whole frames, a code not below the cardinality, or data after `end`",
     Close.POLICY: "a client too slow to take its frames (2 s of them queued after its socket buffers), or more than 10 s ahead of real time",
     Close.TOO_BIG: "a message over 16 MiB",
+    Close.INTERNAL: "the codec failed a step (a bug: the server logs it, closes the clients of that step and goes on)",
     Close.TRY_AGAIN: "all slots are busy (try again later)",
 }
 

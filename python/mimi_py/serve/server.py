@@ -221,7 +221,19 @@ class Server:
             else:
                 self.stats.late(behind)
             self.stats.ticks += 1
-            await self.step()
+            try:
+                await self.step()
+            except Exception:  # the ticker must outlive a failed step: its clients go, the rest stay
+                log.exception("a codec step failed; closing its clients (1011)")
+                await self.drop_all(Close.INTERNAL, "the server failed to step this stream")
+
+    async def drop_all(self, code: Close, reason: str) -> None:
+        """Closes every seated client (after a failed step, their rows' state is unknown)."""
+        for c in self.rows:
+            if c is not None:
+                c.inbox.clear()
+                c.done = True
+                c.close(code, reason)
 
     async def stop(self) -> None:
         """Graceful shutdown: the ticker stops, every client gets its queued frames, then 1001."""
