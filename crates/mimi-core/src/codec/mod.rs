@@ -374,7 +374,7 @@ impl Codec {
             // downsampling's padding.
             None if last => Tensor::zeros(
                 (rows.count(), p.cfg.seanet.dimension, 0),
-                DType::F32,
+                pcm.dtype(),
                 &p.device,
             )?,
             None => return Ok(None),
