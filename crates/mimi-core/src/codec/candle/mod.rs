@@ -11,6 +11,8 @@
 mod layers;
 mod rows;
 mod seanet;
+#[cfg(test)]
+mod tests;
 
 use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::transform;
