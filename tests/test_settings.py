@@ -20,7 +20,7 @@ def readme_rows() -> dict[str, str]:
     text = README.read_text()
     section = text[text.index("## Settings") :]
     section = section[: section.index("\n## ", 1)]
-    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", section, flags=re.M)
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| ([^|]+) \|", section, flags=re.M)
     return {name: default.strip().strip("`") for name, default in rows}
 
 
