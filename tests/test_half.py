@@ -230,8 +230,14 @@ def test_a_rejected_step_changes_nothing(half):
     c.encode_step(pcm[..., :FRAME])
     before, twin = c.positions.copy(), c.clone()
     refused = [
-        (lambda: c.encode_step(pcm[..., FRAME : FRAME + 100], active=np.array([True, False])), mimi_py.ShapeError),
-        (lambda: c.encode_step(pcm[..., FRAME:], active=np.array([True, False]), last=True), mimi_py.InvalidInputError),
+        (
+            lambda: c.encode_step(pcm[..., FRAME : FRAME + 100], active=np.array([True, False])),
+            mimi_py.ShapeError,
+        ),
+        (
+            lambda: c.encode_step(pcm[..., FRAME:], active=np.array([True, False]), last=True),
+            mimi_py.InvalidInputError,
+        ),
         (lambda: c.encode_step(pcm[:1, :, FRAME:]), mimi_py.ShapeError),
     ]
     for call, error in refused:

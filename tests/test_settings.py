@@ -36,7 +36,9 @@ def test_settings_returns_one_value_per_switch():
 
 
 def test_settings_show_what_the_environment_set():
-    env = dict(os.environ, MIMI_PY_SPIN="0", MIMI_PY_HEAP_KEEP_MB="7", RAYON_NUM_THREADS="1", MIMI_PY_CUDA_TF32="1")
+    env = dict(
+        os.environ, MIMI_PY_SPIN="0", MIMI_PY_HEAP_KEEP_MB="7", RAYON_NUM_THREADS="1", MIMI_PY_CUDA_TF32="1"
+    )
     code = "import json, mimi_py; print(json.dumps(mimi_py.settings()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     values = json.loads(out.stdout)
