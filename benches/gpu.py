@@ -17,7 +17,7 @@ file that common.py writes (random weights of the real architecture, 8 codebooks
   median and p99 per frame, and per stream (÷ B).
 * masked streaming (engines with per-row streams: mimi_py): the same frames with an `active=`
   mask on both calls, three rows in four stepping (row r sits out frame i when (r + i) % 4 == 0;
-  at B = 1 the row steps every other frame); per stream = the frame time ÷ the active rows.
+  at B = 1 the mask is [True]); per active stream = the frames' total time ÷ their active rows.
 
 torch on CUDA is synchronized before each timer stops; mimi_py returns numpy arrays, so its calls
 are synchronous. Every row that fails (out of memory, a dtype or device the build does not support,
@@ -225,7 +225,7 @@ def _mask(batch: int, i: int):
     import numpy as np
 
     if batch == 1:
-        return np.array([i % 2 == 0])
+        return np.array([True])
     return np.array([(r + i) % 4 != 0 for r in range(batch)])
 
 
@@ -259,7 +259,8 @@ def _masked_row(eng, spec, batch, save_dir):
         "mean_active_rows": round(mean_active, 2),
         "encode_step": common.summary_us(enc),
         "frame_total": t,
-        "per_active_stream_median_us": round(t["median_us"] / mean_active, 1),
+        # all timed frames' time over all their active rows
+        "per_active_stream_mean_us": round(1e6 * sum(tot) / sum(active), 1),
         "real_time": t["p99_us"] <= REAL_TIME_US,
     }
 
@@ -547,7 +548,7 @@ def render_masked(res) -> list[str]:
     ]
     L += [
         "",
-        "Three rows in four step each frame (B = 1: every other frame). Per active stream = frame ÷ active rows.",
+        "Three rows in four step each frame (B = 1: a mask of [True]). Per active stream = total time ÷ active row-frames.",
         "",
     ]
     L.append(
@@ -560,7 +561,7 @@ def render_masked(res) -> list[str]:
                 t = x["frame_total"]
                 L.append(
                     f"| {r['engine']} | {r['dtype']} | {x['batch']} | {x['mean_active_rows']:g} | "
-                    f"{_ms(t['median_us'])} | {_ms(t['p99_us'])} | {_ms(x['per_active_stream_median_us'])} | "
+                    f"{_ms(t['median_us'])} | {_ms(t['p99_us'])} | {_ms(x['per_active_stream_mean_us'])} | "
                     f"{_ms(x['encode_step']['median_us'])} | {'✅' if x['real_time'] else '❌'} |"
                 )
             else:

@@ -142,7 +142,10 @@ mod tests {
             assert_eq!(row.name, *name);
         }
         assert_eq!(
-            entries.iter().find(|(n, _)| *n == "MIMI_PY_CUDA_TF32").map(|e| e.1.as_str()),
+            entries
+                .iter()
+                .find(|(n, _)| *n == "MIMI_PY_CUDA_TF32")
+                .map(|e| e.1.as_str()),
             Some(if s.cuda_tf32 { "1" } else { "0" })
         );
         assert!(flag("MIMI_PY_TEST_UNSET_SWITCH", true));

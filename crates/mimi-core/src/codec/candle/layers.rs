@@ -73,7 +73,9 @@ impl Input {
         let fresh: Vec<u8> = seen.iter().map(|&s| u8::from(s == 0)).collect();
         let h = self.history;
         let pad = if self.replicate && n > 0 && h > 0 {
-            x.narrow(2, 0, 1)?.broadcast_as((r, self.cin, h))?.contiguous()?
+            x.narrow(2, 0, 1)?
+                .broadcast_as((r, self.cin, h))?
+                .contiguous()?
         } else {
             Tensor::zeros((r, self.cin, h), x.dtype(), x.device())?
         };
@@ -99,7 +101,10 @@ impl Input {
             .contiguous()?;
             let all = match &st.hist {
                 Some(all) => rows.put(all, &new)?,
-                None => rows.put(&Tensor::zeros((batch, self.cin, h), x.dtype(), x.device())?, &new)?,
+                None => rows.put(
+                    &Tensor::zeros((batch, self.cin, h), x.dtype(), x.device())?,
+                    &new,
+                )?,
             };
             st.hist = Some(all.contiguous()?);
         } else if st.hist.is_none() {
@@ -402,7 +407,10 @@ impl Depthwise {
         let last = self.taps.len() - 1;
         let mut y: Option<Tensor> = None;
         for (m, w) in self.taps.iter().enumerate() {
-            let t = full.narrow(2, last - m, n)?.unsqueeze(D::Minus1)?.broadcast_mul(w)?;
+            let t = full
+                .narrow(2, last - m, n)?
+                .unsqueeze(D::Minus1)?
+                .broadcast_mul(w)?;
             y = Some(match y {
                 None => t,
                 Some(y) => (y + t)?,

@@ -138,13 +138,19 @@ fn alone(c: &Codec, audio: &[f32], r: usize) -> Vec<u32> {
         }
         let x = HostArray::new(audio[pos..pos + n].to_vec(), vec![1, 1, n]);
         pos += n;
-        out.extend(c.encode_step_host(&mut s, x, None).unwrap().map_or(vec![], |c| c.data));
+        out.extend(
+            c.encode_step_host(&mut s, x, None)
+                .unwrap()
+                .map_or(vec![], |c| c.data),
+        );
     }
     out
 }
 
 fn audio3(len: usize) -> Vec<Vec<f32>> {
-    (0..3).map(|r| test_input(1, len, 1, 10 + r as u64)).collect()
+    (0..3)
+        .map(|r| test_input(1, len, 1, 10 + r as u64))
+        .collect()
 }
 
 /// In f32, the candle engine's masked steps and row resets give the native engine's codes,
@@ -162,7 +168,10 @@ fn per_row_streams_match_the_native_engine() {
         assert_eq!(steps.iter().flatten().flatten().count(), 9);
         assert_eq!(steps, masked_encode(&native, &audio));
         let (mut sn, mut so) = (native.decode_stream(), ours.decode_stream());
-        for (t, mask) in [[true; 2], [true, false], [false, true], [true; 2]].iter().enumerate() {
+        for (t, mask) in [[true; 2], [true, false], [false, true], [true; 2]]
+            .iter()
+            .enumerate()
+        {
             let codes: Vec<u32> = (0..2 * 4).map(|i| ((i * 5 + t * 3) % 64) as u32).collect();
             let step = |c: &Codec, s| {
                 let x = HostArray::new(codes.clone(), vec![2, 4, 1]);
@@ -170,7 +179,11 @@ fn per_row_streams_match_the_native_engine() {
                 a.unwrap().unwrap().data
             };
             let (an, ao) = (step(&native, &mut sn), step(&ours, &mut so));
-            let d = an.iter().zip(&ao).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let d = an
+                .iter()
+                .zip(&ao)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             assert!(d < 1e-4, "decode step {t}: {d}");
         }
     }
@@ -187,25 +200,42 @@ fn half_precision_rows_stream_as_independent_streams() {
         let audio = audio3(8 * FRAME);
         let steps = masked_encode(&c, &audio);
         for (r, row) in audio.iter().enumerate() {
-            let batched: Vec<u32> = steps.iter().filter_map(|s| s[r].clone()).flatten().collect();
+            let batched: Vec<u32> = steps
+                .iter()
+                .filter_map(|s| s[r].clone())
+                .flatten()
+                .collect();
             let own = alone(&c, row, r);
             assert_eq!(batched.len(), own.len(), "{dtype:?} row {r}");
             let equal = batched.iter().zip(&own).filter(|(a, b)| a == b).count();
-            assert!(equal * 1000 >= own.len() * 995, "{dtype:?} row {r}: {equal}/{}", own.len());
+            assert!(
+                equal * 1000 >= own.len() * 995,
+                "{dtype:?} row {r}: {equal}/{}",
+                own.len()
+            );
         }
         let len = 3 * FRAME + 1234;
         let pcm = Tensor::from_vec(test_input(2, len, 1, 4), (2, 1, len), &Device::Cpu).unwrap();
         let pcm = pcm.to_dtype(dtype).unwrap();
         let mut s = c.encode_stream();
-        let mut parts = c.encode_step(&mut s, &pcm.narrow(2, 0, 5000).unwrap()).unwrap();
+        let mut parts = c
+            .encode_step(&mut s, &pcm.narrow(2, 0, 5000).unwrap())
+            .unwrap();
         let tail = pcm.narrow(2, 5000, len - 5000).unwrap();
         let end = c.encode_last(&mut s, &tail).unwrap();
         let parts: Vec<Tensor> = parts.take().into_iter().chain(end).collect();
         let streamed = Tensor::cat(&parts, 2).unwrap().flatten_all().unwrap();
         let offline = c.encode(&pcm, None).unwrap().flatten_all().unwrap();
-        let (a, b) = (streamed.to_vec1::<u32>().unwrap(), offline.to_vec1::<u32>().unwrap());
+        let (a, b) = (
+            streamed.to_vec1::<u32>().unwrap(),
+            offline.to_vec1::<u32>().unwrap(),
+        );
         assert_eq!(a.len(), b.len());
         let equal = a.iter().zip(&b).filter(|(x, y)| x == y).count();
-        assert!(equal * 1000 >= b.len() * 995, "{dtype:?} last: {equal}/{}", b.len());
+        assert!(
+            equal * 1000 >= b.len() * 995,
+            "{dtype:?} last: {equal}/{}",
+            b.len()
+        );
     }
 }
