@@ -201,6 +201,12 @@ impl Conv {
         })
     }
 
+    /// The kernel `conv1d` takes (tests check it is contiguous).
+    #[cfg(test)]
+    pub fn kernel(&self) -> &Tensor {
+        &self.w
+    }
+
     /// The output columns this chunk completes for each stepping row; with `last`, the input
     /// ends here and is padded on the right as offline. Rows whose counts differ modulo the
     /// stride run as separate groups (after a per-row reset).
@@ -338,6 +344,12 @@ impl ConvTr {
             cout: s.cout,
             stride: s.stride,
         })
+    }
+
+    /// The phase kernel `conv1d` takes (tests check it is contiguous).
+    #[cfg(test)]
+    pub fn kernel(&self) -> &Tensor {
+        &self.w
     }
 
     /// `n * stride` output columns for `n` input columns, as the offline call gives them.

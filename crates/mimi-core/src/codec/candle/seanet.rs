@@ -58,6 +58,13 @@ impl ResBlock {
     /// Stateful layers (the shortcut's is counted, though it keeps no columns).
     const LAYERS: usize = 3;
 
+    #[cfg(test)]
+    fn kernels(&self) -> Vec<&Tensor> {
+        let mut k = vec![self.conv1.kernel(), self.conv2.kernel()];
+        k.extend(self.shortcut.as_ref().map(Conv::kernel));
+        k
+    }
+
     fn step(
         &self,
         st: &mut IterMut<'_, LayerState>,
@@ -131,6 +138,18 @@ impl Encoder {
         })
     }
 
+    /// Every convolution kernel, in order.
+    #[cfg(test)]
+    pub fn kernels(&self) -> Vec<&Tensor> {
+        let mut k = vec![self.init.kernel()];
+        for (res, down) in &self.stages {
+            k.extend(res.iter().flat_map(ResBlock::kernels));
+            k.push(down.kernel());
+        }
+        k.push(self.last.kernel());
+        k
+    }
+
     fn layers(&self) -> usize {
         let res: usize = self.stages.iter().map(|(r, _)| r.len()).sum();
         2 + self.stages.len() + ResBlock::LAYERS * res
@@ -197,6 +216,18 @@ impl Decoder {
             stages,
             last: Conv::load(vb.pp(idx + 1), last)?,
         })
+    }
+
+    /// Every convolution kernel, in order.
+    #[cfg(test)]
+    pub fn kernels(&self) -> Vec<&Tensor> {
+        let mut k = vec![self.init.kernel()];
+        for (up, res) in &self.stages {
+            k.push(up.kernel());
+            k.extend(res.iter().flat_map(ResBlock::kernels));
+        }
+        k.push(self.last.kernel());
+        k
     }
 
     fn layers(&self) -> usize {

@@ -82,6 +82,22 @@ fn layers_compute_candle_transformers_modules() {
     }
 }
 
+/// Every convolution kernel is contiguous (candle's CUDA convolutions compute wrong results
+/// for non-contiguous kernels), weight-norm pairs and transposed phases included.
+#[test]
+fn every_kernel_is_contiguous() {
+    let cfg = small(true);
+    let vb = Arc::new(TensorSource::seeded(7, None)).var_builder(DType::F16, &Device::Cpu);
+    let c = Candle::load(&cfg, &vb).unwrap();
+    let mut kernels = c.encoder.kernels();
+    kernels.extend(c.decoder.kernels());
+    kernels.push(c.downsample.kernel());
+    assert!(kernels.len() > 30, "{} kernels", kernels.len());
+    for (i, k) in kernels.iter().enumerate() {
+        assert!(k.is_contiguous(), "kernel {i} {:?}", k.shape());
+    }
+}
+
 /// A step's output per row (`None` for inactive rows).
 type Steps = Vec<Vec<Option<Vec<u32>>>>;
 
