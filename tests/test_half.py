@@ -110,7 +110,8 @@ def test_real_size_seeded_weights(real_f32, dtype):
 # Per-row streaming in half precision (the candle engine, on every device): a batched stream's
 # rows are compared with the same rows streamed alone, and a stream ended with last=True with
 # offline encode, in the same dtype. Batching changes the order of half-precision sums, so
-# codes must agree on at least ROW_AGREEMENT of entries and audio keep the dtype's SNR bound.
+# codes must agree on at least ROW_AGREEMENT of entries (each test compares at least 200
+# codes, so one flipped code is allowed) and audio keep the dtype's SNR bound.
 ROW_AGREEMENT = 0.995
 FRAME = 1920
 
@@ -138,13 +139,23 @@ def solo_codes(c, pcm: np.ndarray, chunks: list[int]) -> np.ndarray:
 MASKS = [[1, 1, 1], [1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 0, 1], [1, 1, 1]]
 
 
+def check_rows(dtype: str, batched: list[np.ndarray], alone: list[np.ndarray], what: str) -> None:
+    """Codes of every row, batched against alone, at least 200 of them."""
+    a, b = np.concatenate([x.ravel() for x in batched]), np.concatenate([x.ravel() for x in alone])
+    assert a.size == b.size >= 200, (a.size, b.size)
+    agree = agreement(a, b)
+    print(f"{dtype} on {DEVICE}: {what}: {agree:.2%} of {a.size} codes equal")
+    assert agree >= ROW_AGREEMENT, f"{what}: {agree:.2%} of codes equal, need {ROW_AGREEMENT:.1%}"
+
+
 def test_masked_rows_stream_as_independent_streams(half):
     dtype, c = half
     c.reset_state()
-    pcm = noise(3, len(MASKS) * FRAME, 21)
+    masks = MASKS * 4
+    pcm = noise(3, len(masks) * FRAME, 21)
     steps = [0, 0, 0]
     got: list[list[np.ndarray]] = [[], [], []]
-    for mask in MASKS:
+    for mask in masks:
         x = np.zeros((3, 1, FRAME), np.float32)
         for r in range(3):
             if mask[r]:
@@ -157,11 +168,8 @@ def test_masked_rows_stream_as_independent_streams(half):
             else:
                 assert not codes[r].any(), "an inactive row's output is zeros"
     np.testing.assert_array_equal(c.positions, steps)
-    for r in range(3):
-        alone = solo_codes(c, pcm[r : r + 1], [FRAME] * steps[r])
-        agree = agreement(np.concatenate(got[r], axis=-1), alone)
-        print(f"{dtype} on {DEVICE}, row {r}: {agree:.1%} of masked codes equal the row's own stream")
-        assert agree >= ROW_AGREEMENT
+    alone = [solo_codes(c, pcm[r : r + 1], [FRAME] * steps[r]) for r in range(3)]
+    check_rows(dtype, [np.concatenate(g, axis=-1) for g in got], alone, "masked rows vs own streams")
     c.reset_state()
 
 
@@ -193,22 +201,19 @@ def test_a_row_reset_restarts_only_that_row(half):
     steps that follow (whole frames) keep every row on its own stream."""
     dtype, c = half
     c.reset_state()
-    pcm = noise(3, 1000 + 4 * FRAME, 22)
+    n = 20 * FRAME
+    pcm = noise(3, 1000 + n, 22)
     first = c.encode_step(pcm[..., :1000])
     assert first is None
     c.reset_state(rows=[1])
     np.testing.assert_array_equal(c.positions, [0, 0, 0])
-    fresh = noise(1, 3 * FRAME, 23)
-    x = pcm[..., 1000 : 1000 + 3 * FRAME].copy()
+    fresh = noise(1, n, 23)
+    x = pcm[..., 1000:].copy()
     x[1] = fresh[0]
-    codes = c.encode_step(x)
-    for r, (audio, chunks) in enumerate(
-        [(pcm[:1], [1000, 3 * FRAME]), (fresh, [3 * FRAME]), (pcm[2:3], [1000, 3 * FRAME])]
-    ):
-        alone = solo_codes(c, audio, chunks)
-        agree = agreement(codes[r : r + 1], alone[..., : codes.shape[-1]])
-        print(f"{dtype} on {DEVICE}, row {r} after a reset of row 1: {agree:.1%} equal")
-        assert agree >= ROW_AGREEMENT
+    codes = np.concatenate([c.encode_step(x[..., t : t + 4 * FRAME]) for t in range(0, n, 4 * FRAME)], -1)
+    own = [(pcm[:1], [1000, n]), (fresh, [n]), (pcm[2:3], [1000, n])]
+    alone = [solo_codes(c, audio, chunks) for audio, chunks in own]
+    check_rows(dtype, [codes[r] for r in range(3)], alone, "rows after a reset of row 1 vs own streams")
     c.reset_state()
 
 
@@ -216,14 +221,12 @@ def test_a_row_reset_restarts_only_that_row(half):
 def test_a_stream_ended_with_last_true_gives_the_offline_codes(half, last_chunk):
     dtype, c = half
     c.reset_state()
-    pcm = noise(2, 3 * FRAME + 1234 + last_chunk, 24)
+    pcm = noise(2, 30 * FRAME + 1234 + last_chunk, 24)
     cut = pcm.shape[-1] - last_chunk
-    parts = [c.encode_step(pcm[:, :, a : min(a + 1111, cut)]) for a in range(0, cut, 1111)]
+    parts = [c.encode_step(pcm[:, :, a : min(a + 7777, cut)]) for a in range(0, cut, 7777)]
     parts.append(c.encode_step(pcm[:, :, cut:], last=True))
     streamed = np.concatenate([p for p in parts if p is not None], axis=-1)
-    agree = agreement(streamed, c.encode(pcm))
-    print(f"{dtype} on {DEVICE}: last=True stream vs offline encode, {agree:.1%} equal")
-    assert agree >= ROW_AGREEMENT
+    check_rows(dtype, [streamed], [c.encode(pcm)], "a last=True stream vs offline encode")
     assert c.positions.size == 0
     c.reset_state()
 
