@@ -63,35 +63,13 @@ impl Input {
             Some(alpha) => x.elu(alpha)?,
             None => x.clone(),
         };
-        let (r, n) = (x.dim(0)?, x.dim(2)?);
-        let batch = rows.batch;
-        if st.seen.len() != batch {
-            st.seen = vec![0; batch];
+        if st.seen.len() != rows.batch {
+            st.seen = vec![0; rows.batch];
             st.hist = None;
         }
         let seen: Vec<u64> = rows.idx.iter().map(|&i| st.seen[i]).collect();
-        let fresh: Vec<u8> = seen.iter().map(|&s| u8::from(s == 0)).collect();
-        let h = self.history;
-        let pad = if self.replicate && n > 0 && h > 0 {
-            x.narrow(2, 0, 1)?
-                .broadcast_as((r, self.cin, h))?
-                .contiguous()?
-        } else {
-            Tensor::zeros((r, self.cin, h), x.dtype(), x.device())?
-        };
-        let hist = match &st.hist {
-            _ if h == 0 || fresh.iter().all(|&f| f == 1) => pad.clone(),
-            None => pad.clone(),
-            Some(all) => {
-                let old = rows.select(all)?;
-                if fresh.contains(&1) {
-                    let m = Tensor::from_vec(fresh, (r, 1, 1), x.device())?;
-                    m.broadcast_as(old.shape())?.where_cond(&pad, &old)?
-                } else {
-                    old
-                }
-            }
-        };
+        let hist = self.history(st, rows, &x, &seen)?;
+        let (n, h) = (x.dim(2)?, self.history);
         if h > 0 && n > 0 {
             let new = if n >= h {
                 x.narrow(2, n - h, h)?
@@ -101,19 +79,60 @@ impl Input {
             .contiguous()?;
             let all = match &st.hist {
                 Some(all) => rows.put(all, &new)?,
-                None => rows.put(
-                    &Tensor::zeros((batch, self.cin, h), x.dtype(), x.device())?,
-                    &new,
-                )?,
+                None => rows.put(&self.zeros(rows.batch, &x)?, &new)?,
             };
             st.hist = Some(all.contiguous()?);
         } else if st.hist.is_none() {
-            st.hist = Some(Tensor::zeros((batch, self.cin, h), x.dtype(), x.device())?);
+            st.hist = Some(self.zeros(rows.batch, &x)?);
         }
         for &i in &rows.idx {
             st.seen[i] += n as u64;
         }
         Ok(Prepared { x, hist, seen })
+    }
+
+    /// `(rows, cin, history)` zeros in `x`'s dtype, on its device.
+    fn zeros(&self, rows: usize, x: &Tensor) -> Result<Tensor> {
+        Ok(Tensor::zeros(
+            (rows, self.cin, self.history),
+            x.dtype(),
+            x.device(),
+        )?)
+    }
+
+    /// The stepping rows' histories before the chunk `x` (activated): the state's, or for a
+    /// fresh row (`seen` 0) the causal padding, zeros or `x`'s first column.
+    fn history(
+        &self,
+        st: &LayerState,
+        rows: &StepRows,
+        x: &Tensor,
+        seen: &[u64],
+    ) -> Result<Tensor> {
+        let (r, h) = (x.dim(0)?, self.history);
+        let fresh: Vec<u8> = seen.iter().map(|&s| u8::from(s == 0)).collect();
+        let old = match &st.hist {
+            Some(all) if h > 0 && fresh.contains(&0) => rows.select(all)?,
+            _ => return self.padding(r, x),
+        };
+        if !fresh.contains(&1) {
+            return Ok(old);
+        }
+        let m = Tensor::from_vec(fresh, (r, 1, 1), x.device())?;
+        Ok(m.broadcast_as(old.shape())?
+            .where_cond(&self.padding(r, x)?, &old)?)
+    }
+
+    /// A fresh row's history: the causal left padding.
+    fn padding(&self, r: usize, x: &Tensor) -> Result<Tensor> {
+        let (n, h) = (x.dim(2)?, self.history);
+        if self.replicate && n > 0 && h > 0 {
+            Ok(x.narrow(2, 0, 1)?
+                .broadcast_as((r, self.cin, h))?
+                .contiguous()?)
+        } else {
+            self.zeros(r, x)
+        }
     }
 }
 
