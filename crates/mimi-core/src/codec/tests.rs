@@ -155,10 +155,11 @@ mod engines {
         crate::testutil::max_abs_diff(a, b)
     }
 
-    /// The native engine computes candle's functions: latents, codes and audio, offline and
-    /// streaming, batch 2, both pad modes, lengths that are not whole frames.
+    /// The native engine and the candle engine compute the same functions: latents, codes and
+    /// audio, offline and streaming, batch 2, both pad modes, lengths that are not whole
+    /// frames (the candle engine's layers against candle's modules: `candle/tests.rs`).
     #[test]
-    fn native_engine_matches_candle_modules() {
+    fn native_engine_matches_the_candle_engine() {
         for replicate in [false, true] {
             let cfg = small(replicate);
             let (native, candle_) = both(&cfg);
@@ -301,7 +302,7 @@ mod engines {
         }
     }
 
-    /// Half precision runs candle's modules in that dtype, with the quantizer in f32: codes
+    /// Half precision runs the candle engine in that dtype, with the quantizer in f32: codes
     /// mostly agree with the f32 native engine's, offline and streaming, and audio comes back
     /// in the codec's dtype. (Bounds on real data: tests/test_half.py.)
     #[test]
