@@ -155,8 +155,8 @@ def test_masked_rows_stream_as_independent_streams(half):
     pcm = noise(3, len(masks) * FRAME, 21)
     steps = [0, 0, 0]
     got: list[list[np.ndarray]] = [[], [], []]
-    for mask in masks:
-        x = np.zeros((3, 1, FRAME), np.float32)
+    for i, mask in enumerate(masks):
+        x = noise(3, FRAME, 100 + i)  # what inactive rows hold must not matter
         for r in range(3):
             if mask[r]:
                 x[r] = pcm[r, :, steps[r] * FRAME : (steps[r] + 1) * FRAME]
