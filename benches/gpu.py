@@ -15,6 +15,9 @@ file that common.py writes (random weights of the real architecture, 8 codebooks
 * streaming: per 80 ms frame, `encode_step` of (B, 1, 1920) then `decode_step` of its codes, at
   each batch size of `--stream-batches`: `--warmup` frames, then `--frames` timed frames; the
   median and p99 per frame, and per stream (÷ B).
+* masked streaming (engines with per-row streams: mimi_py): the same frames with an `active=`
+  mask on both calls, three rows in four stepping (row r sits out frame i when (r + i) % 4 == 0;
+  at B = 1 the mask is [True]); per active stream = the frames' total time ÷ their active rows.
 
 torch on CUDA is synchronized before each timer stops; mimi_py returns numpy arrays, so its calls
 are synchronous. Every row that fails (out of memory, a dtype or device the build does not support,
@@ -218,12 +221,65 @@ def _streaming_row(eng, spec, batch, save_dir):
     }
 
 
+def _mask(batch: int, i: int):
+    import numpy as np
+
+    if batch == 1:
+        return np.array([True])
+    return np.array([(r + i) % 4 != 0 for r in range(batch)])
+
+
+def _masked_row(eng, spec, batch, save_dir):
+    """Streaming frames with an active= mask on encode_step and decode_step (see the docstring)."""
+    import numpy as np
+
+    if not getattr(eng, "masks", False):
+        raise NotImplementedError(f"{eng.name}: no per-row streams (active= masks) in this bench")
+    fs = common.FRAME_SIZE
+    warm, frames = spec["warmup"], spec["frames"]
+    pcm = np.stack([common.smooth_noise((warm + frames) * fs, seed=5 + r) for r in range(batch)])[:, None]
+    eng.reset(batch)
+    tot, enc, active = [], [], []
+    for i in range(warm + frames):
+        mask = _mask(batch, i)
+        t0 = time.perf_counter()
+        codes = eng.encode_step(pcm[:, :, i * fs : (i + 1) * fs], active=mask)
+        t1 = time.perf_counter()
+        eng.decode_step(codes, active=mask)
+        t2 = time.perf_counter()
+        if i >= warm:
+            tot.append(t2 - t0)
+            enc.append(t1 - t0)
+            active.append(int(mask.sum()))
+    t = common.summary_us(tot)
+    mean_active = sum(active) / len(active)
+    return {
+        "frames": frames,
+        "warmup": warm,
+        "mean_active_rows": round(mean_active, 2),
+        "encode_step": common.summary_us(enc),
+        "frame_total": t,
+        # all timed frames' time over all their active rows
+        "per_active_stream_mean_us": round(1e6 * sum(tot) / sum(active), 1),
+        "real_time": t["p99_us"] <= REAL_TIME_US,
+    }
+
+
+def wanted_rows(spec: dict) -> list[tuple[str, int]]:
+    """(kind, batch) of every row one (engine, dtype) reports."""
+    return (
+        [("offline", b) for b in spec["batches"]]
+        + [("streaming", b) for b in spec["stream_batches"]]
+        + [("masked", b) for b in spec["stream_batches"]]
+    )
+
+
 def worker_main(spec: dict) -> int:
     """Measure every row of one (engine, dtype); each row is printed as it finishes, so a crash
     of the process loses only the rows after it."""
     from worker import Timer, make_engine  # benches/worker.py: the engines' common face
 
-    rows = [("offline", b) for b in spec["batches"]] + [("streaming", b) for b in spec["stream_batches"]]
+    rows = wanted_rows(spec)
     info = {"engine": spec["engine"], "dtype": spec["dtype"], "device": spec["device"]}
     try:
         with Timer() as tl:
@@ -251,13 +307,10 @@ def worker_main(spec: dict) -> int:
         first = batch == min(spec["batches"] if kind == "offline" else spec["stream_batches"])
         save = spec["save_dir"] if first else None
         row = {"kind": kind, "batch": batch}
+        measure = {"offline": _offline_row, "streaming": _streaming_row, "masked": _masked_row}[kind]
         try:
             with Timer() as tr:
-                row.update(
-                    _offline_row(eng, spec, batch, save)
-                    if kind == "offline"
-                    else _streaming_row(eng, spec, batch, save)
-                )
+                row.update(measure(eng, spec, batch, save))
             row.update(ok=True, row_wall_s=round(tr.wall, 2))
         except Exception as e:
             row.update(ok=False, error=_err(e))
@@ -299,7 +352,7 @@ def run_worker(spec: dict, threads: int, timeout: float) -> dict:
     tail = stderr.strip()[-1500:]  # the protocol lines on stdout say nothing about a crash
     if info is None:
         info = {"ok": False, "error": f"{died or 'no result'}" + (f": {tail}" if tail else "")}
-    want = [("offline", b) for b in spec["batches"]] + [("streaming", b) for b in spec["stream_batches"]]
+    want = wanted_rows(spec)
     done = {(r["kind"], r["batch"]) for r in rows}
     for kind, b in want:  # rows never reported: the load failed, or the process died on them
         if (kind, b) not in done:
@@ -384,8 +437,8 @@ def device_facts(device: str) -> dict:
 def not_installed_run(args, eng: str, dt: str, missing: list[str]) -> dict:
     """The failed rows of an engine that cannot be imported."""
     why = "not installed (" + ", ".join(missing) + ")"
-    rows = [{"kind": "offline", "batch": b, "ok": False, "error": why} for b in args.batches]
-    rows += [{"kind": "streaming", "batch": b, "ok": False, "error": why} for b in args.stream_batches]
+    spec = {"batches": args.batches, "stream_batches": args.stream_batches}
+    rows = [{"kind": k, "batch": b, "ok": False, "error": why} for k, b in wanted_rows(spec)]
     return {"engine": eng, "dtype": dt, "ok": False, "not_installed": True, "error": why, "rows": rows}
 
 
@@ -487,6 +540,37 @@ def _pct(d, key="equal_fraction") -> str:
     return "—" if not d else f"{100 * d[key]:.1f}%"
 
 
+def render_masked(res) -> list[str]:
+    a = res["args"]
+    L = [
+        "",
+        f"## Streaming with masks: `active=` on both calls ({a['frames']} frames after {a['warmup']} warm-up)",
+    ]
+    L += [
+        "",
+        "Three rows in four step each frame (B = 1: a mask of [True]). Per active stream = total time ÷ active row-frames.",
+        "",
+    ]
+    L.append(
+        "| engine | dtype | B | active rows | frame median | frame p99 | per active stream | encode_step median | real time |"
+    )
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in res["runs"]:
+        for x in (x for x in r["rows"] if x["kind"] == "masked"):
+            if x.get("ok"):
+                t = x["frame_total"]
+                L.append(
+                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {x['mean_active_rows']:g} | "
+                    f"{_ms(t['median_us'])} | {_ms(t['p99_us'])} | {_ms(x['per_active_stream_mean_us'])} | "
+                    f"{_ms(x['encode_step']['median_us'])} | {'✅' if x['real_time'] else '❌'} |"
+                )
+            else:
+                L.append(
+                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | | | | |"
+                )
+    return L
+
+
 def render(res) -> str:
     a, m = res["args"], res["machine"]
     L = [f"# mimi_py vs moshi on {a['device']}", ""]
@@ -549,6 +633,7 @@ def render(res) -> str:
                 L.append(
                     f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | | | | | |"
                 )
+    L += render_masked(res)
     L.append("")
     L.append("## Code agreement (fraction of equal codes)")
     L.append("")

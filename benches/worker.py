@@ -44,6 +44,7 @@ class Timer:
 
 class Engine:
     name = "?"
+    masks = False  # whether encode_step/decode_step take an active= row mask
 
     def version(self) -> str | None:
         return None
@@ -87,11 +88,13 @@ class MimiPyEngine(Engine):
     def decode(self, codes):
         return self.codec.decode(codes)
 
-    def encode_step(self, chunk):
-        return self.codec.encode_step(chunk)
+    masks = True  # encode_step/decode_step take active= (per-row streams)
 
-    def decode_step(self, codes):
-        return self.codec.decode_step(codes)
+    def encode_step(self, chunk, active=None):
+        return self.codec.encode_step(chunk, active=active)
+
+    def decode_step(self, codes, active=None):
+        return self.codec.decode_step(codes, active=active)
 
     def reset(self, batch=1):
         self.codec.reset_state()

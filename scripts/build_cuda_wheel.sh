@@ -131,7 +131,7 @@ setup_cuda_build() {
     rm -rf "$stage"
     mkdir -p "$stage" "$src/.cargo"
     (cd "$ROOT" && git ls-files -co --exclude-standard -- Cargo.toml Cargo.lock pyproject.toml \
-        README.md src python | tar -cf - -T -) | tar -xf - -C "$stage"
+        README.md crates src python | tar -cf - -T -) | tar -xf - -C "$stage"
     while IFS= read -r f; do
         if ! cmp -s "$stage/$f" "$src/$f"; then
             mkdir -p "$(dirname "$src/$f")"

@@ -5,7 +5,11 @@
 #   2. the device-independent test suites on MIMI_TEST_DEVICE (default cuda): fixture numerics,
 #      state invariants, codec codes and audio, half precision, hostile inputs;
 #   3. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
-#      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64).
+#      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64, and mimi_py's
+#      masked streaming (active=, 3 rows in 4) at the same sizes).
+# Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
+# test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
+# compared with the CPU's (at least 99% equal, tests/ondevice.py).
 # Sized for under 8 minutes of device time. Prepare .gpu/ first (scripts/prepare_gpu_check.sh),
 # then: device run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
 #

@@ -20,7 +20,7 @@ def readme_rows() -> dict[str, str]:
     text = README.read_text()
     section = text[text.index("## Settings") :]
     section = section[: section.index("\n## ", 1)]
-    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", section, flags=re.M)
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| ([^|]+) \|", section, flags=re.M)
     return {name: default.strip().strip("`") for name, default in rows}
 
 
@@ -36,7 +36,9 @@ def test_settings_returns_one_value_per_switch():
 
 
 def test_settings_show_what_the_environment_set():
-    env = dict(os.environ, MIMI_PY_SPIN="0", MIMI_PY_HEAP_KEEP_MB="7", RAYON_NUM_THREADS="1")
+    env = dict(
+        os.environ, MIMI_PY_SPIN="0", MIMI_PY_HEAP_KEEP_MB="7", RAYON_NUM_THREADS="1", MIMI_PY_CUDA_TF32="1"
+    )
     code = "import json, mimi_py; print(json.dumps(mimi_py.settings()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     values = json.loads(out.stdout)
@@ -44,3 +46,4 @@ def test_settings_show_what_the_environment_set():
     assert values["MIMI_PY_HEAP_KEEP_MB"] == "7"
     assert values["RAYON_NUM_THREADS"] == "1"
     assert values["MIMI_PY_DIRECT_CONV"] == "1"
+    assert values["MIMI_PY_CUDA_TF32"] == "1"

@@ -1,7 +1,7 @@
 //! The SEANet encoder and decoder (candle's `mimi::seanet`), assembled from the native
 //! convolutions of [`crate::conv`]: residual blocks, strided down/upsampling and the
 //! outer convolutions, with their streaming states. The codec's Rust tests compare the whole
-//! SEANet against candle's modules, offline and streaming.
+//! SEANet with the candle engine's, offline and streaming, and that with candle's modules.
 
 use crate::error::Result;
 use candle_nn::VarBuilder;

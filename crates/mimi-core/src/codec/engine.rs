@@ -1,7 +1,7 @@
 //! The one interface over the two engines that compute the codec's convolutional parts
 //! (the SEANet encoder/decoder and the down/upsampling): [`native`](super::native), this
-//! crate's CPU float32 engine, and [`candle`](super::candle), candle's modules on any device
-//! and dtype. The codec picks one at construction; everything else (the transformers, the
+//! crate's CPU float32 engine, and [`candle`](super::candle), its own layers on candle's
+//! tensor operations on any device and dtype. The codec picks one at construction; everything else (the transformers, the
 //! quantizer, the wiring, the stream counters) is shared and never asks which it is.
 //! Capabilities, such as per-row streams, are properties of the engine.
 
@@ -18,7 +18,7 @@ use std::sync::Arc;
 pub enum EngineKind {
     /// This crate's CPU engine ([`crate::seanet`]); CPU and f32 only.
     Native,
-    /// candle's modules (any device, any dtype).
+    /// This crate's layers on candle's tensor operations (any device, any dtype).
     Candle,
 }
 

@@ -4,8 +4,9 @@
 //! streams), the quantizer ([`Quantizer`]), the wiring, the checkpoint readers for both real
 //! layouts ([`checkpoint`]), the streams ([`stream`]) and their rows ([`Rows`]). The
 //! convolutional parts (SEANet encoder/decoder, down/upsampling) run on one of two engines
-//! behind one interface ([`engine`]): the [`native`] CPU engine, or candle's modules
-//! ([`candle`]) on GPUs and in half precision.
+//! behind one interface ([`engine`]): the [`native`] CPU engine, or the [`candle`] engine
+//! (its own layers on candle's tensor operations) on GPUs and in half precision. Both keep
+//! one streaming state per batch row.
 //!
 //! Offline calls use fresh, private state and never touch the streaming state; streaming
 //! calls go through [`EncodeStream`] / [`DecodeStream`].
@@ -40,7 +41,7 @@ use native::Native;
 use offline::{offline_call, Offline};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use stream::{rows_need_native, Stream};
+use stream::{rows_unsupported, Stream};
 
 /// (B, D, T) -> the transformer over time -> (B, D, T), continuing `state`.
 pub(crate) fn transform(
@@ -91,7 +92,7 @@ pub struct Codec {
 }
 
 impl Codec {
-    /// The native engine on the CPU in f32, candle's modules otherwise.
+    /// The native engine on the CPU in f32, the candle engine otherwise.
     pub fn new(
         cfg: &CodecConfig,
         source: TensorSource,
@@ -307,10 +308,10 @@ impl Codec {
     /// The stream's last chunk (possibly empty): the codes of every frame it completes, then
     /// of the last partial frame, padded as the offline `encode` pads it (every layer's right
     /// padding). The concatenated codes of a stream ended this way are `encode`'s. The stream
-    /// is spent afterwards: start a new one. Needs per-row streams (the native engine).
+    /// is spent afterwards: start a new one.
     pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
         if !self.capabilities().per_row {
-            return Err(rows_need_native());
+            return Err(rows_unsupported());
         }
         let b = pcm.dim(0)?;
         s.check_batch(b, "encoder")?;
@@ -340,7 +341,7 @@ impl Codec {
     fn check_encode_rows(&self, s: &EncodeStream, n: usize, rows: &Rows) -> Result<()> {
         s.check_batch(rows.batch(), "encoder")?;
         if rows.is_masked() && !self.capabilities().per_row {
-            return Err(rows_need_native());
+            return Err(rows_unsupported());
         }
         let f = self.parts.cfg.frame_size();
         if !n.is_multiple_of(f) && (rows.is_masked() || s.uneven(f)) {
@@ -374,7 +375,7 @@ impl Codec {
             // downsampling's padding.
             None if last => Tensor::zeros(
                 (rows.count(), p.cfg.seanet.dimension, 0),
-                DType::F32,
+                pcm.dtype(),
                 &p.device,
             )?,
             None => return Ok(None),
@@ -397,7 +398,7 @@ impl Codec {
     ) -> Result<Option<Tensor>> {
         s.check_batch(rows.batch(), "decoder")?;
         if rows.is_masked() && !self.capabilities().per_row {
-            return Err(rows_need_native());
+            return Err(rows_unsupported());
         }
         s.start(rows.batch());
         if rows.count() == 0 {

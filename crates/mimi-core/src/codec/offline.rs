@@ -4,7 +4,6 @@
 
 use crate::conv::{self, Frames};
 use crate::error::{Error, Result};
-use candle::Tensor;
 use rayon::prelude::*;
 
 /// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
@@ -24,18 +23,6 @@ pub(crate) fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// The error of an input too short to give any output.
 pub(crate) fn empty() -> Error {
     Error::Shape("the input is too short to produce any output".into())
-}
-
-/// Applies `f` to each batch item separately and concatenates the results.
-pub(crate) fn per_item(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-    let b = x.dim(0)?;
-    if b == 1 {
-        return f(x);
-    }
-    let ys = (0..b)
-        .map(|i| f(&x.narrow(0, i, 1)?))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Tensor::cat(&ys, 0)?)
 }
 
 /// How the native engine cuts an offline call. The SEANets run as streams over chunks,

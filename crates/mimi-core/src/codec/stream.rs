@@ -76,7 +76,7 @@ impl<C: Convolutions> Stream<C> {
     /// Returns `rows` to a fresh stream; the other rows continue untouched.
     pub fn reset_rows(&mut self, rows: &[usize]) -> Result<()> {
         if !self.caps.per_row {
-            return Err(rows_need_native());
+            return Err(rows_unsupported());
         }
         let n = self.counts.len();
         for &r in rows.iter().filter(|&&r| r < n) {
@@ -99,12 +99,12 @@ impl<C: Convolutions> Stream<C> {
     }
 }
 
-/// Per-row streaming (`active` masks, per-row resets, `last=True`) keeps one state per batch
-/// item, which the native engine does and candle's batched modules do not.
-pub(crate) fn rows_need_native() -> Error {
+/// Per-row streaming (`active` masks, per-row resets, `last=True`) needs one state per batch
+/// row; both engines keep one, but [`Capabilities`] lets an engine go without.
+pub(crate) fn rows_unsupported() -> Error {
     Error::Device(
-        "per-row streaming (active=, reset_state(rows=), last=True) needs the native CPU \
-         engine (device=\"cpu\", float32)"
+        "per-row streaming (active=, reset_state(rows=), last=True) is not supported by this \
+         codec's engine"
             .into(),
     )
 }

@@ -1,5 +1,5 @@
-//! The codec's tests: checkpoint names, the candle bug the engines work around, and the
-//! native engine against candle's modules.
+//! The codec's tests: checkpoint names, the candle bug the candle engine avoids, and the
+//! native engine against the candle engine and candle's modules.
 
 mod names {
     use super::super::checkpoint::moshi_name;
@@ -55,7 +55,8 @@ mod names {
 }
 
 mod conv_transpose {
-    use super::super::offline::per_item;
+    use crate::codec::{Codec, EngineKind};
+    use crate::config::CodecConfig;
     use crate::weights::TensorSource;
     use candle::{DType, Device, Module, Tensor};
     use candle_transformers::models::mimi::conv::ConvTrUpsample1d;
@@ -63,11 +64,11 @@ mod conv_transpose {
 
     use crate::testutil::max_abs_diff as max_diff;
 
-    /// candle 0.11.1's CPU conv_transpose1d is wrong for batch items after the first; the
-    /// codec works around it (`per_item`, per-item decode streams). If this test starts
-    /// failing on a candle upgrade, candle fixed it and the workaround can go.
+    /// candle 0.11.1's CPU conv_transpose1d is wrong for batch items after the first, which
+    /// is why the candle engine computes transposed convolutions as ordinary convolutions
+    /// of their phases. If this test starts failing on a candle upgrade, candle fixed it.
     #[test]
-    fn candle_conv_transpose1d_batch_bug_is_worked_around() {
+    fn candle_conv_transpose1d_batch_bug_is_still_there() {
         let dev = Device::Cpu;
         let vb = Arc::new(TensorSource::seeded(1, None)).var_builder(DType::F32, &dev);
         let up = ConvTrUpsample1d::new(2, 8, true, true, vb.pp("upsample")).unwrap();
@@ -78,11 +79,32 @@ mod conv_transpose {
             max_diff(&batched, &single) > 1e-3,
             "candle's batched conv_transpose1d is fixed"
         );
-        let worked = per_item(&x, |xi| Ok(up.forward(xi)?))
-            .unwrap()
-            .narrow(0, 1, 1)
-            .unwrap();
-        assert!(max_diff(&worked, &single) == 0.0);
+    }
+
+    /// The candle engine's batched decode gives each item's own audio: its transposed
+    /// convolutions do not go through `conv_transpose1d`.
+    #[test]
+    fn the_candle_engine_decodes_a_batch_as_its_items() {
+        let mut cfg = CodecConfig::mimi(2);
+        cfg.seanet.n_filters = 4;
+        cfg.seanet.dimension = 16;
+        cfg.transformer.d_model = 16;
+        cfg.transformer.num_heads = 2;
+        cfg.transformer.num_layers = 1;
+        cfg.transformer.dim_feedforward = 32;
+        cfg.quantizer_bins = 16;
+        cfg.quantizer_dim = 8;
+        let dev = Device::Cpu;
+        let seeded = TensorSource::seeded(3, cfg.transformer.layer_scale);
+        let c = Codec::with_engine(&cfg, seeded, &dev, DType::F32, EngineKind::Candle).unwrap();
+        let codes: Vec<u32> = (0..2 * 2 * 3).map(|i| (i * 7 % 16) as u32).collect();
+        let codes = Tensor::from_vec(codes, (2, 2, 3), &dev).unwrap();
+        let batched = c.decode(&codes, None).unwrap();
+        for i in 0..2 {
+            let one = c.decode(&codes.narrow(0, i, 1).unwrap(), None).unwrap();
+            let d = max_diff(&batched.narrow(0, i, 1).unwrap(), &one);
+            assert!(d < 1e-5, "item {i}: {d}");
+        }
     }
 }
 
@@ -133,10 +155,11 @@ mod engines {
         crate::testutil::max_abs_diff(a, b)
     }
 
-    /// The native engine computes candle's functions: latents, codes and audio, offline and
-    /// streaming, batch 2, both pad modes, lengths that are not whole frames.
+    /// The native engine and the candle engine compute the same functions: latents, codes and
+    /// audio, offline and streaming, batch 2, both pad modes, lengths that are not whole
+    /// frames (the candle engine's layers against candle's modules: `candle/tests.rs`).
     #[test]
-    fn native_engine_matches_candle_modules() {
+    fn native_engine_matches_the_candle_engine() {
         for replicate in [false, true] {
             let cfg = small(replicate);
             let (native, candle_) = both(&cfg);
@@ -279,7 +302,7 @@ mod engines {
         }
     }
 
-    /// Half precision runs candle's modules in that dtype, with the quantizer in f32: codes
+    /// Half precision runs the candle engine in that dtype, with the quantizer in f32: codes
     /// mostly agree with the f32 native engine's, offline and streaming, and audio comes back
     /// in the codec's dtype. (Bounds on real data: tests/test_half.py.)
     #[test]

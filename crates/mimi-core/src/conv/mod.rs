@@ -51,4 +51,5 @@ pub use conv1d::Conv1d;
 pub use conv_tr1d::ConvTr1d;
 pub use frames::Frames;
 pub use pool::release_buffers;
+pub(crate) use spec::conv_weight;
 pub use spec::{ConvSpec, ConvState};

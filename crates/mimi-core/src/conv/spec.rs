@@ -77,7 +77,7 @@ impl ConvSpec {
 
 /// A convolution weight as candle's Mimi modules read it: `weight`, or the weight-norm pair
 /// `weight_g`/`weight_v` (norm over all but the first dimension).
-pub(super) fn conv_weight(vb: &VarBuilder, shape: (usize, usize, usize)) -> Result<Tensor> {
+pub(crate) fn conv_weight(vb: &VarBuilder, shape: (usize, usize, usize)) -> Result<Tensor> {
     if vb.contains_tensor("weight") {
         return vb.get(shape, "weight");
     }

@@ -110,7 +110,11 @@ fn open_cuda(n: usize) -> Result<Device> {
         )));
     }
     match std::panic::catch_unwind(|| Device::new_cuda(n)) {
-        Ok(Ok(dev)) => Ok(dev),
+        Ok(Ok(dev)) => {
+            // TF32 flips codes (a code is an argmin over nearby centroids): off unless asked.
+            candle::cuda::set_gemm_reduced_precision_f32(super::settings::get().cuda_tf32);
+            Ok(dev)
+        }
         Ok(Err(e)) => Err(Error::Device(format!("could not open cuda:{n}: {e}"))),
         Err(panic) => {
             let why = panic

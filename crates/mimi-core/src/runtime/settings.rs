@@ -44,6 +44,13 @@ pub const TABLE: &[Setting] = &[
               the process by more gives its free memory back to the OS; 0: always give back",
     },
     Setting {
+        name: "MIMI_PY_CUDA_TF32",
+        default: "0",
+        doc: "1: float32 matrix products on CUDA may use TF32 (faster on Ampere and later, \
+              about 10 significant bits, flips some codes); 0: full float32 (read when a CUDA \
+              device is opened)",
+    },
+    Setting {
         name: "MIMI_PY_NO_CUDA_PRELOAD",
         default: "0",
         doc: "1: a CUDA build does not preload pip's nvidia-* libraries at import \
@@ -62,6 +69,8 @@ pub struct Settings {
     pub direct_conv: bool,
     /// `MIMI_PY_HEAP_KEEP_MB`.
     pub heap_keep_mb: u64,
+    /// `MIMI_PY_CUDA_TF32`.
+    pub cuda_tf32: bool,
     /// `MIMI_PY_NO_CUDA_PRELOAD`.
     pub no_cuda_preload: bool,
 }
@@ -90,6 +99,7 @@ impl Settings {
             spin: flag("MIMI_PY_SPIN", true),
             direct_conv: flag("MIMI_PY_DIRECT_CONV", true),
             heap_keep_mb: number("MIMI_PY_HEAP_KEEP_MB", 256),
+            cuda_tf32: flag("MIMI_PY_CUDA_TF32", false),
             no_cuda_preload: flag("MIMI_PY_NO_CUDA_PRELOAD", false),
         }
     }
@@ -104,6 +114,7 @@ impl Settings {
                     "MIMI_PY_SPIN" => u8::from(self.spin).to_string(),
                     "MIMI_PY_DIRECT_CONV" => u8::from(self.direct_conv).to_string(),
                     "MIMI_PY_HEAP_KEEP_MB" => self.heap_keep_mb.to_string(),
+                    "MIMI_PY_CUDA_TF32" => u8::from(self.cuda_tf32).to_string(),
                     _ => u8::from(self.no_cuda_preload).to_string(),
                 };
                 (s.name, v)
@@ -130,6 +141,13 @@ mod tests {
         for (row, (name, _)) in TABLE.iter().zip(&entries) {
             assert_eq!(row.name, *name);
         }
+        assert_eq!(
+            entries
+                .iter()
+                .find(|(n, _)| *n == "MIMI_PY_CUDA_TF32")
+                .map(|e| e.1.as_str()),
+            Some(if s.cuda_tf32 { "1" } else { "0" })
+        );
         assert!(flag("MIMI_PY_TEST_UNSET_SWITCH", true));
         assert!(!flag("MIMI_PY_TEST_UNSET_SWITCH", false));
         assert_eq!(number("MIMI_PY_TEST_UNSET_SWITCH", 256), 256);

@@ -1,0 +1,174 @@
+//! The candle engine: the convolutional parts on candle's tensor operations, on any device
+//! and dtype (GPUs, half precision), with one streaming state per batch row held as batched
+//! device tensors: masked steps, per-row resets and `last=True` endings, as the native
+//! engine has them.
+//!
+//! The layers are this engine's own ([`layers`]: causal and transposed convolutions over
+//! `[history ++ input]` with candle's `conv1d`), assembled into the SEANets ([`seanet`]); the
+//! rows a step touches are device index tensors ([`rows`]). An offline call is one step of a
+//! fresh stream with `last`, which pads as candle's offline modules do.
+
+mod layers;
+mod rows;
+mod seanet;
+#[cfg(test)]
+mod tests;
+
+use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
+use super::transform;
+use crate::config::{CodecConfig, PadMode};
+use crate::error::{check_cancel, Cancel, Result};
+use crate::rows::Rows;
+use crate::transformer::State;
+use candle::Tensor;
+use candle_nn::VarBuilder;
+use layers::{Conv, ConvShape, Depthwise, LayerState};
+use rows::StepRows;
+use seanet::{Decoder, Encoder, States};
+use std::sync::Arc;
+
+/// The engine's layers, holding the weights (immutable, shared by its streams).
+pub(crate) struct Candle {
+    encoder: Encoder,
+    decoder: Decoder,
+    downsample: Conv,
+    upsample: Depthwise,
+}
+
+impl Candle {
+    /// The SEANets and the down/upsampling from `vb`, in its dtype and on its device.
+    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder) -> Result<Self> {
+        let (dim, stride) = (cfg.seanet.dimension, cfg.downsample_stride());
+        let down = ConvShape {
+            stride,
+            bias: false,
+            ..ConvShape::new(dim, dim, 2 * stride, PadMode::Replicate)
+        };
+        Ok(Self {
+            encoder: Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
+            decoder: Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
+            downsample: Conv::load(vb.pp("downsample"), down)?,
+            upsample: Depthwise::load(vb.pp("upsample"), dim, stride)?,
+        })
+    }
+}
+
+/// A phase's output, `None` when it holds no frame.
+fn nonempty(x: Tensor) -> Result<Option<Tensor>> {
+    Ok((x.dim(candle::D::Minus1)? > 0).then_some(x))
+}
+
+impl Engine for Candle {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Candle
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { per_row: true }
+    }
+
+    fn encode(&self, p: &Parts, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let rows = StepRows::new(&Rows::all(pcm.dim(0)?), pcm.device())?;
+        let x = self
+            .encoder
+            .step(&mut States::new(), &rows, pcm, true, cancel)?;
+        check_cancel(cancel)?;
+        let x = transform(&p.enc_tr, &mut State::default(), &x, cancel)?;
+        check_cancel(cancel)?;
+        self.downsample
+            .step(&mut LayerState::default(), &rows, &x, true)
+    }
+
+    fn decode(&self, p: &Parts, x: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let rows = StepRows::new(&Rows::all(x.dim(0)?), x.device())?;
+        let x = self.upsample.step(&mut LayerState::default(), &rows, x)?;
+        let x = transform(&p.dec_tr, &mut State::default(), &x, cancel)?;
+        self.decoder.step(&mut States::new(), &rows, &x, cancel)
+    }
+
+    /// The whole call's activations at once, about 2 KB per sample (see the native engine).
+    fn in_flight(&self, _p: &Parts, samples: usize) -> (u64, u64) {
+        (samples as u64, 0)
+    }
+
+    fn encode_convs(self: Arc<Self>) -> Box<dyn EncodeConvs> {
+        Box::new(CandleEncode {
+            engine: self,
+            seanet: States::new(),
+            downsample: LayerState::default(),
+        })
+    }
+
+    fn decode_convs(self: Arc<Self>) -> Box<dyn DecodeConvs> {
+        Box::new(CandleDecode {
+            engine: self,
+            upsample: LayerState::default(),
+            seanet: States::new(),
+        })
+    }
+}
+
+/// An encoder stream on the candle engine: every layer's per-row state.
+#[derive(Clone)]
+struct CandleEncode {
+    engine: Arc<Candle>,
+    seanet: States,
+    downsample: LayerState,
+}
+
+impl EncodeConvs for CandleEncode {
+    fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
+        let rows = StepRows::new(rows, pcm.device())?;
+        let enc = &self.engine.encoder;
+        nonempty(enc.step(&mut self.seanet, &rows, pcm, last, None)?)
+    }
+
+    fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>> {
+        let rows = StepRows::new(rows, x.device())?;
+        let down = &self.engine.downsample;
+        nonempty(down.step(&mut self.downsample, &rows, x, last)?)
+    }
+
+    fn reset_row(&mut self, r: usize) {
+        for st in self.seanet.iter_mut() {
+            st.reset_row(r);
+        }
+        self.downsample.reset_row(r);
+    }
+
+    fn deep_copy(&self) -> Box<dyn EncodeConvs> {
+        Box::new(self.clone())
+    }
+}
+
+/// A decoder stream on the candle engine: every layer's per-row state.
+#[derive(Clone)]
+struct CandleDecode {
+    engine: Arc<Candle>,
+    upsample: LayerState,
+    seanet: States,
+}
+
+impl DecodeConvs for CandleDecode {
+    fn upsample(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+        let rows = StepRows::new(rows, x.device())?;
+        nonempty(self.engine.upsample.step(&mut self.upsample, &rows, x)?)
+    }
+
+    fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+        let rows = StepRows::new(rows, x.device())?;
+        let dec = &self.engine.decoder;
+        nonempty(dec.step(&mut self.seanet, &rows, x, None)?)
+    }
+
+    fn reset_row(&mut self, r: usize) {
+        self.upsample.reset_row(r);
+        for st in self.seanet.iter_mut() {
+            st.reset_row(r);
+        }
+    }
+
+    fn deep_copy(&self) -> Box<dyn DecodeConvs> {
+        Box::new(self.clone())
+    }
+}
