@@ -6,7 +6,8 @@ weights, or the fixtures' small codec with --tiny) takes N real WebSocket client
 (mimi_py.serve.loadgen) streaming at real-time pace, all at once. A frame's latency runs from
 the message holding its last sample to its codes. N streams are held when every client got all
 its frames (`done` = its frame count) and the p99 latency is at most two frame periods (160 ms).
-The clients run in this process, on the same cores as the server.
+Client i starts (i + 1/2)/N of a tick after the first, so that the frames' phases against the
+server's ticks are spread evenly. The clients run in this process, on the same cores as the server.
 """
 
 from __future__ import annotations
@@ -55,8 +56,13 @@ def _one(slots: int, seconds: float, threads: int, weights: list[str]) -> dict:
             # One warm-up stream, so that the first measured frame is not the first step.
             asyncio.run(loadgen.encode_stream(url, audios[0][:4800], realtime=False))
 
+            async def client(i, a):
+                # Phases spread evenly over a tick: a client's frames end anywhere between two ticks.
+                await asyncio.sleep((i + 0.5) / slots * 0.080)
+                return await loadgen.encode_stream(url, a)
+
             async def clients():
-                return await asyncio.gather(*(loadgen.encode_stream(url, a) for a in audios))
+                return await asyncio.gather(*(client(i, a) for i, a in enumerate(audios)))
 
             results = asyncio.run(asyncio.wait_for(clients(), timeout=seconds * 4 + 60))
             health = loadgen.json.loads(_get(url + "/health"))
