@@ -57,7 +57,7 @@ impl ResBlock {
         st.convs.resize_with(2, ConvState::default);
         let (a, b) = st.convs.split_at_mut(1);
         let (c1, c2) = (&self.convs[0], &self.convs[1]);
-        if x.len > crate::kernels::GEMV_MAX_ROWS && c1.stride == 1 && c2.k == 1 {
+        if x.len > crate::conv::STEP_FRAMES && c1.stride == 1 && c2.k == 1 {
             // The pointwise second convolution keeps no state: fuse the two.
             return match c1.prepare(&mut a[0], x, Some(alpha), last) {
                 None => Frames::empty(c2.cout),

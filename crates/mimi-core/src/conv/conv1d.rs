@@ -367,13 +367,13 @@ impl Conv1d {
     /// direct, matrix-vector or tiled im2col strategy.
     fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
         let n = self.frames(x.len());
-        if self.phases > 0 && n > crate::kernels::GEMV_MAX_ROWS {
+        if self.phases > 0 && n > crate::conv::STEP_FRAMES {
             return self.run_phased(x, n, residual);
         }
         if self.stride == 1
             && x.left == 0
             && x.right == 0
-            && n > crate::kernels::GEMV_MAX_ROWS
+            && n > crate::conv::STEP_FRAMES
             && self.cin * self.k <= direct::MAX_DIRECT_K
             && direct::available()
         {
@@ -387,14 +387,14 @@ impl Conv1d {
         if n == 0 {
             return Frames::empty(cout);
         }
-        if n <= crate::kernels::GEMV_MAX_ROWS {
+        if n <= crate::conv::STEP_FRAMES {
             self.run_gemv(x, n, residual)
         } else {
             self.run_tiled(x, n, residual)
         }
     }
 
-    /// A streaming step (`n <= GEMV_MAX_ROWS` output frames, at least one): bound by reading
+    /// A streaming step (`n <= STEP_FRAMES` output frames, at least one): bound by reading
     /// the weights once; the matrix-vector kernel, then bias and `residual` (`cout x n`).
     fn run_gemv(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
         let cout = self.cout;

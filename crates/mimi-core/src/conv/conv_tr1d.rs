@@ -133,7 +133,7 @@ impl ConvTr1d {
     fn run(&self, x: &Frames, n: usize) -> Frames {
         if self.depthwise {
             self.run_depthwise(x, n)
-        } else if n <= crate::kernels::GEMV_MAX_ROWS {
+        } else if n <= crate::conv::STEP_FRAMES {
             self.run_gemv(x, n)
         } else {
             self.run_tiled(x, n)
@@ -160,7 +160,7 @@ impl ConvTr1d {
         out
     }
 
-    /// A streaming step (`n <= GEMV_MAX_ROWS` input frames): the matrix-vector kernel over
+    /// A streaming step (`n <= STEP_FRAMES` input frames): the matrix-vector kernel over
     /// all phases at once, then interleaved into the output with the bias.
     fn run_gemv(&self, x: &Frames, n: usize) -> Frames {
         let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
