@@ -46,6 +46,10 @@ impl ResBlock {
     }
 
     /// The first input frame that output frame `out` depends on.
+    fn convs_mut(&mut self) -> impl Iterator<Item = &mut Conv1d> {
+        self.convs.iter_mut().chain(self.shortcut.as_mut())
+    }
+
     fn first_input(&self, out: i64) -> i64 {
         self.convs.iter().rev().fold(out, |o, c| c.first_input(o))
     }
@@ -145,6 +149,15 @@ impl Encoder {
             last,
             alpha: cfg.activation.0 as f32,
         })
+    }
+
+    /// Stores the large layers' weights in bf16 (`weights_dtype="bfloat16"`).
+    pub fn store_bf16(&mut self) {
+        let (init, last) = (&mut self.init, &mut self.last);
+        let layers = self.layers.iter_mut().flat_map(|(res, down)| {
+            res.iter_mut().flat_map(ResBlock::convs_mut).chain([down])
+        });
+        [init, last].into_iter().chain(layers).for_each(Conv1d::store_bf16);
     }
 
     /// Samples per output frame.
@@ -249,6 +262,18 @@ pub struct DecoderState {
 }
 
 impl Decoder {
+    /// Stores the large layers' weights in bf16 (`weights_dtype="bfloat16"`).
+    pub fn store_bf16(&mut self) {
+        self.init.store_bf16();
+        self.last.store_bf16();
+        for (up, res) in &mut self.layers {
+            up.store_bf16();
+            res.iter_mut()
+                .flat_map(ResBlock::convs_mut)
+                .for_each(Conv1d::store_bf16);
+        }
+    }
+
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
         let vb = vb.pp("layers");
         let nf = cfg.n_filters;

@@ -145,7 +145,10 @@ impl Codec {
         let source = Arc::new(source);
         let vb = source.var_builder(dtype, device);
         let engine: Arc<dyn Engine> = match engine {
-            EngineKind::Native => Arc::new(Native::load(cfg, &vb)?),
+            EngineKind::Native => {
+                let bf16 = weights_dtype == WeightsDType::BF16;
+                Arc::new(Native::load(cfg, &vb, bf16)?)
+            }
             EngineKind::Candle => Arc::new(Candle::load(cfg, &vb)?),
         };
         // The quantizer always computes in f32, whatever the codec's dtype: a code is an

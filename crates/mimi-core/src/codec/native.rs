@@ -30,19 +30,32 @@ pub(crate) struct Native {
 }
 
 impl Native {
-    /// The SEANets and the down/upsampling, from `vb` (f32).
-    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder) -> Result<Self> {
+    /// The SEANets and the down/upsampling, from `vb` (f32); with `bf16`, the large layers
+    /// then converted to bf16, one at a time.
+    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder, bf16: bool) -> Result<Self> {
         let dim = cfg.seanet.dimension;
         let stride = cfg.downsample_stride();
         let down = ConvSpec::new(dim, dim, 2 * stride)
             .stride(stride)
             .no_bias()
             .pad(PadMode::Replicate);
+        let mut encoder = seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?;
+        let mut downsample = Conv1d::load(vb.pp("downsample"), down)?;
+        if bf16 {
+            encoder.store_bf16();
+            downsample.store_bf16();
+        }
+        let mut decoder = seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?;
+        let mut upsample = ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?;
+        if bf16 {
+            decoder.store_bf16();
+            upsample.store_bf16();
+        }
         Ok(Self {
-            encoder: seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
-            decoder: seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
-            downsample: Conv1d::load(vb.pp("downsample"), down)?,
-            upsample: ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?,
+            encoder,
+            decoder,
+            downsample,
+            upsample,
         })
     }
 

@@ -15,7 +15,7 @@ use candle_nn::VarBuilder;
 
 use super::activation::{copy_act, elu_in_place};
 use super::frames::{par_rows, Frames, Padded};
-use super::spec::{conv_weight, to_vec, ConvSpec, ConvState};
+use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{epilogue, for_tiles, matmul, max_cols, tiles, SharedMut, Tile};
 use crate::config::PadMode;
 use crate::kernels::direct;
@@ -51,7 +51,7 @@ fn phase_major(w: &[f32], spec: &ConvSpec) -> Vec<f32> {
 pub struct Conv1d {
     /// `(cout, cin * k)` row-major, columns `(ci, j)`; for a phase-split convolution
     /// (`phases > 0`), columns `(m, ci, r)` for tap `j = m * stride + r` (zero past `k`).
-    w: Vec<f32>,
+    w: Matrix,
     /// Taps per phase of a strided convolution computed on its phase-split input (see
     /// [`Conv1d::run_phased`]); 0 for the plain layout.
     phases: usize,
@@ -97,7 +97,7 @@ impl Conv1d {
             w
         };
         Ok(Self {
-            w,
+            w: Matrix::F32(w),
             phases,
             b,
             cin,
@@ -107,6 +107,11 @@ impl Conv1d {
             dilation,
             replicate: pad == PadMode::Replicate,
         })
+    }
+
+    /// Stores a large layer's weights in bf16 (see [`super::spec::BF16_MIN_WEIGHTS`]).
+    pub(crate) fn store_bf16(&mut self) {
+        self.w.store_bf16()
     }
 
     fn keff(&self) -> usize {
@@ -289,6 +294,7 @@ impl Conv1d {
     fn run_phased(&self, x: &Padded, n: usize, residual: Option<&Frames>) -> Frames {
         let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.phases);
         let (cs, kk, len) = (cin * s, self.w.len() / cout, n + taps - 1);
+        let w = self.w.f32();
         let mut ph = Frames::uninit(cs, len);
         par_rows(&mut ph.data, len, |row, dst| {
             x.gather(row / s, row % s, s, dst)
@@ -312,7 +318,7 @@ impl Conv1d {
                         1,
                         n as isize,
                         m > 0,
-                        self.w.as_ptr().add(r0 * kk + m * cs),
+                        w.as_ptr().add(r0 * kk + m * cs),
                         1,
                         kk as isize,
                         ph.data.as_ptr().add(t0 + m),
@@ -338,8 +344,9 @@ impl Conv1d {
     /// 24 kHz, one output row) took 4.8 ms per second of audio through gemm, 1.9-2.8 ms now
     /// (most of it the activation of its 64-channel input); 1 thread (`mimi_kernel_bench`).
     fn run_direct(&self, x: &Frames, n: usize, residual: Option<&Frames>) -> Frames {
+        let w = self.w.f32();
         let p = direct::Direct {
-            w: &self.w,
+            w: &w,
             cout: self.cout,
             cin: self.cin,
             k: self.k,
@@ -367,13 +374,14 @@ impl Conv1d {
     /// direct, matrix-vector or tiled im2col strategy.
     fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
         let n = self.frames(x.len());
-        if self.phases > 0 && n > crate::conv::STEP_FRAMES {
+        let step = self.w.gemv_frames();
+        if self.phases > 0 && n > step {
             return self.run_phased(x, n, residual);
         }
         if self.stride == 1
             && x.left == 0
             && x.right == 0
-            && n > crate::conv::STEP_FRAMES
+            && n > step
             && self.cin * self.k <= direct::MAX_DIRECT_K
             && direct::available()
         {
@@ -387,14 +395,14 @@ impl Conv1d {
         if n == 0 {
             return Frames::empty(cout);
         }
-        if n <= crate::conv::STEP_FRAMES {
+        if n <= step {
             self.run_gemv(x, n, residual)
         } else {
             self.run_tiled(x, n, residual)
         }
     }
 
-    /// A streaming step (`n <= STEP_FRAMES` output frames, at least one): bound by reading
+    /// A streaming step (a few output frames, at least one): bound by reading
     /// the weights once; the matrix-vector kernel, then bias and `residual` (`cout x n`).
     fn run_gemv(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
         let cout = self.cout;
@@ -402,7 +410,7 @@ impl Conv1d {
         let bias = self.b.as_deref();
         let mut out = Frames::uninit(cout, n);
         let cols = self.gemv_cols(x, n, kk);
-        let y = crate::kernels::gemv(&cols, &self.w, n, kk, cout);
+        let y = self.w.gemv(&cols, n, kk, cout);
         for co in 0..cout {
             let b = bias.map_or(0.0, |b| b[co]);
             for t in 0..n {
@@ -458,6 +466,7 @@ impl Conv1d {
     fn run_tiled(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
         let (cin, cout, k, s, d) = (self.cin, self.cout, self.k, self.stride, self.dilation);
         let kk = self.w.len() / cout.max(1);
+        let w = self.w.f32();
         let bias = self.b.as_deref();
         let mut out = Frames::uninit(cout, n);
         let ptr = SharedMut(out.data.as_mut_ptr());
@@ -485,7 +494,7 @@ impl Conv1d {
                     ptr.0.add(r0 * n + t0),
                     n,
                     1,
-                    self.w.as_ptr().add(r0 * kk),
+                    w.as_ptr().add(r0 * kk),
                     kk,
                     cols.as_ptr(),
                 );
@@ -517,8 +526,9 @@ impl Fused<'_> {
     fn run_direct(&self, tiles: &[Tile], flops: usize) {
         let (a, b) = (self.first, self.second);
         let (x, n, hidden) = (self.x, self.n, a.cout);
+        let (wa, wb) = (a.w.f32(), b.w.f32());
         let first = direct::Direct {
-            w: &a.w,
+            w: &wa,
             cout: hidden,
             cin: a.cin,
             k: a.k,
@@ -526,7 +536,7 @@ impl Fused<'_> {
             bias: a.b.as_deref(),
         };
         let second = direct::Direct {
-            w: &b.w,
+            w: &wb,
             cout: b.cout,
             cin: hidden,
             k: 1,
@@ -579,6 +589,7 @@ impl Fused<'_> {
             scratch.resize(nc + nh, 0.0);
         }
         let (cols, h) = scratch[..nc + nh].split_at_mut(nc);
+        let (wa, wb) = (a.w.f32(), b.w.f32());
         for ci in 0..cin {
             let src = self.x.row(ci);
             for j in 0..k {
@@ -596,7 +607,7 @@ impl Fused<'_> {
                 h.as_mut_ptr(),
                 tn,
                 1,
-                a.w.as_ptr(),
+                wa.as_ptr(),
                 kk,
                 cols.as_ptr(),
             );
@@ -617,7 +628,7 @@ impl Fused<'_> {
                 self.out.at(t0),
                 n,
                 1,
-                b.w.as_ptr(),
+                wb.as_ptr(),
                 hidden,
                 h.as_ptr(),
             );

@@ -9,7 +9,7 @@ use candle::Result;
 use candle_nn::VarBuilder;
 
 use super::frames::Frames;
-use super::spec::{conv_weight, to_vec, ConvSpec, ConvState};
+use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{for_tiles, matmul, max_cols, tiles, SharedMut};
 
 /// A causal transposed convolution (`StreamableConvTranspose1d`), or the depthwise one of
@@ -19,7 +19,7 @@ pub struct ConvTr1d {
     /// Row `(co, j)` (output channel, phase) of `taps * cin` columns `(m, ci)` holds
     /// `W[ci, co, j + m * stride]` (zero past the kernel). Depthwise: `w[c, j + m * stride]`
     /// at `(j * cout + c) * taps + m`.
-    w: Vec<f32>,
+    w: Matrix,
     b: Option<Vec<f32>>,
     cin: usize,
     cout: usize,
@@ -63,7 +63,7 @@ impl ConvTr1d {
             }
         }
         Ok(Self {
-            w,
+            w: Matrix::F32(w),
             b,
             cin,
             cout,
@@ -89,7 +89,7 @@ impl ConvTr1d {
             }
         }
         Ok(Self {
-            w,
+            w: Matrix::F32(w),
             b: None,
             cin: dim,
             cout: dim,
@@ -120,6 +120,11 @@ impl ConvTr1d {
         y
     }
 
+    /// Stores a large layer's weights in bf16 (see [`super::spec::BF16_MIN_WEIGHTS`]).
+    pub(crate) fn store_bf16(&mut self) {
+        self.w.store_bf16()
+    }
+
     pub(crate) fn stride(&self) -> usize {
         self.stride
     }
@@ -133,7 +138,7 @@ impl ConvTr1d {
     fn run(&self, x: &Frames, n: usize) -> Frames {
         if self.depthwise {
             self.run_depthwise(x, n)
-        } else if n <= crate::conv::STEP_FRAMES {
+        } else if n <= self.w.gemv_frames() {
             self.run_gemv(x, n)
         } else {
             self.run_tiled(x, n)
@@ -144,6 +149,7 @@ impl ConvTr1d {
     fn run_depthwise(&self, x: &Frames, n: usize) -> Frames {
         let (cout, s, taps) = (self.cout, self.stride, self.taps);
         let out_len = n * s;
+        let w = self.w.f32();
         let mut out = Frames::uninit(cout, out_len);
         for c in 0..cout {
             let src = x.row(c);
@@ -151,7 +157,7 @@ impl ConvTr1d {
                 for j in 0..s {
                     let mut acc = 0f32;
                     for m in 0..taps {
-                        acc += self.w[(j * cout + c) * taps + m] * src[taps - 1 + t - m];
+                        acc += w[(j * cout + c) * taps + m] * src[taps - 1 + t - m];
                     }
                     out.data[c * out_len + t * s + j] = acc;
                 }
@@ -160,7 +166,7 @@ impl ConvTr1d {
         out
     }
 
-    /// A streaming step (`n <= STEP_FRAMES` input frames): the matrix-vector kernel over
+    /// A streaming step (a few input frames): the matrix-vector kernel over
     /// all phases at once, then interleaved into the output with the bias.
     fn run_gemv(&self, x: &Frames, n: usize) -> Frames {
         let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
@@ -176,7 +182,7 @@ impl ConvTr1d {
             }
         }
         // Rows (co, j): y (n, cout * stride).
-        let y = crate::kernels::gemv(&cols, &self.w, n, tk, s * cout);
+        let y = self.w.gemv(&cols, n, tk, s * cout);
         for co in 0..cout {
             let b = bias.map_or(0.0, |b| b[co]);
             for t in 0..n {
@@ -198,6 +204,7 @@ impl ConvTr1d {
         let bias = self.b.as_deref();
         let ptr = SharedMut(out.data.as_mut_ptr());
         let flops = 2 * s * cout * tk * n;
+        let w = self.w.f32();
         let tiles = tiles(cout, n, max_cols(tk), flops);
         for_tiles(&tiles, flops, |scratch, (r0, rn, t0, tn)| {
             let (nc, nz) = (tk * tn, rn * s * tn);
@@ -222,7 +229,7 @@ impl ConvTr1d {
                     z.as_mut_ptr(),
                     tn,
                     1,
-                    self.w.as_ptr().add(r0 * s * tk),
+                    w.as_ptr().add(r0 * s * tk),
                     tk,
                     cols.as_ptr(),
                 );

@@ -94,3 +94,61 @@ pub(super) fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
         .flatten_all()?
         .to_vec1::<f32>()
 }
+
+/// Weights at or above this many values are stored in bf16 with `weights_dtype="bfloat16"`:
+/// the frame-rate layers, 24 of the real codec's 26 M convolution weights. The smaller
+/// (high-rate, outer) layers stay f32: little memory, and the strategies their many frames
+/// take read f32 (and the last decoder layers, next to the audio, keep full precision).
+pub(crate) const BF16_MIN_WEIGHTS: usize = 1 << 20;
+
+/// A convolution's weight matrix, in f32 or bf16 (see [`BF16_MIN_WEIGHTS`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Matrix {
+    F32(Vec<f32>),
+    BF16(Vec<half::bf16>),
+}
+
+impl Matrix {
+    /// Values held.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::F32(w) => w.len(),
+            Self::BF16(w) => w.len(),
+        }
+    }
+
+    /// The values in f32: borrowed, or widened for this call (a bf16 layer off the
+    /// matrix-vector kernel: an offline call, whose many frames amortise it).
+    pub(crate) fn f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Self::F32(w) => std::borrow::Cow::Borrowed(w),
+            Self::BF16(w) => w.iter().map(|v| v.to_f32()).collect(),
+        }
+    }
+
+    /// The same values in bf16 if there are at least [`BF16_MIN_WEIGHTS`] of them.
+    pub(crate) fn store_bf16(&mut self) {
+        if let Self::F32(w) = self {
+            if w.len() >= BF16_MIN_WEIGHTS {
+                *self = Self::BF16(w.iter().map(|&v| half::bf16::from_f32(v)).collect());
+            }
+        }
+    }
+
+    /// `x (m, k) . self (n, k)^T` with the matrix-vector kernel.
+    pub(crate) fn gemv(&self, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        match self {
+            Self::F32(w) => crate::kernels::gemv(x, w, m, k, n),
+            Self::BF16(w) => crate::kernels::gemv(x, w, m, k, n),
+        }
+    }
+
+    /// Output frames up to which a call takes the matrix-vector kernel: a bf16 layer up to
+    /// the kernel's limit (its other strategies would widen it every call).
+    pub(crate) fn gemv_frames(&self) -> usize {
+        match self {
+            Self::F32(_) => super::STEP_FRAMES,
+            Self::BF16(_) => crate::kernels::GEMV_MAX_ROWS,
+        }
+    }
+}
