@@ -61,7 +61,9 @@ def test_real_size_seeded_codec_agrees_with_float32():
     sr = 24000
     t = np.arange(10 * sr) / sr
     rng = np.random.default_rng(1)
-    tone = np.sin(2 * np.pi * (200 + 150 * np.sin(2 * np.pi * 0.3 * t)) * t) * (0.5 + 0.5 * np.sin(4 * np.pi * t))
+    tone = np.sin(2 * np.pi * (200 + 150 * np.sin(2 * np.pi * 0.3 * t)) * t) * (
+        0.5 + 0.5 * np.sin(4 * np.pi * t)
+    )
     pcm = (0.3 * tone + 0.05 * rng.standard_normal(t.size)).astype(np.float32)[None, None]
     f32 = mimi_py.MimiCodec(seed=0, num_codebooks=32)
     bf16 = mimi_py.MimiCodec(seed=0, num_codebooks=32, weights_dtype="bfloat16")
@@ -106,7 +108,11 @@ def test_bf16_transformer_is_close_to_float32():
 @pytest.mark.parametrize("cls", [mimi_py.MimiCodec, mimi_py.StreamingTransformer])
 def test_bad_weights_dtypes_are_config_errors(cls):
     cfg = mimi_py.TransformerConfig(d_model=64, num_heads=4, num_layers=1, dim_feedforward=128, context=16)
-    make = (lambda **kw: cls(seed=0, **kw)) if cls is mimi_py.MimiCodec else (lambda **kw: cls(cfg, seed=0, **kw))
+    make = (
+        (lambda **kw: cls(seed=0, **kw))
+        if cls is mimi_py.MimiCodec
+        else (lambda **kw: cls(cfg, seed=0, **kw))
+    )
     with pytest.raises(mimi_py.ConfigError, match='"float32" or "bfloat16".*int8'):
         make(weights_dtype="int8")
     # bf16 storage is the native engine's; candle's half-precision engine is dtype=

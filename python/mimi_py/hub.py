@@ -199,9 +199,13 @@ def from_pretrained(
     """
     if filename is not None:
         path = _snapshot(repo_id, [filename], revision, cache_dir) / filename
-        return MimiCodec(path, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype)
+        return MimiCodec(
+            path, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype
+        )
     folder = _snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
-    return MimiCodec(folder, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype)
+    return MimiCodec(
+        folder, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype
+    )
 
 
 def load_codec(

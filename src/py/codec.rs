@@ -322,10 +322,9 @@ impl PyMimiCodec {
             cfg.quantizer_n_q = n;
         }
         let device_spec = device.to_string();
-        let (codec, device_name, layout) =
-            guard::detached(py, move |_| {
-                build(&cfg, arg, &device_spec, (dtype, weights_dtype))
-            })?;
+        let (codec, device_name, layout) = guard::detached(py, move |_| {
+            build(&cfg, arg, &device_spec, (dtype, weights_dtype))
+        })?;
         Ok(Self {
             codec: Arc::new(codec),
             enc: Shared::default(),

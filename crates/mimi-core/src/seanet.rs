@@ -154,10 +154,14 @@ impl Encoder {
     /// Stores the large layers' weights in bf16 (`weights_dtype="bfloat16"`).
     pub fn store_bf16(&mut self) {
         let (init, last) = (&mut self.init, &mut self.last);
-        let layers = self.layers.iter_mut().flat_map(|(res, down)| {
-            res.iter_mut().flat_map(ResBlock::convs_mut).chain([down])
-        });
-        [init, last].into_iter().chain(layers).for_each(Conv1d::store_bf16);
+        let layers = self
+            .layers
+            .iter_mut()
+            .flat_map(|(res, down)| res.iter_mut().flat_map(ResBlock::convs_mut).chain([down]));
+        [init, last]
+            .into_iter()
+            .chain(layers)
+            .for_each(Conv1d::store_bf16);
     }
 
     /// Samples per output frame.

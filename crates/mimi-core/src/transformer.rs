@@ -89,7 +89,9 @@ impl FeedForward {
         let (d, ff) = (cfg.d_model, cfg.dim_feedforward);
         let linear = |name: &str, (o, i): (usize, usize), bias: bool| -> Result<Linear> {
             let w = vbw.get((o, i), &format!("{name}.weight"))?;
-            let b = bias.then(|| vb.get(o, &format!("{name}.bias"))).transpose()?;
+            let b = bias
+                .then(|| vb.get(o, &format!("{name}.bias")))
+                .transpose()?;
             Ok(Linear::new(w, b)?)
         };
         Ok(match cfg.gating {

@@ -10,8 +10,8 @@
 
 use crate::config::{Norm, TransformerConfig};
 use crate::error::{Error, Result};
-use candle::safetensors::MmapedSafetensors;
 use crate::runtime::device::WeightsDType;
+use candle::safetensors::MmapedSafetensors;
 use candle::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;

@@ -289,12 +289,7 @@ unsafe fn tile_bf16<W: Weight, const R: usize, const G: usize>(
 /// # Safety
 /// `isa` is available on this CPU for `W`.
 #[inline(always)]
-unsafe fn tile_rows<W: Weight, const R: usize>(
-    isa: Isa,
-    c: &Call<W>,
-    o: usize,
-    out: &mut [f32],
-) {
+unsafe fn tile_rows<W: Weight, const R: usize>(isa: Isa, c: &Call<W>, o: usize, out: &mut [f32]) {
     macro_rules! group {
         ($g:literal, $r0:expr) => {
             match isa {
@@ -408,7 +403,9 @@ pub fn gemv_on<W: Weight>(isa: Isa, x: &[f32], w: &[W], m: usize, k: usize, n: u
     // Handing work to the pool costs a wake-up and a context switch per call; with one thread
     // (or a small matrix) run on the calling thread instead.
     if rayon::current_num_threads() <= 1 || n * k < 1 << 16 {
-        yt.chunks_mut(BLOCK * m).zip(w.chunks(BLOCK * k)).for_each(run);
+        yt.chunks_mut(BLOCK * m)
+            .zip(w.chunks(BLOCK * k))
+            .for_each(run);
     } else {
         yt.par_chunks_mut(BLOCK * m)
             .zip(w.par_chunks(BLOCK * k))

@@ -139,8 +139,7 @@ impl Linear {
     /// A layer of `weight` `(out, in)` and an optional `bias` `(out)`; the fast path is taken
     /// when the weight is f32 or bf16 on the CPU (made contiguous here, once).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        let fast =
-            weight.device().is_cpu() && matches!(weight.dtype(), DType::F32 | DType::BF16);
+        let fast = weight.device().is_cpu() && matches!(weight.dtype(), DType::F32 | DType::BF16);
         let weight = if fast { weight.contiguous()? } else { weight };
         let bias32 = match (&bias, weight.dtype()) {
             (Some(b), DType::BF16) => Some(b.to_dtype(DType::F32)?),
@@ -196,7 +195,11 @@ impl Module for Linear {
         } else {
             x2.apply_op2_no_bwd(w, &WideGemm)?
         };
-        let bias = if mixed { self.bias32.as_ref() } else { self.inner.bias() };
+        let bias = if mixed {
+            self.bias32.as_ref()
+        } else {
+            self.inner.bias()
+        };
         let y = match bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -253,8 +256,13 @@ mod tests {
     #[test]
     fn bf16_weight_matches_widened_f32() {
         let dev = Device::Cpu;
-        for (m, k, n) in [(1, 512, 1536), (16, 64, 200), (32, 96, 40), (40, 64, 200), (33, 64, 20)]
-        {
+        for (m, k, n) in [
+            (1, 512, 1536),
+            (16, 64, 200),
+            (32, 96, 40),
+            (40, 64, 200),
+            (33, 64, 20),
+        ] {
             let x =
                 Tensor::from_vec(crate::testutil::test_input(1, m, k, 1), (m, k), &dev).unwrap();
             let w = Tensor::from_vec(crate::testutil::test_input(1, n, k, 2), (n, k), &dev)
@@ -272,7 +280,10 @@ mod tests {
             assert_eq!(got.dtype(), DType::F32);
             let d = crate::testutil::max_abs_diff(&got, &reference.forward(&x).unwrap());
             // vdpbf16ps keeps 16 bits of each activation (two bf16 parts).
-            assert!(d < 1e-4 * (k as f32).sqrt(), "m={m} k={k} n={n}: max diff {d}");
+            assert!(
+                d < 1e-4 * (k as f32).sqrt(),
+                "m={m} k={k} n={n}: max diff {d}"
+            );
         }
     }
 }

@@ -236,7 +236,10 @@ mod tests {
         match WeightsDType::parse("int8") {
             Err(Error::Config { field, msg }) => {
                 assert_eq!(field, "weights_dtype");
-                assert!(msg.contains("\"bfloat16\"") && msg.contains("int8"), "{msg}");
+                assert!(
+                    msg.contains("\"bfloat16\"") && msg.contains("int8"),
+                    "{msg}"
+                );
             }
             other => panic!("expected a config error, got {other:?}"),
         }
