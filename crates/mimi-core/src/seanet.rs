@@ -246,6 +246,30 @@ impl Encoder {
         self.last
             .step(&mut st.last, down.as_ref().unwrap_or(x), a, None, last)
     }
+
+    /// [`Self::frame_rate`] of several rows (`sts[r]`, `xs[r]`) at once: their products
+    /// share the matrix-vector kernel's calls ([`Conv1d::step_rows`]), and row `r` gets the
+    /// bits `frame_rate` gives it alone.
+    pub fn frame_rate_rows(
+        &self,
+        sts: &mut [&mut EncoderState],
+        xs: &[Frames],
+        last: bool,
+    ) -> Vec<Frames> {
+        let a = Some(self.alpha);
+        for st in sts.iter_mut() {
+            st.layers.resize_with(self.layers.len(), Default::default);
+        }
+        let down = self.layers.last().map(|(_, down)| {
+            let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
+                .filter_map(|st| st.layers.last_mut().map(|l| &mut l.1))
+                .collect();
+            down.step_rows(&mut cs, xs, a, last)
+        });
+        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
+        self.last
+            .step_rows(&mut cs, down.as_deref().unwrap_or(xs), a, last)
+    }
 }
 
 /// The SEANet decoder (`SeaNetDecoder`): (dimension, frames) -> audio (channels, samples).
@@ -339,6 +363,24 @@ impl Decoder {
         match (self.layers.first(), st.layers.first_mut()) {
             (Some((up, _)), Some(ls)) => up.step(&mut ls.0, &x, Some(self.alpha)),
             _ => x,
+        }
+    }
+
+    /// [`Self::frame_rate`] of several rows at once, as [`Encoder::frame_rate_rows`].
+    pub fn frame_rate_rows(&self, sts: &mut [&mut DecoderState], xs: &[Frames]) -> Vec<Frames> {
+        for st in sts.iter_mut() {
+            st.layers.resize_with(self.layers.len(), Default::default);
+        }
+        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
+        let x = self.init.step_rows(&mut cs, xs, None, false);
+        match self.layers.first() {
+            Some((up, _)) => {
+                let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
+                    .filter_map(|st| st.layers.first_mut().map(|l| &mut l.0))
+                    .collect();
+                up.step_rows(&mut cs, &x, Some(self.alpha))
+            }
+            None => x,
         }
     }
 

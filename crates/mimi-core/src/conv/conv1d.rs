@@ -114,6 +114,12 @@ impl Conv1d {
         self.w.store_bf16()
     }
 
+    /// Test hook: bf16 weights whatever the layer's size.
+    #[cfg(test)]
+    pub(crate) fn force_bf16(&mut self) {
+        self.w.store_bf16_from(0)
+    }
+
     fn keff(&self) -> usize {
         (self.k - 1) * self.dilation + 1
     }
@@ -405,12 +411,57 @@ impl Conv1d {
     /// A streaming step (a few output frames, at least one): bound by reading
     /// the weights once; the matrix-vector kernel, then bias and `residual` (`cout x n`).
     fn run_gemv(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
+        let kk = self.w.len() / self.cout.max(1);
+        let cols = self.gemv_cols(x, n, kk);
+        self.gemv_out(&self.w.gemv(&cols, n, kk, self.cout), n, residual)
+    }
+
+    /// [`Self::step`] of several rows, each continuing its own state (`sts[r]`, `xs[r]`):
+    /// when every row's step takes the matrix-vector kernel, the rows share its calls, so
+    /// the weights are read once per call, not once per row. Row `r` gets the bits `step`
+    /// gives it alone.
+    pub(crate) fn step_rows(
+        &self,
+        sts: &mut [&mut ConvState],
+        xs: &[Frames],
+        act: Option<f32>,
+        last: bool,
+    ) -> Vec<Frames> {
+        let fulls: Vec<Option<Frames>> = (sts.iter_mut().zip(xs))
+            .map(|(st, x)| self.prepare(st, x, act, last))
+            .collect();
+        let ns: Vec<usize> = fulls
+            .iter()
+            .map(|f| f.as_ref().map_or(0, |f| self.frames(f.len)))
+            .collect();
+        let run = |f: &Option<Frames>| match f {
+            None => Frames::empty(self.cout),
+            Some(full) => self.run(&Padded::plain(full), None),
+        };
+        if ns.iter().any(|&n| n > self.w.gemv_frames()) || fulls.len() < 2 {
+            return fulls.iter().map(run).collect();
+        }
+        let kk = self.w.len() / self.cout.max(1);
+        let cols: Vec<Vec<f32>> = (fulls.iter().zip(&ns))
+            .map(|(f, &n)| match f {
+                Some(full) if n > 0 => self.gemv_cols(&Padded::plain(full), n, kk),
+                _ => Vec::new(),
+            })
+            .collect();
+        let ys = self.w.gemv_rows(&cols, &ns, kk, self.cout);
+        (ys.iter().zip(&ns))
+            .map(|(y, &n)| match n {
+                0 => Frames::empty(self.cout),
+                _ => self.gemv_out(y, n, None),
+            })
+            .collect()
+    }
+
+    /// `y (n, cout)` of the matrix-vector kernel as frames, plus bias and `residual`.
+    fn gemv_out(&self, y: &[f32], n: usize, residual: Option<&[f32]>) -> Frames {
         let cout = self.cout;
-        let kk = self.w.len() / cout.max(1);
         let bias = self.b.as_deref();
         let mut out = Frames::uninit(cout, n);
-        let cols = self.gemv_cols(x, n, kk);
-        let y = self.w.gemv(&cols, n, kk, cout);
         for co in 0..cout {
             let b = bias.map_or(0.0, |b| b[co]);
             for t in 0..n {

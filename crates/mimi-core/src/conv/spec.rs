@@ -128,8 +128,13 @@ impl Matrix {
 
     /// The same values in bf16 if there are at least [`BF16_MIN_WEIGHTS`] of them.
     pub(crate) fn store_bf16(&mut self) {
+        self.store_bf16_from(BF16_MIN_WEIGHTS)
+    }
+
+    /// The same values in bf16 if there are at least `min` of them.
+    pub(crate) fn store_bf16_from(&mut self, min: usize) {
         if let Self::F32(w) = self {
-            if w.len() >= BF16_MIN_WEIGHTS {
+            if w.len() >= min {
                 *self = Self::BF16(w.iter().map(|&v| half::bf16::from_f32(v)).collect());
             }
         }
@@ -141,6 +146,41 @@ impl Matrix {
             Self::F32(w) => crate::kernels::gemv(x, w, m, k, n),
             Self::BF16(w) => crate::kernels::gemv(x, w, m, k, n),
         }
+    }
+
+    /// [`Self::gemv`] of several rows' inputs (`cols[r]`: `ns[r]` rows of `k`) in as few
+    /// calls as the kernel's row limit allows, so the weights are read once per call rather
+    /// than once per row; row `r`'s `(ns[r], n)` products are the bits its own call gives
+    /// (the kernel's rows do not depend on their neighbours).
+    pub(crate) fn gemv_rows(
+        &self,
+        cols: &[Vec<f32>],
+        ns: &[usize],
+        k: usize,
+        n: usize,
+    ) -> Vec<Vec<f32>> {
+        let mut out = Vec::with_capacity(ns.len());
+        let mut i = 0;
+        while i < ns.len() {
+            let (mut j, mut total) = (i + 1, ns[i]);
+            while j < ns.len() && total + ns[j] <= crate::kernels::GEMV_MAX_ROWS {
+                total += ns[j];
+                j += 1;
+            }
+            let x: Vec<f32> = cols[i..j].concat();
+            let y = if total > 0 {
+                self.gemv(&x, total, k, n)
+            } else {
+                Vec::new()
+            };
+            let mut at = 0;
+            for &m in &ns[i..j] {
+                out.push(y[at * n..(at + m) * n].to_vec());
+                at += m;
+            }
+            i = j;
+        }
+        out
     }
 
     /// Output frames up to which a call takes the matrix-vector kernel: a bf16 layer up to
