@@ -1,5 +1,6 @@
 //! The bridge between candle tensors and the native engine's [`Frames`]: a `(B, C, T)`
-//! tensor as one `Frames` per batch item and back, and one per-row stage over them.
+//! tensor as one `Frames` per batch item and back, one per-row stage over them, and the
+//! stepping rows' states selected together.
 
 use crate::conv::Frames;
 use crate::error::Result;

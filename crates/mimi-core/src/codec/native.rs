@@ -1,6 +1,9 @@
-//! The native engine: the convolutional parts on this crate's CPU float32 convolutions
-//! ([`crate::seanet`], [`crate::conv`]), with one state per batch row, and offline calls cut
-//! into parallel segments ([`super::offline`]).
+//! The native engine: the convolutional parts on this crate's CPU convolutions (float32
+//! compute, float32 or bf16 weights: [`crate::seanet`], [`crate::conv`]), with one state
+//! per batch row, and offline calls cut into parallel segments ([`super::offline`]). A
+//! batched streaming step runs the high-rate layers row by row and the frame-rate layers
+//! (few frames, large weights) for all rows at once, so their weights are read once per
+//! step rather than once per row.
 
 use super::bridge::{from_frames, per_row, select_mut, to_frames};
 use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
