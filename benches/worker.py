@@ -77,6 +77,7 @@ class MimiPyEngine(Engine):
             num_codebooks=spec["num_codebooks"],
             device=spec.get("device", "cpu"),
             dtype=spec.get("dtype", "float32"),
+            weights_dtype=spec.get("weights_dtype", "float32"),
         )
 
     def version(self):

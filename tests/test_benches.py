@@ -76,11 +76,13 @@ def test_bench_suites_run_tiny(tmp_path):
     rss = mimi_runs("rss")
     assert rss and all(r["ok"] and r["peak_rss_bytes"] > 0 for r in rss), rss
 
-    (serve,) = suites["serving"]["runs"]
-    assert serve["ok"], serve
-    assert [b["batch"] for b in serve["batches"]] == suites["serving"]["batches"]
-    assert serve["streams_held"] in suites["serving"]["batches"] + [0]
-    assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
+    serving = suites["serving"]["runs"]  # float32 then bfloat16 weights
+    assert [r["weights_dtype"] for r in serving] == ["float32", "bfloat16"]
+    for serve in serving:
+        assert serve["ok"], serve
+        assert [b["batch"] for b in serve["batches"]] == suites["serving"]["batches"]
+        assert serve["streams_held"] in suites["serving"]["batches"] + [0]
+        assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
 
     server = suites["server"]  # real clients through `mimi-py serve` (the serve extra)
     assert [r["slots"] for r in server["runs"]] == [1, 2]

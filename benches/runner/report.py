@@ -461,21 +461,29 @@ def render_serving(L: list, s: dict) -> None:
     )
     L.append("")
     L.append(
-        "| threads | " + " | ".join(f"B={b} median / p99 ms" for b in s["batches"]) + " | streams held |"
+        "| threads | weights | "
+        + " | ".join(f"B={b} median / p99 ms" for b in s["batches"])
+        + " | streams held |"
     )
-    L.append("| --- | " + " | ".join("---" for _ in s["batches"]) + " | --- |")
+    L.append("| --- | --- | " + " | ".join("---" for _ in s["batches"]) + " | --- |")
     for r in s["runs"]:
+        wd = r.get("weights_dtype", "float32")
         if not r.get("ok"):
-            L.append(f"| {r.get('threads')} | error: {fmt_err(r)} |")
+            L.append(f"| {r.get('threads')} | {wd} | error: {fmt_err(r)} |")
             continue
         cells = [f"{b['median_us'] / 1e3:.1f} / {b['p99_us'] / 1e3:.1f}" for b in r["batches"]]
-        L.append(f"| {r['threads']} | " + " | ".join(cells) + f" | {r['streams_held']} |")
+        L.append(f"| {r['threads']} | {wd} | " + " | ".join(cells) + f" | {r['streams_held']} |")
     L.append("")
+    for r in s["runs"]:
+        if r.get("ok"):
+            per = ", ".join(f"B={b['batch']} {b['median_us'] / 1e3 / b['batch']:.1f}" for b in r["batches"])
+            L.append(f"- ms per stream-frame (median), {r['weights_dtype']}, {r['threads']} thread(s): {per}")
     for r in s["runs"]:
         if r.get("ok"):
             m = r["masked"]
             L.append(
-                f"- masked, {r['threads']} thread(s): B={m['batch']} with {m['active']} active, median "
+                f"- masked, {r.get('weights_dtype', 'float32')}, {r['threads']} thread(s): "
+                f"B={m['batch']} with {m['active']} active, median "
                 f"{m['masked']['median_us'] / 1e3:.1f} ms, against {m['active']} rows all active "
                 f"{m['dense_active_only']['median_us'] / 1e3:.1f} ms (ratio {m['overhead_ratio']})"
             )

@@ -412,7 +412,9 @@ def busy_core_seconds(t0: dict | None, t1: dict | None) -> float | None:
     return round(busy / os.sysconf("SC_CLK_TCK"), 2)
 
 
-SERVING_BATCHES = [1, 2, 4, 8, 16, 32]
+SERVING_BATCHES = [1, 2, 4, 8, 12, 16, 32]
+# The weight types the serving suite measures mimi_py with (`weights_dtype=`).
+SERVING_WEIGHTS = ["float32", "bfloat16"]
 
 
 def suite_serving(args, weights) -> dict:
@@ -423,11 +425,20 @@ def suite_serving(args, weights) -> dict:
     frames, warmup = (3, 1) if args.tiny else (30, 3)
     runs = []
     for th in args.threads:
-        log(f"serving: mimi_py, batches {batches}, {th} thread(s)")
-        spec = dict(codec_spec(args, weights), task="serving", batches=batches, frames=frames, warmup=warmup)
-        res = run_child(spec, th, args.timeout)
-        res.setdefault("engine", "mimi_py")
-        runs.append(res)
+        for wd in SERVING_WEIGHTS:
+            log(f"serving: mimi_py, {wd} weights, batches {batches}, {th} thread(s)")
+            spec = dict(
+                codec_spec(args, weights),
+                task="serving",
+                batches=batches,
+                frames=frames,
+                warmup=warmup,
+                weights_dtype=wd,
+            )
+            res = run_child(spec, th, args.timeout)
+            res.setdefault("engine", "mimi_py")
+            res["weights_dtype"] = wd
+            runs.append(res)
     peers, skipped = [], {}
     for eng in engine_list(args, True, STREAMING_ENGINES):
         if eng.split("+")[0] == "mimi_py":

@@ -128,6 +128,7 @@ class StreamingTransformer:
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         prefix: str = "",
         qk_layout: Literal["interleaved", "hf"] = "interleaved",
+        weights_dtype: Literal["float32", "bfloat16"] = "float32",
     ) -> StreamingTransformer: ...
     def forward(self, x: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """(batch, time, d_model) -> (batch, time, d_model) float32, continuing the stream."""
@@ -158,6 +159,9 @@ class StreamingTransformer:
     def device(self) -> str: ...
     @property
     def dtype(self) -> str: ...
+    @property
+    def weights_dtype(self) -> Literal["float32", "bfloat16"]:
+        """How the weight matrices are stored (the native CPU engine computes in float32)."""
     @property
     def position(self) -> int:
         """Time steps consumed since construction or the last reset_state()."""
@@ -235,6 +239,7 @@ class MimiCodec:
         seed: int | None = None,  # None means 0
         device: str = "cpu",
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+        weights_dtype: Literal["float32", "bfloat16"] = "float32",
     ) -> MimiCodec: ...
     @classmethod
     def from_pretrained(
@@ -247,6 +252,7 @@ class MimiCodec:
         device: str = "cpu",
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         cache_dir: str | os.PathLike[str] | None = None,
+        weights_dtype: Literal["float32", "bfloat16"] = "float32",
     ) -> MimiCodec:
         """A codec with weights from the Hugging Face Hub or its cache (``mimi_py.hub.from_pretrained``).
 
@@ -312,6 +318,9 @@ class MimiCodec:
     def device(self) -> str: ...
     @property
     def dtype(self) -> str: ...
+    @property
+    def weights_dtype(self) -> Literal["float32", "bfloat16"]:
+        """How the weight matrices are stored (the native CPU engine computes in float32)."""
     @property
     def checkpoint_layout(self) -> Literal["hf", "moshi"] | None: ...
 

@@ -184,6 +184,7 @@ def from_pretrained(
     device: str = "cpu",
     dtype: Literal["float32"] = "float32",
     cache_dir: str | os.PathLike[str] | None = None,
+    weights_dtype: Literal["float32", "bfloat16"] = "float32",
 ) -> MimiCodec:
     """A :class:`~mimi_py.MimiCodec` with weights from the Hugging Face Hub (or its cache).
 
@@ -198,9 +199,13 @@ def from_pretrained(
     """
     if filename is not None:
         path = _snapshot(repo_id, [filename], revision, cache_dir) / filename
-        return MimiCodec(path, num_codebooks=num_codebooks, device=device, dtype=dtype)
+        return MimiCodec(
+            path, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype
+        )
     folder = _snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
-    return MimiCodec(folder, num_codebooks=num_codebooks, device=device, dtype=dtype)
+    return MimiCodec(
+        folder, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype
+    )
 
 
 def load_codec(

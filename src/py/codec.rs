@@ -12,7 +12,7 @@ use mimi_core::codec::{
 };
 use mimi_core::config::CodecConfig;
 use mimi_core::error::{Error, Result};
-use mimi_core::runtime::device;
+use mimi_core::runtime::device::{self, WeightsDType};
 use mimi_core::weights::TensorSource;
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -49,9 +49,10 @@ fn build(
     cfg: &CodecConfig,
     arg: WeightsArg,
     device_spec: &str,
-    dtype: DType,
+    (dtype, weights_dtype): (DType, WeightsDType),
 ) -> Result<(Codec, String, Option<CheckpointLayout>)> {
     let (dev, device_name) = device::parse_device(device_spec)?;
+    weights_dtype.check_engine(&dev, dtype)?;
     let checkpoint = match arg {
         WeightsArg::Seed(s) => Err(TensorSource::seeded(s, cfg.transformer.layer_scale)),
         WeightsArg::Path(p) => Ok(Checkpoint::read(&p, cfg)?),
@@ -61,7 +62,7 @@ fn build(
         Ok(c) => (c.source, Some(c.layout)),
         Err(seeded) => (seeded, None),
     };
-    let codec = Codec::new(cfg, source, &dev, dtype)?;
+    let codec = Codec::with_weights_dtype(cfg, source, &dev, dtype, weights_dtype)?;
     Ok((codec, device_name, layout))
 }
 
@@ -290,7 +291,7 @@ impl PyMimiCodec {
 #[pymethods]
 impl PyMimiCodec {
     #[new]
-    #[pyo3(signature = (weights=None, *, config=None, num_codebooks=None, seed=None, device="cpu", dtype="float32"))]
+    #[pyo3(signature = (weights=None, *, config=None, num_codebooks=None, seed=None, device="cpu", dtype="float32", weights_dtype="float32"))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -300,8 +301,10 @@ impl PyMimiCodec {
         seed: Option<&Bound<'_, PyAny>>,
         device: &str,
         dtype: &str,
+        weights_dtype: &str,
     ) -> PyResult<Self> {
         let (dtype, dtype_name) = device::parse_dtype(dtype)?;
+        let weights_dtype = WeightsDType::parse(weights_dtype)?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let num_codebooks = pyconfig::codebooks(num_codebooks)?;
         let mut cfg = pyconfig::codec_config(config)?;
@@ -319,8 +322,9 @@ impl PyMimiCodec {
             cfg.quantizer_n_q = n;
         }
         let device_spec = device.to_string();
-        let (codec, device_name, layout) =
-            guard::detached(py, move |_| build(&cfg, arg, &device_spec, dtype))?;
+        let (codec, device_name, layout) = guard::detached(py, move |_| {
+            build(&cfg, arg, &device_spec, (dtype, weights_dtype))
+        })?;
         Ok(Self {
             codec: Arc::new(codec),
             enc: Shared::default(),
@@ -336,7 +340,7 @@ impl PyMimiCodec {
     /// named ``filename`` (for example Kyutai's moshi-layout tokenizer file). Works offline
     /// from the cache. See ``mimi_py.hub.from_pretrained``.
     #[classmethod]
-    #[pyo3(signature = (repo_id="kyutai/mimi", *, revision=None, filename=None, num_codebooks=None, device="cpu", dtype="float32", cache_dir=None))]
+    #[pyo3(signature = (repo_id="kyutai/mimi", *, revision=None, filename=None, num_codebooks=None, device="cpu", dtype="float32", cache_dir=None, weights_dtype="float32"))]
     #[allow(clippy::too_many_arguments)]
     fn from_pretrained<'py>(
         cls: &Bound<'py, pyo3::types::PyType>,
@@ -347,6 +351,7 @@ impl PyMimiCodec {
         device: &str,
         dtype: &str,
         cache_dir: Option<&Bound<'py, PyAny>>,
+        weights_dtype: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = cls.py();
         let kwargs = pyo3::types::PyDict::new(py);
@@ -356,6 +361,7 @@ impl PyMimiCodec {
         kwargs.set_item("device", device)?;
         kwargs.set_item("dtype", dtype)?;
         kwargs.set_item("cache_dir", cache_dir)?;
+        kwargs.set_item("weights_dtype", weights_dtype)?;
         py.import("mimi_py.hub")?
             .getattr("from_pretrained")?
             .call((repo_id,), Some(&kwargs))
@@ -707,6 +713,12 @@ impl PyMimiCodec {
     #[getter]
     fn dtype(&self) -> &'static str {
         self.dtype_name
+    }
+
+    /// How the weight matrices are stored: "float32" or "bfloat16".
+    #[getter]
+    fn weights_dtype(&self) -> &'static str {
+        self.codec.weights_dtype().name()
     }
 
     /// The layout the weights were read in: "hf", "moshi", or None for seeded weights.

@@ -119,7 +119,7 @@ impl PyStreamingTransformer {
 #[pymethods]
 impl PyStreamingTransformer {
     #[new]
-    #[pyo3(signature = (config=None, weights=None, *, seed=None, device="cpu", dtype="float32", prefix="", qk_layout="interleaved"))]
+    #[pyo3(signature = (config=None, weights=None, *, seed=None, device="cpu", dtype="float32", prefix="", qk_layout="interleaved", weights_dtype="float32"))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -130,12 +130,14 @@ impl PyStreamingTransformer {
         dtype: &str,
         prefix: &str,
         qk_layout: &str,
+        weights_dtype: &str,
     ) -> PyResult<Self> {
         let config = pyconfig::transformer_config(config)?;
         config.check_supported()?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let layout = QkLayout::parse(qk_layout)?;
         let (dtype, dtype_name) = device::parse_dtype(dtype)?;
+        let weights_dtype = device::WeightsDType::parse(weights_dtype)?;
         let expected = "a path to a .safetensors file";
         let source = crate::py::weights::read(weights, seed.unwrap_or(0), prefix, expected)?;
         let params = weights::transformer_params(&config);
@@ -147,6 +149,7 @@ impl PyStreamingTransformer {
         let (device_spec, prefix, cfg) = (device.to_string(), prefix.to_string(), config.clone());
         let (model, device_name) = guard::detached(py, move |_| {
             let (dev, device_name) = device::parse_device(&device_spec)?;
+            weights_dtype.check_engine(&dev, dtype)?;
             let src = match source {
                 WeightsArg::Seed(seed) => TensorSource::seeded(seed, cfg.layer_scale),
                 WeightsArg::Path(path) => TensorSource::file(&path)?,
@@ -157,6 +160,7 @@ impl PyStreamingTransformer {
                 layout,
                 device: &dev,
                 dtype,
+                weights_dtype,
             };
             let model = Transformer::load(&cfg, &src, &spec)?;
             Ok((model, device_name))
@@ -323,6 +327,12 @@ impl PyStreamingTransformer {
     #[getter]
     fn dtype(&self) -> &'static str {
         self.dtype_name
+    }
+
+    /// How the linear layers' weights are stored: "float32" or "bfloat16".
+    #[getter]
+    fn weights_dtype(&self) -> &'static str {
+        self.model.weights_dtype().name()
     }
 
     /// Time steps consumed since construction or the last ``reset_state()``. For a batch whose

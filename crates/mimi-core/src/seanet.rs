@@ -46,6 +46,10 @@ impl ResBlock {
     }
 
     /// The first input frame that output frame `out` depends on.
+    fn convs_mut(&mut self) -> impl Iterator<Item = &mut Conv1d> {
+        self.convs.iter_mut().chain(self.shortcut.as_mut())
+    }
+
     fn first_input(&self, out: i64) -> i64 {
         self.convs.iter().rev().fold(out, |o, c| c.first_input(o))
     }
@@ -57,7 +61,7 @@ impl ResBlock {
         st.convs.resize_with(2, ConvState::default);
         let (a, b) = st.convs.split_at_mut(1);
         let (c1, c2) = (&self.convs[0], &self.convs[1]);
-        if x.len > crate::kernels::GEMV_MAX_ROWS && c1.stride == 1 && c2.k == 1 {
+        if x.len > crate::conv::STEP_FRAMES && c1.stride == 1 && c2.k == 1 {
             // The pointwise second convolution keeps no state: fuse the two.
             return match c1.prepare(&mut a[0], x, Some(alpha), last) {
                 None => Frames::empty(c2.cout),
@@ -147,6 +151,19 @@ impl Encoder {
         })
     }
 
+    /// Stores the large layers' weights in bf16 (`weights_dtype="bfloat16"`).
+    pub fn store_bf16(&mut self) {
+        let (init, last) = (&mut self.init, &mut self.last);
+        let layers = self
+            .layers
+            .iter_mut()
+            .flat_map(|(res, down)| res.iter_mut().flat_map(ResBlock::convs_mut).chain([down]));
+        [init, last]
+            .into_iter()
+            .chain(layers)
+            .for_each(Conv1d::store_bf16);
+    }
+
     /// Samples per output frame.
     pub fn hop(&self) -> usize {
         self.layers.iter().map(|(_, down)| down.stride).product()
@@ -229,6 +246,30 @@ impl Encoder {
         self.last
             .step(&mut st.last, down.as_ref().unwrap_or(x), a, None, last)
     }
+
+    /// [`Self::frame_rate`] of several rows (`sts[r]`, `xs[r]`) at once: their products
+    /// share the matrix-vector kernel's calls ([`Conv1d::step_rows`]), and row `r` gets the
+    /// bits `frame_rate` gives it alone.
+    pub fn frame_rate_rows(
+        &self,
+        sts: &mut [&mut EncoderState],
+        xs: &[Frames],
+        last: bool,
+    ) -> Vec<Frames> {
+        let a = Some(self.alpha);
+        for st in sts.iter_mut() {
+            st.layers.resize_with(self.layers.len(), Default::default);
+        }
+        let down = self.layers.last().map(|(_, down)| {
+            let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
+                .filter_map(|st| st.layers.last_mut().map(|l| &mut l.1))
+                .collect();
+            down.step_rows(&mut cs, xs, a, last)
+        });
+        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
+        self.last
+            .step_rows(&mut cs, down.as_deref().unwrap_or(xs), a, last)
+    }
 }
 
 /// The SEANet decoder (`SeaNetDecoder`): (dimension, frames) -> audio (channels, samples).
@@ -249,6 +290,18 @@ pub struct DecoderState {
 }
 
 impl Decoder {
+    /// Stores the large layers' weights in bf16 (`weights_dtype="bfloat16"`).
+    pub fn store_bf16(&mut self) {
+        self.init.store_bf16();
+        self.last.store_bf16();
+        for (up, res) in &mut self.layers {
+            up.store_bf16();
+            res.iter_mut()
+                .flat_map(ResBlock::convs_mut)
+                .for_each(Conv1d::store_bf16);
+        }
+    }
+
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
         let vb = vb.pp("layers");
         let nf = cfg.n_filters;
@@ -310,6 +363,24 @@ impl Decoder {
         match (self.layers.first(), st.layers.first_mut()) {
             (Some((up, _)), Some(ls)) => up.step(&mut ls.0, &x, Some(self.alpha)),
             _ => x,
+        }
+    }
+
+    /// [`Self::frame_rate`] of several rows at once, as [`Encoder::frame_rate_rows`].
+    pub fn frame_rate_rows(&self, sts: &mut [&mut DecoderState], xs: &[Frames]) -> Vec<Frames> {
+        for st in sts.iter_mut() {
+            st.layers.resize_with(self.layers.len(), Default::default);
+        }
+        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
+        let x = self.init.step_rows(&mut cs, xs, None, false);
+        match self.layers.first() {
+            Some((up, _)) => {
+                let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
+                    .filter_map(|st| st.layers.first_mut().map(|l| &mut l.0))
+                    .collect();
+                up.step_rows(&mut cs, &x, Some(self.alpha))
+            }
+            None => x,
         }
     }
 

@@ -19,9 +19,10 @@ use crate::error::{Error, Result};
 use crate::host::HostArray;
 use crate::kernels::{residual_add, Linear, WindowAttention};
 use crate::rows::Rows;
+use crate::runtime::device::WeightsDType;
 use candle::{DType, Device, IndexOp, Module, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::mimi::transformer::{Mlp, Norm};
+use candle_transformers::models::mimi::transformer::Norm;
 use std::collections::{BTreeMap, HashMap};
 
 /// Queries processed per internal block when a call is longer than this; results do not
@@ -68,7 +69,7 @@ struct Attention {
     out: Linear,
 }
 
-/// The feed-forward block, loaded by candle's `Mlp::new` and run with our `Linear`.
+/// The feed-forward block: candle's `Mlp`, with its names, run with our `Linear`.
 enum FeedForward {
     Plain {
         fc1: Linear,
@@ -82,24 +83,30 @@ enum FeedForward {
 }
 
 impl FeedForward {
-    fn from_candle(mlp: &Mlp) -> Result<Self> {
-        Ok(match mlp {
-            Mlp::NoGating {
-                linear1, linear2, ..
-            } => Self::Plain {
-                fc1: Linear::from_candle(linear1)?,
-                fc2: Linear::from_candle(linear2)?,
+    /// candle's `Mlp` weights (`mlp.fc1`/`fc2` or `gating.linear_in`/`out`): the matrices
+    /// from `vbw` (their storage dtype), the biases from `vb`.
+    fn load(cfg: &TransformerConfig, vb: &VarBuilder, vbw: &VarBuilder) -> Result<Self> {
+        let (d, ff) = (cfg.d_model, cfg.dim_feedforward);
+        let linear = |name: &str, (o, i): (usize, usize), bias: bool| -> Result<Linear> {
+            let w = vbw.get((o, i), &format!("{name}.weight"))?;
+            let b = bias
+                .then(|| vb.get(o, &format!("{name}.bias")))
+                .transpose()?;
+            Ok(Linear::new(w, b)?)
+        };
+        Ok(match cfg.gating {
+            None => Self::Plain {
+                fc1: linear("mlp.fc1", (ff, d), cfg.bias_ff)?,
+                fc2: linear("mlp.fc2", (d, ff), cfg.bias_ff)?,
             },
-            Mlp::Gating {
-                linear_in,
-                linear_out,
-                activation,
-                ..
-            } => Self::Gated {
-                lin_in: Linear::from_candle(linear_in)?,
-                lin_out: Linear::from_candle(linear_out)?,
-                act: *activation,
-            },
+            Some(g) => {
+                let h = cfg.gated_hidden();
+                Self::Gated {
+                    lin_in: linear("gating.linear_in", (2 * h, d), false)?,
+                    lin_out: linear("gating.linear_out", (d, h), false)?,
+                    act: g.activation(),
+                }
+            }
         })
     }
 }
@@ -133,34 +140,34 @@ struct Layer {
 }
 
 impl Attention {
-    /// q, k and v as one product (`q_proj`, `k_proj`, `v_proj` stacked), then `o_proj`.
-    fn load(cfg: &TransformerConfig, vb: VarBuilder) -> Result<Self> {
+    /// q, k and v as one product (`q_proj`, `k_proj`, `v_proj` stacked), then `o_proj`;
+    /// the matrices from `vbw` (their storage dtype), the biases from `vb`.
+    fn load(cfg: &TransformerConfig, vb: &VarBuilder, vbw: &VarBuilder) -> Result<Self> {
         let d = cfg.d_model;
-        let get = |name: &str, shape: &[usize]| vb.get(shape, name);
-        let stacked = |suffix: &str, shape: &[usize]| -> Result<Tensor> {
+        let stacked = |vb: &VarBuilder, suffix: &str, shape: &[usize]| -> Result<Tensor> {
             let parts = ["q_proj", "k_proj", "v_proj"]
                 .iter()
-                .map(|p| get(&format!("{p}.{suffix}"), shape))
+                .map(|p| vb.get(shape, &format!("{p}.{suffix}")))
                 .collect::<candle::Result<Vec<_>>>()?;
             Ok(Tensor::cat(&parts, 0)?)
         };
         let (qkv_b, out_b) = match cfg.bias_attn {
             true => (
-                Some(stacked("bias", &[d])?),
-                Some(get("o_proj.bias", &[d])?),
+                Some(stacked(vb, "bias", &[d])?),
+                Some(vb.get(d, "o_proj.bias")?),
             ),
             false => (None, None),
         };
         Ok(Self {
-            qkv: Linear::new(stacked("weight", &[d, d])?, qkv_b)?,
-            out: Linear::new(get("o_proj.weight", &[d, d])?, out_b)?,
+            qkv: Linear::new(stacked(vbw, "weight", &[d, d])?, qkv_b)?,
+            out: Linear::new(vbw.get((d, d), "o_proj.weight")?, out_b)?,
         })
     }
 }
 
 impl Layer {
-    /// Layer `vb` (`layers.{i}`) with candle's names.
-    fn load(cfg: &TransformerConfig, vb: VarBuilder) -> Result<Self> {
+    /// Layer `vb` (`layers.{i}`) with candle's names; its matrices from `vbw`.
+    fn load(cfg: &TransformerConfig, vb: VarBuilder, vbw: VarBuilder) -> Result<Self> {
         let ccfg = cfg.to_candle();
         let d = cfg.d_model;
         let (n1, n2) = match cfg.norm {
@@ -174,8 +181,8 @@ impl Layer {
         Ok(Self {
             norm1: Norm::new(d, &ccfg, vb.pp(n1))?,
             norm2: Norm::new(d, &ccfg, vb.pp(n2))?,
-            attn: Attention::load(cfg, vb.pp("self_attn"))?,
-            mlp: FeedForward::from_candle(&Mlp::new(&ccfg, vb.clone())?)?,
+            attn: Attention::load(cfg, &vb.pp("self_attn"), &vbw.pp("self_attn"))?,
+            mlp: FeedForward::load(cfg, &vb, &vbw)?,
             ls1: scale("self_attn_layer_scale")?,
             ls2: scale("mlp_layer_scale")?,
         })
@@ -298,7 +305,8 @@ impl Transformer {
     }
 
     /// Builds the model from checked weights (names without prefix, interleaved q/k layout,
-    /// already in `dtype` on `device`).
+    /// already in `dtype` on `device`, the matrices possibly in bf16 for an f32 model on the
+    /// CPU: see [`crate::weights::LoadSpec::weights_dtype`]).
     pub fn new(
         cfg: &TransformerConfig,
         weights: BTreeMap<String, Tensor>,
@@ -310,8 +318,15 @@ impl Transformer {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let vb = VarBuilder::from_tensors(map, dtype, device);
+        let stored = weights.values().find(|t| t.rank() == 2).map(|t| t.dtype());
+        let vbw = match stored {
+            Some(DType::BF16) if dtype == DType::F32 && device.is_cpu() => {
+                vb.clone().set_dtype(DType::BF16)
+            }
+            _ => vb.clone(),
+        };
         let layers = (0..cfg.num_layers)
-            .map(|i| Layer::load(cfg, vb.pp("layers").pp(i)))
+            .map(|i| Layer::load(cfg, vb.pp("layers").pp(i), vbw.pp("layers").pp(i)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg: cfg.clone(),
@@ -332,6 +347,14 @@ impl Transformer {
 
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// How the linear layers' weights are stored (bf16 only for an f32 model on the CPU).
+    pub fn weights_dtype(&self) -> WeightsDType {
+        match self.layers.first().map(|l| l.attn.qkv.weight_dtype()) {
+            Some(DType::BF16) if self.dtype == DType::F32 => WeightsDType::BF16,
+            _ => WeightsDType::F32,
+        }
     }
 
     /// The weights under their checkpoint names (no prefix, interleaved q/k layout).
@@ -886,6 +909,7 @@ mod tests {
             layout: QkLayout::Interleaved,
             device: dev,
             dtype: DType::F32,
+            weights_dtype: Default::default(),
         }
     }
 

@@ -10,6 +10,7 @@
 
 use crate::config::{Norm, TransformerConfig};
 use crate::error::{Error, Result};
+use crate::runtime::device::WeightsDType;
 use candle::safetensors::MmapedSafetensors;
 use candle::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
@@ -463,6 +464,9 @@ pub struct LoadSpec<'a> {
     pub layout: QkLayout,
     pub device: &'a Device,
     pub dtype: DType,
+    /// How the matrices (rank-2 tensors: the linear layers) are stored; the rest (norms,
+    /// biases, scales) is in `dtype`. A tensor already stored so is not converted.
+    pub weights_dtype: WeightsDType,
 }
 
 /// Reads every tensor a transformer with `cfg` reads from `src` under `prefix`, converts
@@ -478,6 +482,7 @@ pub fn load_transformer(
         layout,
         device,
         dtype,
+        weights_dtype,
     } = *spec;
     let mut out = BTreeMap::new();
     for (name, shape) in expected_tensors(cfg) {
@@ -488,7 +493,11 @@ pub fn load_transformer(
             QkLayout::Hf if is_qk(&name) => permute_rows(&t, cfg.head_dim())?,
             _ => t,
         };
-        out.insert(name, t.to_dtype(dtype)?.to_device(device)?);
+        let to = match weights_dtype {
+            WeightsDType::BF16 if shape.len() == 2 => DType::BF16,
+            _ => dtype,
+        };
+        out.insert(name, t.to_dtype(to)?.to_device(device)?);
     }
     Ok(out)
 }

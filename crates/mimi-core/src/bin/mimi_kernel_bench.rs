@@ -11,7 +11,7 @@
 //! their speed in short calls, because `gemm` packs their large weights on every call.
 //!
 //! `... --bin mimi_kernel_bench -- gemv [megabytes]` times the matrix-vector kernel instead
-//! (every linear layer of a streaming step): 1, 2 and 4 input rows against the transformer's
+//! (every linear layer of a streaming step): 1 to 32 input rows, f32 and bf16 weights, against the transformer's
 //! weight shapes, cycling through `megabytes` (default 400: more than this machine's cache,
 //! as in a streaming codec frame; 100 is one transformer's weights) of distinct matrices, and
 //! prints the weight bytes read per second.
@@ -21,7 +21,7 @@
 use candle::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use mimi_core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
-use mimi_core::kernels::gemv;
+use mimi_core::kernels::{gemv, Isa, Weight};
 use std::time::Instant;
 
 /// (name, cin, cout, k, stride, input frames per second of audio, transposed)
@@ -44,7 +44,22 @@ const LAYERS: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
     ("dec last", 64, 1, 7, 1, 24000, false),
 ];
 
-/// The matrix-vector kernel on the transformer's shapes (see the module docs).
+/// Best time of 15 passes of `gemv` over every matrix of `ws`, `m` input rows.
+fn time_gemv<W: Weight>(ws: &[Vec<W>], m: usize, k: usize, n: usize) -> f64 {
+    let x: Vec<f32> = (0..m * k).map(|j| (j % 5) as f32).collect();
+    let mut best = f64::MAX;
+    for _ in 0..15 {
+        let t = Instant::now();
+        for w in ws {
+            std::hint::black_box(gemv(&x, w, m, k, n));
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// The matrix-vector kernel on the transformer's shapes (see the module docs), with f32
+/// and with bf16 weights (the same values, rounded).
 fn bench_gemv(megabytes: usize) {
     for (n, k) in [(1536usize, 512usize), (512, 512), (2048, 512), (512, 2048)] {
         let mats = (megabytes * 1_000_000 / (n * k * 4)).max(1);
@@ -55,21 +70,21 @@ fn bench_gemv(megabytes: usize) {
                     .collect()
             })
             .collect();
-        for m in [1usize, 2, 4, 8] {
-            let x: Vec<f32> = (0..m * k).map(|j| (j % 5) as f32).collect();
-            let mut best = f64::MAX;
-            for _ in 0..15 {
-                let t = Instant::now();
-                for w in &ws {
-                    std::hint::black_box(gemv(&x, w, m, k, n));
-                }
-                best = best.min(t.elapsed().as_secs_f64());
-            }
+        let ws16: Vec<Vec<half::bf16>> = ws
+            .iter()
+            .map(|w| w.iter().map(|&v| half::bf16::from_f32(v)).collect())
+            .collect();
+        for m in [1usize, 2, 4, 8, 16, 32] {
+            let (f32_s, bf16_s) = (time_gemv(&ws, m, k, n), time_gemv(&ws16, m, k, n));
             let gb = (mats * n * k * 4) as f64 / 1e9;
             println!(
-                "{{\"gemv\": \"{n}x{k}\", \"rows\": {m}, \"best_ms\": {:.2}, \"gb_per_s\": {:.1}}}",
-                best * 1e3,
-                gb / best
+                "{{\"gemv\": \"{n}x{k}\", \"rows\": {m}, \"f32_ms\": {:.2}, \"f32_gb_per_s\": {:.1}, \
+                 \"bf16_ms\": {:.2}, \"bf16_gb_per_s\": {:.1}, \"bf16_isa\": \"{:?}\"}}",
+                f32_s * 1e3,
+                gb / f32_s,
+                bf16_s * 1e3,
+                gb / 2.0 / bf16_s,
+                Isa::detect::<half::bf16>()
             );
         }
     }

@@ -1,5 +1,6 @@
 //! The bridge between candle tensors and the native engine's [`Frames`]: a `(B, C, T)`
-//! tensor as one `Frames` per batch item and back, and one per-row stage over them.
+//! tensor as one `Frames` per batch item and back, one per-row stage over them, and the
+//! stepping rows' states selected together.
 
 use crate::conv::Frames;
 use crate::error::Result;
@@ -47,4 +48,24 @@ pub(crate) fn per_row<I>(
         ys.push(stage(&mut items[r], f)?);
     }
     from_frames(ys, x.device())
+}
+
+/// The items of `rows` (ascending and distinct, as [`crate::rows::Rows`] holds them),
+/// mutably and in that order.
+pub(crate) fn select_mut<'a, I>(items: &'a mut [I], rows: &[usize]) -> Result<Vec<&'a mut I>> {
+    let mut want = rows.iter().peekable();
+    let n = items.len();
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, it) in items.iter_mut().enumerate() {
+        if want.peek() == Some(&&i) {
+            out.push(it);
+            want.next();
+        }
+    }
+    if out.len() != rows.len() {
+        return Err(crate::error::Error::Internal(format!(
+            "rows {rows:?} are not ascending indices below {n}"
+        )));
+    }
+    Ok(out)
 }

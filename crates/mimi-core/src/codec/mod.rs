@@ -33,6 +33,7 @@ use crate::config::CodecConfig;
 use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
+use crate::runtime::device::WeightsDType;
 use crate::transformer::{State, Transformer};
 use crate::weights::{self, QkLayout, TensorSource};
 use ::candle::{DType, Device, Tensor};
@@ -89,27 +90,41 @@ pub struct Codec {
     parts: Parts,
     engine: Arc<dyn Engine>,
     quantizer: Quantizer,
+    weights_dtype: WeightsDType,
 }
 
 impl Codec {
-    /// The native engine on the CPU in f32, the candle engine otherwise.
+    /// The native engine on the CPU in f32, the candle engine otherwise; f32 weights.
     pub fn new(
         cfg: &CodecConfig,
         source: TensorSource,
         device: &Device,
         dtype: DType,
     ) -> Result<Self> {
+        Self::with_weights_dtype(cfg, source, device, dtype, WeightsDType::F32)
+    }
+
+    /// [`Codec::new`] with its weight matrices stored as `weights_dtype` says (bf16: the
+    /// native engine only, refused otherwise before anything is read).
+    pub fn with_weights_dtype(
+        cfg: &CodecConfig,
+        source: TensorSource,
+        device: &Device,
+        dtype: DType,
+        weights_dtype: WeightsDType,
+    ) -> Result<Self> {
+        weights_dtype.check_engine(device, dtype)?;
         let engine = if device.is_cpu() && dtype == DType::F32 {
             EngineKind::Native
         } else {
             EngineKind::Candle
         };
-        Self::with_engine(cfg, source, device, dtype, engine)
+        Self::build(cfg, source, (device, dtype, weights_dtype), engine)
     }
 
-    /// Builds the codec on `engine`, reading every weight from `source` (already in
-    /// candle's names, q/k interleaved: see [`Checkpoint`]). Refuses configs whose weights
-    /// cannot fit in memory before reading anything.
+    /// Builds the codec on `engine` with f32 weights, reading every weight from `source`
+    /// (already in candle's names, q/k interleaved: see [`Checkpoint`]). Refuses configs
+    /// whose weights cannot fit in memory before reading anything.
     pub fn with_engine(
         cfg: &CodecConfig,
         source: TensorSource,
@@ -117,12 +132,24 @@ impl Codec {
         dtype: DType,
         engine: EngineKind,
     ) -> Result<Self> {
+        Self::build(cfg, source, (device, dtype, WeightsDType::F32), engine)
+    }
+
+    fn build(
+        cfg: &CodecConfig,
+        source: TensorSource,
+        (device, dtype, weights_dtype): (&Device, DType, WeightsDType),
+        engine: EngineKind,
+    ) -> Result<Self> {
         cfg.transformer.check_supported()?;
         Self::check_weights_memory(cfg)?;
         let source = Arc::new(source);
         let vb = source.var_builder(dtype, device);
         let engine: Arc<dyn Engine> = match engine {
-            EngineKind::Native => Arc::new(Native::load(cfg, &vb)?),
+            EngineKind::Native => {
+                let bf16 = weights_dtype == WeightsDType::BF16;
+                Arc::new(Native::load(cfg, &vb, bf16)?)
+            }
             EngineKind::Candle => Arc::new(Candle::load(cfg, &vb)?),
         };
         // The quantizer always computes in f32, whatever the codec's dtype: a code is an
@@ -130,7 +157,14 @@ impl Codec {
         // latents are cast to f32 on the way in (and back to `dtype` on the way out).
         let quantizer =
             Quantizer::load(cfg, &source.var_builder(DType::F32, device).pp("quantizer"))?;
-        let [enc_w, dec_w] = Self::transformer_weights(cfg, &source, device, dtype)?;
+        let spec = weights::LoadSpec {
+            prefix: "",
+            layout: QkLayout::Interleaved,
+            device,
+            dtype,
+            weights_dtype,
+        };
+        let [enc_w, dec_w] = Self::transformer_weights(cfg, &source, &spec)?;
         Self::report_unread(cfg, &source);
         source.finish()?;
         let parts = Parts {
@@ -145,6 +179,7 @@ impl Codec {
             parts,
             engine,
             quantizer,
+            weights_dtype,
         })
     }
 
@@ -166,24 +201,15 @@ impl Codec {
     fn transformer_weights(
         cfg: &CodecConfig,
         source: &TensorSource,
-        device: &Device,
-        dtype: DType,
+        spec: &weights::LoadSpec,
     ) -> Result<[BTreeMap<String, Tensor>; 2]> {
         let tcfg = &cfg.transformer;
-        let load = |i: u64, prefix| {
-            let spec = weights::LoadSpec {
-                prefix,
-                layout: QkLayout::Interleaved,
-                device,
-                dtype,
-            };
-            match source.seed() {
-                Some(seed) => {
-                    let own = TensorSource::seeded(seed.wrapping_add(1 + i), tcfg.layer_scale);
-                    weights::load_transformer(tcfg, &own, &weights::LoadSpec { prefix: "", ..spec })
-                }
-                None => weights::load_transformer(tcfg, source, &spec),
+        let load = |i: u64, prefix| match source.seed() {
+            Some(seed) => {
+                let own = TensorSource::seeded(seed.wrapping_add(1 + i), tcfg.layer_scale);
+                weights::load_transformer(tcfg, &own, spec)
             }
+            None => weights::load_transformer(tcfg, source, &weights::LoadSpec { prefix, ..*spec }),
         };
         Ok([
             load(0, "encoder_transformer.")?,
@@ -206,6 +232,11 @@ impl Codec {
     /// The codec's config.
     pub fn config(&self) -> &CodecConfig {
         &self.parts.cfg
+    }
+
+    /// How the weight matrices are stored.
+    pub fn weights_dtype(&self) -> WeightsDType {
+        self.weights_dtype
     }
 
     /// The engine computing the convolutional parts.

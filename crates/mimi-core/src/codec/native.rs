@@ -1,8 +1,11 @@
-//! The native engine: the convolutional parts on this crate's CPU float32 convolutions
-//! ([`crate::seanet`], [`crate::conv`]), with one state per batch row, and offline calls cut
-//! into parallel segments ([`super::offline`]).
+//! The native engine: the convolutional parts on this crate's CPU convolutions (float32
+//! compute, float32 or bf16 weights: [`crate::seanet`], [`crate::conv`]), with one state
+//! per batch row, and offline calls cut into parallel segments ([`super::offline`]). A
+//! batched streaming step runs the high-rate layers row by row and the frame-rate layers
+//! (few frames, large weights) for all rows at once, so their weights are read once per
+//! step rather than once per row.
 
-use super::bridge::{from_frames, per_row, to_frames};
+use super::bridge::{from_frames, per_row, select_mut, to_frames};
 use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::offline::{empty, split, stream_window};
 use super::transform;
@@ -30,19 +33,32 @@ pub(crate) struct Native {
 }
 
 impl Native {
-    /// The SEANets and the down/upsampling, from `vb` (f32).
-    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder) -> Result<Self> {
+    /// The SEANets and the down/upsampling, from `vb` (f32); with `bf16`, the large layers
+    /// then converted to bf16, one at a time.
+    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder, bf16: bool) -> Result<Self> {
         let dim = cfg.seanet.dimension;
         let stride = cfg.downsample_stride();
         let down = ConvSpec::new(dim, dim, 2 * stride)
             .stride(stride)
             .no_bias()
             .pad(PadMode::Replicate);
+        let mut encoder = seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?;
+        let mut downsample = Conv1d::load(vb.pp("downsample"), down)?;
+        if bf16 {
+            encoder.store_bf16();
+            downsample.store_bf16();
+        }
+        let mut decoder = seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?;
+        let mut upsample = ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?;
+        if bf16 {
+            decoder.store_bf16();
+            upsample.store_bf16();
+        }
         Ok(Self {
-            encoder: seanet::Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
-            decoder: seanet::Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
-            downsample: Conv1d::load(vb.pp("downsample"), down)?,
-            upsample: ConvTr1d::load_depthwise(vb.pp("upsample"), dim, stride)?,
+            encoder,
+            decoder,
+            downsample,
+            upsample,
         })
     }
 
@@ -226,17 +242,28 @@ struct NativeEncode {
 }
 
 impl EncodeConvs for NativeEncode {
+    /// The high-rate layers row by row, then the frame-rate layers for all rows at once
+    /// (each row still its own stream: see [`seanet::Encoder::frame_rate_rows`]).
     fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
         self.items.resize_with(rows.batch(), Default::default);
         let enc = &self.engine.encoder;
-        let stage = |it: &mut EncodeItem, f: &Frames| enc.apply(&mut it.0, f, last, None);
-        per_row(&mut self.items, &rows.indices(), pcm, stage)
+        let mut items = select_mut(&mut self.items, &rows.indices())?;
+        let high = (items.iter_mut().zip(to_frames(pcm)?))
+            .map(|(it, x)| enc.high_rate(&mut it.0, &x, last, None))
+            .collect::<Result<Vec<_>>>()?;
+        let mut sts: Vec<&mut seanet::EncoderState> =
+            items.iter_mut().map(|it| &mut it.0).collect();
+        from_frames(enc.frame_rate_rows(&mut sts, &high, last), pcm.device())
     }
 
     fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>> {
         let down = &self.engine.downsample;
-        let stage = |it: &mut EncodeItem, f: &Frames| Ok(down.step(&mut it.1, f, None, None, last));
-        per_row(&mut self.items, &rows.indices(), x, stage)
+        let mut items = select_mut(&mut self.items, &rows.indices())?;
+        let mut sts: Vec<&mut ConvState> = items.iter_mut().map(|it| &mut it.1).collect();
+        from_frames(
+            down.step_rows(&mut sts, &to_frames(x)?, None, last),
+            x.device(),
+        )
     }
 
     fn reset_row(&mut self, r: usize) {
@@ -267,10 +294,17 @@ impl DecodeConvs for NativeDecode {
         per_row(&mut self.items, &rows.indices(), x, stage)
     }
 
+    /// The frame-rate layers for all rows at once, then the high-rate layers row by row.
     fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
         let dec = &self.engine.decoder;
-        let stage = |it: &mut DecodeItem, f: &Frames| dec.apply(&mut it.1, f, None);
-        per_row(&mut self.items, &rows.indices(), x, stage)
+        let mut items = select_mut(&mut self.items, &rows.indices())?;
+        let mut sts: Vec<&mut seanet::DecoderState> =
+            items.iter_mut().map(|it| &mut it.1).collect();
+        let low = dec.frame_rate_rows(&mut sts, &to_frames(x)?);
+        let audio = (sts.iter_mut().zip(&low))
+            .map(|(st, y)| dec.high_rate(st, y, None))
+            .collect::<Result<Vec<_>>>()?;
+        from_frames(audio, x.device())
     }
 
     fn reset_row(&mut self, r: usize) {

@@ -15,7 +15,7 @@ use candle_nn::VarBuilder;
 
 use super::activation::{copy_act, elu_in_place};
 use super::frames::{par_rows, Frames, Padded};
-use super::spec::{conv_weight, to_vec, ConvSpec, ConvState};
+use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{epilogue, for_tiles, matmul, max_cols, tiles, SharedMut, Tile};
 use crate::config::PadMode;
 use crate::kernels::direct;
@@ -51,7 +51,7 @@ fn phase_major(w: &[f32], spec: &ConvSpec) -> Vec<f32> {
 pub struct Conv1d {
     /// `(cout, cin * k)` row-major, columns `(ci, j)`; for a phase-split convolution
     /// (`phases > 0`), columns `(m, ci, r)` for tap `j = m * stride + r` (zero past `k`).
-    w: Vec<f32>,
+    w: Matrix,
     /// Taps per phase of a strided convolution computed on its phase-split input (see
     /// [`Conv1d::run_phased`]); 0 for the plain layout.
     phases: usize,
@@ -97,7 +97,7 @@ impl Conv1d {
             w
         };
         Ok(Self {
-            w,
+            w: Matrix::F32(w),
             phases,
             b,
             cin,
@@ -107,6 +107,17 @@ impl Conv1d {
             dilation,
             replicate: pad == PadMode::Replicate,
         })
+    }
+
+    /// Stores a large layer's weights in bf16 (see [`super::spec::BF16_MIN_WEIGHTS`]).
+    pub(crate) fn store_bf16(&mut self) {
+        self.w.store_bf16()
+    }
+
+    /// Test hook: bf16 weights whatever the layer's size.
+    #[cfg(test)]
+    pub(crate) fn force_bf16(&mut self) {
+        self.w.store_bf16_from(0)
     }
 
     fn keff(&self) -> usize {
@@ -289,6 +300,7 @@ impl Conv1d {
     fn run_phased(&self, x: &Padded, n: usize, residual: Option<&Frames>) -> Frames {
         let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.phases);
         let (cs, kk, len) = (cin * s, self.w.len() / cout, n + taps - 1);
+        let w = self.w.f32();
         let mut ph = Frames::uninit(cs, len);
         par_rows(&mut ph.data, len, |row, dst| {
             x.gather(row / s, row % s, s, dst)
@@ -312,7 +324,7 @@ impl Conv1d {
                         1,
                         n as isize,
                         m > 0,
-                        self.w.as_ptr().add(r0 * kk + m * cs),
+                        w.as_ptr().add(r0 * kk + m * cs),
                         1,
                         kk as isize,
                         ph.data.as_ptr().add(t0 + m),
@@ -338,8 +350,9 @@ impl Conv1d {
     /// 24 kHz, one output row) took 4.8 ms per second of audio through gemm, 1.9-2.8 ms now
     /// (most of it the activation of its 64-channel input); 1 thread (`mimi_kernel_bench`).
     fn run_direct(&self, x: &Frames, n: usize, residual: Option<&Frames>) -> Frames {
+        let w = self.w.f32();
         let p = direct::Direct {
-            w: &self.w,
+            w: &w,
             cout: self.cout,
             cin: self.cin,
             k: self.k,
@@ -367,13 +380,14 @@ impl Conv1d {
     /// direct, matrix-vector or tiled im2col strategy.
     fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
         let n = self.frames(x.len());
-        if self.phases > 0 && n > crate::kernels::GEMV_MAX_ROWS {
+        let step = self.w.gemv_frames();
+        if self.phases > 0 && n > step {
             return self.run_phased(x, n, residual);
         }
         if self.stride == 1
             && x.left == 0
             && x.right == 0
-            && n > crate::kernels::GEMV_MAX_ROWS
+            && n > step
             && self.cin * self.k <= direct::MAX_DIRECT_K
             && direct::available()
         {
@@ -387,22 +401,67 @@ impl Conv1d {
         if n == 0 {
             return Frames::empty(cout);
         }
-        if n <= crate::kernels::GEMV_MAX_ROWS {
+        if n <= step {
             self.run_gemv(x, n, residual)
         } else {
             self.run_tiled(x, n, residual)
         }
     }
 
-    /// A streaming step (`n <= GEMV_MAX_ROWS` output frames, at least one): bound by reading
+    /// A streaming step (a few output frames, at least one): bound by reading
     /// the weights once; the matrix-vector kernel, then bias and `residual` (`cout x n`).
     fn run_gemv(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
+        let kk = self.w.len() / self.cout.max(1);
+        let cols = self.gemv_cols(x, n, kk);
+        self.gemv_out(&self.w.gemv(&cols, n, kk, self.cout), n, residual)
+    }
+
+    /// [`Self::step`] of several rows, each continuing its own state (`sts[r]`, `xs[r]`):
+    /// when every row's step takes the matrix-vector kernel, the rows share its calls, so
+    /// the weights are read once per call, not once per row. Row `r` gets the bits `step`
+    /// gives it alone.
+    pub(crate) fn step_rows(
+        &self,
+        sts: &mut [&mut ConvState],
+        xs: &[Frames],
+        act: Option<f32>,
+        last: bool,
+    ) -> Vec<Frames> {
+        let fulls: Vec<Option<Frames>> = (sts.iter_mut().zip(xs))
+            .map(|(st, x)| self.prepare(st, x, act, last))
+            .collect();
+        let ns: Vec<usize> = fulls
+            .iter()
+            .map(|f| f.as_ref().map_or(0, |f| self.frames(f.len)))
+            .collect();
+        let run = |f: &Option<Frames>| match f {
+            None => Frames::empty(self.cout),
+            Some(full) => self.run(&Padded::plain(full), None),
+        };
+        if ns.iter().any(|&n| n > self.w.gemv_frames()) || fulls.len() < 2 {
+            return fulls.iter().map(run).collect();
+        }
+        let kk = self.w.len() / self.cout.max(1);
+        let cols: Vec<Vec<f32>> = (fulls.iter().zip(&ns))
+            .map(|(f, &n)| match f {
+                Some(full) if n > 0 => self.gemv_cols(&Padded::plain(full), n, kk),
+                _ => Vec::new(),
+            })
+            .collect();
+        let ys = self.w.gemv_rows(&cols, &ns, kk, self.cout);
+        (ys.iter().zip(&ns))
+            .map(|(y, &n)| match n {
+                0 => Frames::empty(self.cout),
+                _ => self.gemv_out(y, n, None),
+            })
+            .collect()
+    }
+
+    /// `y (n, cout)` of the matrix-vector kernel as frames, plus bias and `residual`.
+    fn gemv_out(&self, y: &[f32], n: usize, residual: Option<&[f32]>) -> Frames {
         let cout = self.cout;
-        let kk = self.w.len() / cout.max(1);
         let bias = self.b.as_deref();
         let mut out = Frames::uninit(cout, n);
-        let cols = self.gemv_cols(x, n, kk);
-        let y = crate::kernels::gemv(&cols, &self.w, n, kk, cout);
         for co in 0..cout {
             let b = bias.map_or(0.0, |b| b[co]);
             for t in 0..n {
@@ -458,6 +517,7 @@ impl Conv1d {
     fn run_tiled(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
         let (cin, cout, k, s, d) = (self.cin, self.cout, self.k, self.stride, self.dilation);
         let kk = self.w.len() / cout.max(1);
+        let w = self.w.f32();
         let bias = self.b.as_deref();
         let mut out = Frames::uninit(cout, n);
         let ptr = SharedMut(out.data.as_mut_ptr());
@@ -485,7 +545,7 @@ impl Conv1d {
                     ptr.0.add(r0 * n + t0),
                     n,
                     1,
-                    self.w.as_ptr().add(r0 * kk),
+                    w.as_ptr().add(r0 * kk),
                     kk,
                     cols.as_ptr(),
                 );
@@ -517,8 +577,9 @@ impl Fused<'_> {
     fn run_direct(&self, tiles: &[Tile], flops: usize) {
         let (a, b) = (self.first, self.second);
         let (x, n, hidden) = (self.x, self.n, a.cout);
+        let (wa, wb) = (a.w.f32(), b.w.f32());
         let first = direct::Direct {
-            w: &a.w,
+            w: &wa,
             cout: hidden,
             cin: a.cin,
             k: a.k,
@@ -526,7 +587,7 @@ impl Fused<'_> {
             bias: a.b.as_deref(),
         };
         let second = direct::Direct {
-            w: &b.w,
+            w: &wb,
             cout: b.cout,
             cin: hidden,
             k: 1,
@@ -579,6 +640,7 @@ impl Fused<'_> {
             scratch.resize(nc + nh, 0.0);
         }
         let (cols, h) = scratch[..nc + nh].split_at_mut(nc);
+        let (wa, wb) = (a.w.f32(), b.w.f32());
         for ci in 0..cin {
             let src = self.x.row(ci);
             for j in 0..k {
@@ -596,7 +658,7 @@ impl Fused<'_> {
                 h.as_mut_ptr(),
                 tn,
                 1,
-                a.w.as_ptr(),
+                wa.as_ptr(),
                 kk,
                 cols.as_ptr(),
             );
@@ -617,7 +679,7 @@ impl Fused<'_> {
                 self.out.at(t0),
                 n,
                 1,
-                b.w.as_ptr(),
+                wb.as_ptr(),
                 hidden,
                 h.as_ptr(),
             );

@@ -9,7 +9,7 @@ use candle::Result;
 use candle_nn::VarBuilder;
 
 use super::frames::Frames;
-use super::spec::{conv_weight, to_vec, ConvSpec, ConvState};
+use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{for_tiles, matmul, max_cols, tiles, SharedMut};
 
 /// A causal transposed convolution (`StreamableConvTranspose1d`), or the depthwise one of
@@ -19,7 +19,7 @@ pub struct ConvTr1d {
     /// Row `(co, j)` (output channel, phase) of `taps * cin` columns `(m, ci)` holds
     /// `W[ci, co, j + m * stride]` (zero past the kernel). Depthwise: `w[c, j + m * stride]`
     /// at `(j * cout + c) * taps + m`.
-    w: Vec<f32>,
+    w: Matrix,
     b: Option<Vec<f32>>,
     cin: usize,
     cout: usize,
@@ -63,7 +63,7 @@ impl ConvTr1d {
             }
         }
         Ok(Self {
-            w,
+            w: Matrix::F32(w),
             b,
             cin,
             cout,
@@ -89,7 +89,7 @@ impl ConvTr1d {
             }
         }
         Ok(Self {
-            w,
+            w: Matrix::F32(w),
             b: None,
             cin: dim,
             cout: dim,
@@ -110,14 +110,31 @@ impl ConvTr1d {
         if x.len == 0 {
             return Frames::empty(self.cout);
         }
+        let full = self.prepare(st, x, act);
+        self.run(&full, x.len)
+    }
+
+    /// The state's last `taps - 1` frames then the activated chunk; keeps the new last
+    /// `taps - 1` in the state.
+    fn prepare(&self, st: &mut ConvState, x: &Frames, act: Option<f32>) -> Frames {
         let prev = st.prev.take().unwrap_or_else(|| {
             let n = self.taps - 1;
             Frames::new(self.cin, n, vec![0f32; self.cin * n])
         });
         let full = prev.concat_act(x, act);
-        let y = self.run(&full, x.len);
         st.prev = Some(full.tail(self.taps - 1));
-        y
+        full
+    }
+
+    /// Stores a large layer's weights in bf16 (see [`super::spec::BF16_MIN_WEIGHTS`]).
+    pub(crate) fn store_bf16(&mut self) {
+        self.w.store_bf16()
+    }
+
+    /// Test hook: bf16 weights whatever the layer's size.
+    #[cfg(test)]
+    pub(crate) fn force_bf16(&mut self) {
+        self.w.store_bf16_from(0)
     }
 
     pub(crate) fn stride(&self) -> usize {
@@ -133,7 +150,7 @@ impl ConvTr1d {
     fn run(&self, x: &Frames, n: usize) -> Frames {
         if self.depthwise {
             self.run_depthwise(x, n)
-        } else if n <= crate::kernels::GEMV_MAX_ROWS {
+        } else if n <= self.w.gemv_frames() {
             self.run_gemv(x, n)
         } else {
             self.run_tiled(x, n)
@@ -144,6 +161,7 @@ impl ConvTr1d {
     fn run_depthwise(&self, x: &Frames, n: usize) -> Frames {
         let (cout, s, taps) = (self.cout, self.stride, self.taps);
         let out_len = n * s;
+        let w = self.w.f32();
         let mut out = Frames::uninit(cout, out_len);
         for c in 0..cout {
             let src = x.row(c);
@@ -151,7 +169,7 @@ impl ConvTr1d {
                 for j in 0..s {
                     let mut acc = 0f32;
                     for m in 0..taps {
-                        acc += self.w[(j * cout + c) * taps + m] * src[taps - 1 + t - m];
+                        acc += w[(j * cout + c) * taps + m] * src[taps - 1 + t - m];
                     }
                     out.data[c * out_len + t * s + j] = acc;
                 }
@@ -160,13 +178,20 @@ impl ConvTr1d {
         out
     }
 
-    /// A streaming step (`n <= GEMV_MAX_ROWS` input frames): the matrix-vector kernel over
+    /// A streaming step (a few input frames): the matrix-vector kernel over
     /// all phases at once, then interleaved into the output with the bias.
     fn run_gemv(&self, x: &Frames, n: usize) -> Frames {
-        let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
-        let (len, out_len, tk) = (x.len, n * s, taps * cin);
-        let mut out = Frames::uninit(cout, out_len);
-        let bias = self.b.as_deref();
+        let tk = self.taps * self.cin;
+        let y = self
+            .w
+            .gemv(&self.gemv_cols(x, n), n, tk, self.stride * self.cout);
+        self.gemv_out(&y, n)
+    }
+
+    /// The `(n, taps * cin)` rows of a streaming step's product.
+    fn gemv_cols(&self, x: &Frames, n: usize) -> Vec<f32> {
+        let (cin, taps, len) = (self.cin, self.taps, x.len);
+        let tk = taps * cin;
         let mut cols = vec![0f32; n * tk];
         for t in 0..n {
             for m in 0..taps {
@@ -175,8 +200,15 @@ impl ConvTr1d {
                 }
             }
         }
-        // Rows (co, j): y (n, cout * stride).
-        let y = crate::kernels::gemv(&cols, &self.w, n, tk, s * cout);
+        cols
+    }
+
+    /// Rows `(co, j)` of the product, `y (n, cout * stride)`, interleaved with the bias.
+    fn gemv_out(&self, y: &[f32], n: usize) -> Frames {
+        let (cout, s) = (self.cout, self.stride);
+        let out_len = n * s;
+        let mut out = Frames::uninit(cout, out_len);
+        let bias = self.b.as_deref();
         for co in 0..cout {
             let b = bias.map_or(0.0, |b| b[co]);
             for t in 0..n {
@@ -186,6 +218,41 @@ impl ConvTr1d {
             }
         }
         out
+    }
+
+    /// [`Self::step`] of several rows, each continuing its own state: like
+    /// [`super::Conv1d::step_rows`], the rows share the matrix-vector kernel's calls, and
+    /// row `r` gets the bits `step` gives it alone.
+    pub(crate) fn step_rows(
+        &self,
+        sts: &mut [&mut ConvState],
+        xs: &[Frames],
+        act: Option<f32>,
+    ) -> Vec<Frames> {
+        let alone = self.depthwise || xs.len() < 2;
+        if alone || xs.iter().any(|x| x.len > self.w.gemv_frames()) {
+            return (sts.iter_mut().zip(xs))
+                .map(|(st, x)| self.step(st, x, act))
+                .collect();
+        }
+        let fulls: Vec<Option<Frames>> = (sts.iter_mut().zip(xs))
+            .map(|(st, x)| (x.len > 0).then(|| self.prepare(st, x, act)))
+            .collect();
+        let ns: Vec<usize> = xs.iter().map(|x| x.len).collect();
+        let cols: Vec<Vec<f32>> = (fulls.iter().zip(&ns))
+            .map(|(f, &n)| {
+                f.as_ref()
+                    .map_or_else(Vec::new, |full| self.gemv_cols(full, n))
+            })
+            .collect();
+        let tk = self.taps * self.cin;
+        let ys = self.w.gemv_rows(&cols, &ns, tk, self.stride * self.cout);
+        (ys.iter().zip(&ns))
+            .map(|(y, &n)| match n {
+                0 => Frames::empty(self.cout),
+                _ => self.gemv_out(y, n),
+            })
+            .collect()
     }
 
     /// Tiles of (output channels x input frames) over the pool: one product for all phases
@@ -198,6 +265,7 @@ impl ConvTr1d {
         let bias = self.b.as_deref();
         let ptr = SharedMut(out.data.as_mut_ptr());
         let flops = 2 * s * cout * tk * n;
+        let w = self.w.f32();
         let tiles = tiles(cout, n, max_cols(tk), flops);
         for_tiles(&tiles, flops, |scratch, (r0, rn, t0, tn)| {
             let (nc, nz) = (tk * tn, rn * s * tn);
@@ -222,7 +290,7 @@ impl ConvTr1d {
                     z.as_mut_ptr(),
                     tn,
                     1,
-                    self.w.as_ptr().add(r0 * s * tk),
+                    w.as_ptr().add(r0 * s * tk),
                     tk,
                     cols.as_ptr(),
                 );

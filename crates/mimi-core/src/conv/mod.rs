@@ -36,6 +36,11 @@
 //! * `conv_tr1d.rs`: [`ConvTr1d`], phase-split transposed and depthwise;
 //! * `tests.rs`: the comparisons with candle.
 
+/// Output frames up to which a convolution takes the matrix-vector kernel: one row's
+/// streaming step (its other strategies measured faster for more frames). Below the kernel's
+/// own limit ([`crate::kernels::GEMV_MAX_ROWS`]), which the transformer's batched steps use.
+pub(crate) const STEP_FRAMES: usize = 8;
+
 mod activation;
 mod conv1d;
 mod conv_tr1d;

@@ -94,3 +94,101 @@ pub(super) fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
         .flatten_all()?
         .to_vec1::<f32>()
 }
+
+/// Weights at or above this many values are stored in bf16 with `weights_dtype="bfloat16"`:
+/// the frame-rate layers, 24 of the real codec's 26 M convolution weights. The smaller
+/// (high-rate, outer) layers stay f32: little memory, and the strategies their many frames
+/// take read f32 (and the last decoder layers, next to the audio, keep full precision).
+pub(crate) const BF16_MIN_WEIGHTS: usize = 1 << 20;
+
+/// A convolution's weight matrix, in f32 or bf16 (see [`BF16_MIN_WEIGHTS`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Matrix {
+    F32(Vec<f32>),
+    BF16(Vec<half::bf16>),
+}
+
+impl Matrix {
+    /// Values held.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::F32(w) => w.len(),
+            Self::BF16(w) => w.len(),
+        }
+    }
+
+    /// The values in f32: borrowed, or widened for this call (a bf16 layer off the
+    /// matrix-vector kernel: an offline call, whose many frames amortise it).
+    pub(crate) fn f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Self::F32(w) => std::borrow::Cow::Borrowed(w),
+            Self::BF16(w) => w.iter().map(|v| v.to_f32()).collect(),
+        }
+    }
+
+    /// The same values in bf16 if there are at least [`BF16_MIN_WEIGHTS`] of them.
+    pub(crate) fn store_bf16(&mut self) {
+        self.store_bf16_from(BF16_MIN_WEIGHTS)
+    }
+
+    /// The same values in bf16 if there are at least `min` of them.
+    pub(crate) fn store_bf16_from(&mut self, min: usize) {
+        if let Self::F32(w) = self {
+            if w.len() >= min {
+                *self = Self::BF16(w.iter().map(|&v| half::bf16::from_f32(v)).collect());
+            }
+        }
+    }
+
+    /// `x (m, k) . self (n, k)^T` with the matrix-vector kernel.
+    pub(crate) fn gemv(&self, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        match self {
+            Self::F32(w) => crate::kernels::gemv(x, w, m, k, n),
+            Self::BF16(w) => crate::kernels::gemv(x, w, m, k, n),
+        }
+    }
+
+    /// [`Self::gemv`] of several rows' inputs (`cols[r]`: `ns[r]` rows of `k`) in as few
+    /// calls as the kernel's row limit allows, so the weights are read once per call rather
+    /// than once per row; row `r`'s `(ns[r], n)` products are the bits its own call gives
+    /// (the kernel's rows do not depend on their neighbours).
+    pub(crate) fn gemv_rows(
+        &self,
+        cols: &[Vec<f32>],
+        ns: &[usize],
+        k: usize,
+        n: usize,
+    ) -> Vec<Vec<f32>> {
+        let mut out = Vec::with_capacity(ns.len());
+        let mut i = 0;
+        while i < ns.len() {
+            let (mut j, mut total) = (i + 1, ns[i]);
+            while j < ns.len() && total + ns[j] <= crate::kernels::GEMV_MAX_ROWS {
+                total += ns[j];
+                j += 1;
+            }
+            let x: Vec<f32> = cols[i..j].concat();
+            let y = if total > 0 {
+                self.gemv(&x, total, k, n)
+            } else {
+                Vec::new()
+            };
+            let mut at = 0;
+            for &m in &ns[i..j] {
+                out.push(y[at * n..(at + m) * n].to_vec());
+                at += m;
+            }
+            i = j;
+        }
+        out
+    }
+
+    /// Output frames up to which a call takes the matrix-vector kernel: a bf16 layer up to
+    /// the kernel's limit (its other strategies would widen it every call).
+    pub(crate) fn gemv_frames(&self) -> usize {
+        match self {
+            Self::F32(_) => super::STEP_FRAMES,
+            Self::BF16(_) => crate::kernels::GEMV_MAX_ROWS,
+        }
+    }
+}

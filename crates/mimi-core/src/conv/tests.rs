@@ -217,3 +217,67 @@ fn depthwise_upsample_matches_candle() -> Result<()> {
     assert!(dd < 1e-5, "{dd}");
     Ok(())
 }
+
+/// Weights N(0, 0.2) for `conv.weight` of `shape` and `conv.bias` of `bias`.
+fn randn_vb(shape: (usize, usize, usize), bias: usize) -> Result<(VarMap, VarBuilder<'static>)> {
+    let vm = VarMap::new();
+    let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+    let init = candle_nn::Init::Randn {
+        mean: 0.,
+        stdev: 0.2,
+    };
+    vb.pp("conv").get_with_hints(shape, "weight", init)?;
+    vb.pp("conv").get_with_hints(bias, "bias", init)?;
+    Ok((vm, vb))
+}
+
+/// Several rows stepped together share the matrix-vector kernel's calls: each row must get
+/// the bits of its own step (rows of different lengths, over chunks, f32 and bf16 weights).
+#[test]
+fn rows_stepped_together_match_their_own_steps() -> Result<()> {
+    let (cin, cout, k, s) = (16, 24, 4, 2);
+    for bf16 in [false, true] {
+        let (_vm, vb) = randn_vb((cout, cin, k), cout)?;
+        let mut conv = Conv1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        let (_vm, vb) = randn_vb((cin, cout, k), cout)?;
+        let mut tr = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        if bf16 {
+            conv.force_bf16();
+            tr.force_bf16();
+        }
+        let rows = 5;
+        let (mut together, mut alone) = (
+            vec![ConvState::default(); rows],
+            vec![ConvState::default(); rows],
+        );
+        let (mut tr_together, mut tr_alone) = (together.clone(), alone.clone());
+        for (chunk, last) in [(0, false), (1, false), (2, true)] {
+            let xs: Vec<Frames> = (0..rows)
+                .map(|r| {
+                    let len = (r + chunk) % 4 * 2 + 1;
+                    let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu).unwrap();
+                    frames_of(&x)
+                })
+                .collect();
+            let mut sts: Vec<&mut ConvState> = together.iter_mut().collect();
+            let got = conv.step_rows(&mut sts, &xs, Some(1.0), last);
+            let mut sts: Vec<&mut ConvState> = tr_together.iter_mut().collect();
+            let got_tr = tr.step_rows(&mut sts, &xs, Some(1.0));
+            for r in 0..rows {
+                let want = conv.step(&mut alone[r], &xs[r], Some(1.0), None, last);
+                assert_eq!(
+                    (got[r].len, &got[r].data),
+                    (want.len, &want.data),
+                    "bf16 {bf16} row {r}"
+                );
+                let want = tr.step(&mut tr_alone[r], &xs[r], Some(1.0));
+                assert_eq!(
+                    (got_tr[r].len, &got_tr[r].data),
+                    (want.len, &want.data),
+                    "bf16 {bf16} row {r}"
+                );
+            }
+        }
+    }
+    Ok(())
+}

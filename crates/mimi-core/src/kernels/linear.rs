@@ -3,12 +3,15 @@
 //! instead of candle's general matmul. Otherwise (more rows, other dtypes, GPUs) it is
 //! candle's `Linear`, except that a widening layer with many rows runs its product
 //! transposed (`WideGemm`). Both products are candle custom ops on the CPU storage.
-
+//!
+//! Its weight may be stored in bf16 while it computes in f32 (`weights_dtype="bfloat16"`):
+//! the matrix-vector kernel then reads the bf16 weights as they are (half the bytes a
+//! streaming step reads); a call with more rows widens the weight to f32 for that call.
 use super::elementwise::{f32_slices, CpuOperand};
 use super::gemv::{gemv, GEMV_MAX_ROWS};
 use candle::{CpuStorage, CustomOp2, DType, Layout, Module, Result, Shape, Tensor};
 
-/// `y = x W^T` for `x: (m, k)` and `W: (n, k)`, both f32 and contiguous.
+/// `y = x W^T` for `x: (m, k)` f32 and `W: (n, k)` f32 or bf16, both contiguous.
 struct Gemv;
 
 /// `x`, `W` and `(m, k, n)` of a product `x (m, k) . W (n, k)^T`.
@@ -20,13 +23,23 @@ fn product_operands<'a>(
     (s1, l1): CpuOperand<'a, '_>,
     (s2, l2): CpuOperand<'a, '_>,
 ) -> Result<Operands<'a>> {
+    let shape = product_shape(op, l1, l2)?;
+    let (x, w) = f32_slices(op, (s1, l1), (s2, l2))?;
+    Ok((x, w, shape))
+}
+
+/// `(m, k, n)` of a product `x (m, k) . W (n, k)^T`: `m > 0`, the same `k`, and (for the
+/// matrix-vector kernel, `op` "mimi-gemv") `m <=` [`GEMV_MAX_ROWS`].
+fn product_shape(op: &str, l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize)> {
     let (m, k) = l1.shape().dims2()?;
     let (n, k2) = l2.shape().dims2()?;
     if k != k2 || m == 0 {
         candle::bail!("{op}: bad shapes {:?} {:?}", l1.shape(), l2.shape())
     }
-    let (x, w) = f32_slices(op, (s1, l1), (s2, l2))?;
-    Ok((x, w, (m, k, n)))
+    if op == "mimi-gemv" && m > GEMV_MAX_ROWS {
+        candle::bail!("{op}: {m} rows, at most {GEMV_MAX_ROWS}")
+    }
+    Ok((m, k, n))
 }
 
 impl CustomOp2 for Gemv {
@@ -41,10 +54,17 @@ impl CustomOp2 for Gemv {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (x, w, (m, k, n)) = product_operands(self.name(), (s1, l1), (s2, l2))?;
-        if m > GEMV_MAX_ROWS {
-            candle::bail!("mimi-gemv: {m} rows, at most {GEMV_MAX_ROWS}")
+        if let CpuStorage::BF16(w) = s2 {
+            let (m, k, n) = product_shape(self.name(), l1, l2)?;
+            let (CpuStorage::F32(x), Some((xa, xb)), Some((wa, wb))) =
+                (s1, l1.contiguous_offsets(), l2.contiguous_offsets())
+            else {
+                candle::bail!("mimi-gemv: f32 contiguous input, contiguous weight only")
+            };
+            let y = gemv(&x[xa..xb], &w[wa..wb], m, k, n);
+            return Ok((CpuStorage::F32(y), Shape::from((m, n))));
         }
+        let (x, w, (m, k, n)) = product_operands(self.name(), (s1, l1), (s2, l2))?;
         let y = gemv(x, w, m, k, n);
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
     }
@@ -111,23 +131,45 @@ impl CustomOp2 for WideGemm {
 pub struct Linear {
     inner: candle_nn::Linear,
     fast: bool,
+    /// For a bf16 weight computing in f32: the bias in f32 (converted once).
+    bias32: Option<Tensor>,
 }
 
 impl Linear {
     /// A layer of `weight` `(out, in)` and an optional `bias` `(out)`; the fast path is taken
-    /// when the weight is f32 on the CPU (made contiguous here, once).
+    /// when the weight is f32 or bf16 on the CPU (made contiguous here, once).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        let fast = weight.device().is_cpu() && weight.dtype() == DType::F32;
+        let fast = weight.device().is_cpu() && matches!(weight.dtype(), DType::F32 | DType::BF16);
         let weight = if fast { weight.contiguous()? } else { weight };
+        let bias32 = match (&bias, weight.dtype()) {
+            (Some(b), DType::BF16) => Some(b.to_dtype(DType::F32)?),
+            _ => None,
+        };
         Ok(Self {
             inner: candle_nn::Linear::new(weight, bias),
             fast,
+            bias32,
         })
     }
 
     /// The same layer as candle's `l` (its weight and bias shared, not copied).
     pub fn from_candle(l: &candle_nn::Linear) -> Result<Self> {
         Self::new(l.weight().clone(), l.bias().cloned())
+    }
+
+    /// The dtype the weight is stored in.
+    pub fn weight_dtype(&self) -> DType {
+        self.inner.weight().dtype()
+    }
+
+    /// `x (rows, k) W^T` in f32 for rows beyond the matrix-vector kernel, the weight `w`
+    /// in f32: transposed on `gemm` for a widening layer, candle's matmul otherwise.
+    fn many_rows(x2: &Tensor, w: &Tensor, k: usize) -> Result<Tensor> {
+        if w.dim(0)? >= 2 * k {
+            x2.apply_op2_no_bwd(w, &WideGemm)
+        } else {
+            x2.matmul(&w.t()?)
+        }
     }
 }
 
@@ -136,21 +178,29 @@ impl Module for Linear {
         let dims = x.dims();
         let k = *dims.last().unwrap_or(&0);
         let rows = x.elem_count() / k.max(1);
-        if !self.fast || rows == 0 || x.dtype() != DType::F32 {
+        let w = self.inner.weight();
+        let mixed = w.dtype() == DType::BF16 && x.dtype() == DType::F32;
+        if !self.fast || rows == 0 || (x.dtype() != DType::F32 && !mixed) {
             return self.inner.forward(x);
         }
-        let w = self.inner.weight();
         let n = w.dim(0)?;
-        if rows > GEMV_MAX_ROWS && n < 2 * k {
+        if rows > GEMV_MAX_ROWS && n < 2 * k && !mixed {
             return self.inner.forward(x);
         }
         let x2 = x.contiguous()?.reshape((rows, k))?;
-        let y = if rows > GEMV_MAX_ROWS {
-            x2.apply_op2_no_bwd(w, &WideGemm)?
-        } else {
+        let y = if rows <= GEMV_MAX_ROWS {
             x2.apply_op2_no_bwd(w, &Gemv)?
+        } else if mixed {
+            Self::many_rows(&x2, &w.to_dtype(DType::F32)?, k)?
+        } else {
+            x2.apply_op2_no_bwd(w, &WideGemm)?
         };
-        let y = match self.inner.bias() {
+        let bias = if mixed {
+            self.bias32.as_ref()
+        } else {
+            self.inner.bias()
+        };
+        let y = match bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         };
@@ -198,6 +248,42 @@ mod tests {
                     "m={m} k={k} n={n}: max diff {d}"
                 );
             }
+        }
+    }
+
+    /// A bf16 weight computing in f32 gives candle's f32 product of the widened weight, for
+    /// the matrix-vector kernel's rows and beyond.
+    #[test]
+    fn bf16_weight_matches_widened_f32() {
+        let dev = Device::Cpu;
+        for (m, k, n) in [
+            (1, 512, 1536),
+            (16, 64, 200),
+            (32, 96, 40),
+            (40, 64, 200),
+            (33, 64, 20),
+        ] {
+            let x =
+                Tensor::from_vec(crate::testutil::test_input(1, m, k, 1), (m, k), &dev).unwrap();
+            let w = Tensor::from_vec(crate::testutil::test_input(1, n, k, 2), (n, k), &dev)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            let b = Tensor::from_vec(crate::testutil::test_input(1, 1, n, 3), n, &dev)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            let wide = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let reference = candle_nn::Linear::new(wide(&w), Some(wide(&b)));
+            let ours = Linear::new(w, Some(b)).unwrap();
+            let got = ours.forward(&x).unwrap();
+            assert_eq!(got.dtype(), DType::F32);
+            let d = crate::testutil::max_abs_diff(&got, &reference.forward(&x).unwrap());
+            // vdpbf16ps keeps 16 bits of each activation (two bf16 parts).
+            assert!(
+                d < 1e-4 * (k as f32).sqrt(),
+                "m={m} k={k} n={n}: max diff {d}"
+            );
         }
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! Files, one component each:
 //! * `gemv.rs`: [`gemv`], the matrix-vector kernel of a streaming step (register tiles of
-//!   weight rows x input rows, prefetching the next tile), used up to [`GEMV_MAX_ROWS`] rows;
+//!   weight rows x input rows, prefetching the next tile; f32 or bf16 weights), used up to
+//!   [`GEMV_MAX_ROWS`] rows;
 //! * `linear.rs`: [`Linear`], a linear layer on [`gemv`] for a few rows, on a transposed
 //!   `gemm` product for a widening layer's many rows, on candle's otherwise;
 //! * `attention.rs`: [`WindowAttention`], an offline block's sliding-window attention over
@@ -21,7 +22,8 @@
 //!
 //! CPU features are chosen at run time, never at build time: each SIMD kernel is an
 //! `unsafe fn` compiled with `#[target_feature(enable = ...)]` (AVX2 and FMA for gemv,
-//! GELU and attention; AVX-512F for the direct convolution), called only after
+//! GELU and attention; AVX-512 BF16 for gemv's bf16 weights; AVX-512F for the direct
+//! convolution), called only after
 //! `is_x86_feature_detected!` found those features; elsewhere (another x86 CPU, another
 //! architecture) a portable version of the same sums runs. The portable GELU and gemv loops
 //! are `#[inline(always)]` so that the AVX2 variants, which inline them, get them compiled
@@ -37,6 +39,6 @@ mod pool;
 pub use attention::WindowAttention;
 pub(crate) use elementwise::exp_nonpos;
 pub use elementwise::{gelu_erf, residual_add};
-pub use gemv::{gemv, GEMV_MAX_ROWS};
+pub use gemv::{gemv, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;
 pub use pool::{in_pool, spin};
