@@ -85,11 +85,17 @@ def test_bench_suites_run_tiny(tmp_path):
         assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
 
     server = suites["server"]  # real clients through `mimi-py serve` (the serve extra)
-    assert [r["slots"] for r in server["runs"]] == [1, 2]
+    assert [(r["weights_dtype"], r["slots"]) for r in server["runs"]] == [
+        ("float32", 1),
+        ("float32", 2),
+        ("bfloat16", 1),
+        ("bfloat16", 2),
+    ]
     assert all(
         r["complete"] and r["frames"] == r["slots"] * r["frames_per_client"] for r in server["runs"]
     ), server
-    assert server["streams_held"] in (0, 1, 2)
+    assert set(server["streams_held"]) == {"float32", "bfloat16"}
+    assert set(server["streams_held"].values()) <= {0, 1, 2}
 
     corpus = suites["corpus"]  # needs the data extra (part of the test extra)
     runs = {r["label"]: r for r in corpus["runs"]}

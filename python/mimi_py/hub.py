@@ -214,6 +214,7 @@ def load_codec(
     num_codebooks: int | None = None,
     device: str = "cpu",
     dtype: Literal["float32"] = "float32",
+    weights_dtype: Literal["float32", "bfloat16"] = "float32",
     seed: int = 0,
 ) -> MimiCodec:
     """A codec from a ``--weights`` value: ``hf:REPO_ID[@REVISION][:FILENAME]``, a local path
@@ -228,5 +229,13 @@ def load_codec(
             num_codebooks=num_codebooks,
             device=device,
             dtype=dtype,
+            weights_dtype=weights_dtype,
         )
-    return MimiCodec(weights, num_codebooks=num_codebooks, seed=seed, device=device, dtype=dtype)
+    return MimiCodec(
+        weights,
+        num_codebooks=num_codebooks,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        weights_dtype=weights_dtype,
+    )

@@ -1,7 +1,7 @@
 """A real-time Mimi server: many WebSocket clients, one batched codec stepping every frame.
 
     python -m mimi_py serve [--host 127.0.0.1] [--port 8765] [--slots 8] [--weights PATH|hf:REPO]
-                            [--num-codebooks K] [--threads N]
+                            [--num-codebooks K] [--weights-dtype float32|bfloat16] [--threads N]
 
 ``ws://HOST:PORT/encode`` takes PCM and sends codes per frame; ``/decode`` takes codes and
 sends PCM per frame; ``GET /`` is a page that streams the microphone through both, and
@@ -30,7 +30,7 @@ async def serve(args: argparse.Namespace) -> None:
     """Loads the codec and serves until SIGINT/SIGTERM; the first stdout line is the address."""
     from ..hub import load_codec
 
-    codec = load_codec(args.weights, num_codebooks=args.num_codebooks)
+    codec = load_codec(args.weights, num_codebooks=args.num_codebooks, weights_dtype=args.weights_dtype)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -38,7 +38,9 @@ async def serve(args: argparse.Namespace) -> None:
 
     def ready(port: int) -> None:
         print(f"listening on ws://{args.host}:{port}", flush=True)
-        logging.getLogger("mimi_py.serve").info("%d slots, %s", args.slots, codec.device)
+        logging.getLogger("mimi_py.serve").info(
+            "%d slots, %s, %s weights", args.slots, codec.device, args.weights_dtype
+        )
 
     await run_server(Server(codec, args.slots), args.host, args.port, stop, ready)
 
@@ -83,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--weights", default=None, help="a checkpoint path or hf:REPO_ID (default: seeded random weights)"
     )
     p.add_argument("--num-codebooks", type=int, default=None, help="default: the checkpoint's own number")
+    p.add_argument(
+        "--weights-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="how the weights are stored (bfloat16: half the memory and bytes read per step; see the README)",
+    )
     p.add_argument("--threads", type=_positive, default=None, help="compute threads (default: one per core)")
     p.set_defaults(func=run)
     return p
