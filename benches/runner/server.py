@@ -7,7 +7,8 @@ weights, or the fixtures' small codec with --tiny) takes N real WebSocket client
 the message holding its last sample to its codes. N streams are held when every client got all
 its frames (`done` = its frame count) and the p99 latency is at most two frame periods (160 ms).
 Client i starts (i + 1/2)/N of a tick after the first, so that the frames' phases against the
-server's ticks are spread evenly. The clients run in this process, on the same cores as the server.
+server's ticks are spread evenly. The clients run in this process, on the same cores as the server. The clients only encode, so a
+tick is one `encode_step` (the serving suite's frame is an encode and a decode step).
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ def render_server(L: list, s: dict, serving: dict | None) -> None:
     )
     L += [
         "",
-        "| slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | step median / p99 ms | held |",
+        "| weights | slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | step median / p99 ms | held |",
     ]
-    L.append("| --- | --- | --- | --- | --- | --- | --- |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in s["runs"]:
         if "error" in r:
             L.append(f"| {r['weights_dtype']} | {r['slots']} | error: {r['error']} | | | | | no |")
