@@ -30,6 +30,21 @@ def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int) -> N
 SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving", "server"]
 
 
+def check_server_suite(server: dict) -> None:
+    """The server suite's tiny runs: real clients through `mimi-py serve` (the serve extra)."""
+    assert [(r["weights_dtype"], r["slots"]) for r in server["runs"]] == [
+        ("float32", 1),
+        ("float32", 2),
+        ("bfloat16", 1),
+        ("bfloat16", 2),
+    ]
+    assert all(
+        r["complete"] and r["frames"] == r["slots"] * r["frames_per_client"] for r in server["runs"]
+    ), server
+    assert set(server["streams_held"]) == {"float32", "bfloat16"}
+    assert set(server["streams_held"].values()) <= {0, 1, 2}
+
+
 def test_bench_suites_run_tiny(tmp_path):
     run_script(RUN, ["--tiny", "--threads", "1", "--out", str(tmp_path)], tmp_path, timeout=240)
 
@@ -84,18 +99,7 @@ def test_bench_suites_run_tiny(tmp_path):
         assert serve["streams_held"] in suites["serving"]["batches"] + [0]
         assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
 
-    server = suites["server"]  # real clients through `mimi-py serve` (the serve extra)
-    assert [(r["weights_dtype"], r["slots"]) for r in server["runs"]] == [
-        ("float32", 1),
-        ("float32", 2),
-        ("bfloat16", 1),
-        ("bfloat16", 2),
-    ]
-    assert all(
-        r["complete"] and r["frames"] == r["slots"] * r["frames_per_client"] for r in server["runs"]
-    ), server
-    assert set(server["streams_held"]) == {"float32", "bfloat16"}
-    assert set(server["streams_held"].values()) <= {0, 1, 2}
+    check_server_suite(suites["server"])
 
     corpus = suites["corpus"]  # needs the data extra (part of the test extra)
     runs = {r["label"]: r for r in corpus["runs"]}
