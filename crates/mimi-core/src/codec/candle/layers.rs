@@ -16,6 +16,7 @@
 
 use super::rows::{cat_time, take, StepRows};
 use crate::config::PadMode;
+use crate::conv::ConvSpec;
 use crate::error::{Error, Result};
 use candle::{Tensor, D};
 use candle_nn::VarBuilder;
@@ -157,38 +158,10 @@ pub(super) struct Conv {
     keff: usize,
 }
 
-/// The shape of a [`Conv`]: `(cin, cout, k)`, stride, dilation, bias, pad mode, activation.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct ConvShape {
-    pub cin: usize,
-    pub cout: usize,
-    pub k: usize,
-    pub stride: usize,
-    pub dilation: usize,
-    pub bias: bool,
-    pub pad: PadMode,
-    pub act: Option<f64>,
-}
-
-impl ConvShape {
-    /// `cin -> cout`, kernel `k`: stride 1, no dilation, a bias, padding `pad`, no activation.
-    pub fn new(cin: usize, cout: usize, k: usize, pad: PadMode) -> Self {
-        Self {
-            cin,
-            cout,
-            k,
-            stride: 1,
-            dilation: 1,
-            bias: true,
-            pad,
-            act: None,
-        }
-    }
-}
-
 impl Conv {
-    /// Reads `conv.weight` (or its weight-norm pair) and `conv.bias` under `vb`.
-    pub fn load(vb: VarBuilder, s: ConvShape) -> Result<Self> {
+    /// Reads `conv.weight` (or its weight-norm pair) and `conv.bias` under `vb`; `act`: an ELU
+    /// (its alpha) applied to the input.
+    pub fn load(vb: VarBuilder, s: ConvSpec, act: Option<f64>) -> Result<Self> {
         if s.k < s.stride || s.stride == 0 || s.dilation == 0 {
             return Err(Error::config(
                 "seanet",
@@ -205,7 +178,7 @@ impl Conv {
             input: Input {
                 cin: s.cin,
                 history: keff - 1,
-                act: s.act,
+                act,
                 replicate: s.pad == PadMode::Replicate,
             },
             w: weight(&vb, (s.cout, s.cin, s.k))?,
@@ -342,8 +315,9 @@ fn phase_taps(w: &Tensor, s: usize) -> Result<Tensor> {
 }
 
 impl ConvTr {
-    /// Reads `conv.weight` (or its weight-norm pair) and `conv.bias` under `vb`.
-    pub fn load(vb: VarBuilder, s: ConvShape) -> Result<Self> {
+    /// Reads `conv.weight` (or its weight-norm pair) and `conv.bias` under `vb`; `act` as for
+    /// [`Conv::load`].
+    pub fn load(vb: VarBuilder, s: ConvSpec, act: Option<f64>) -> Result<Self> {
         let vb = vb.pp("conv");
         let raw = weight(&vb, (s.cin, s.cout, s.k))?;
         let taps = s.k.div_ceil(s.stride);
@@ -352,7 +326,7 @@ impl ConvTr {
             input: Input {
                 cin: s.cin,
                 history: taps - 1,
-                act: s.act,
+                act,
                 replicate: false,
             },
             w: w.contiguous()?,

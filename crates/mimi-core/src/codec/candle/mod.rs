@@ -17,12 +17,13 @@ mod tests;
 use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::transform;
 use crate::config::{CodecConfig, PadMode};
+use crate::conv::ConvSpec;
 use crate::error::{check_cancel, Cancel, Result};
 use crate::rows::Rows;
 use crate::transformer::State;
 use candle::Tensor;
 use candle_nn::VarBuilder;
-use layers::{Conv, ConvShape, Depthwise, LayerState};
+use layers::{Conv, Depthwise, LayerState};
 use rows::StepRows;
 use seanet::{Decoder, Encoder, States};
 use std::sync::Arc;
@@ -39,15 +40,14 @@ impl Candle {
     /// The SEANets and the down/upsampling from `vb`, in its dtype and on its device.
     pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder) -> Result<Self> {
         let (dim, stride) = (cfg.seanet.dimension, cfg.downsample_stride());
-        let down = ConvShape {
-            stride,
-            bias: false,
-            ..ConvShape::new(dim, dim, 2 * stride, PadMode::Replicate)
-        };
+        let down = ConvSpec::new(dim, dim, 2 * stride)
+            .stride(stride)
+            .no_bias()
+            .pad(PadMode::Replicate);
         Ok(Self {
             encoder: Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
             decoder: Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
-            downsample: Conv::load(vb.pp("downsample"), down)?,
+            downsample: Conv::load(vb.pp("downsample"), down, None)?,
             upsample: Depthwise::load(vb.pp("upsample"), dim, stride)?,
         })
     }

@@ -2,9 +2,10 @@
 //! layers ([`super::layers`]) in candle's checkpoint names: the same functions as
 //! [`crate::seanet`] (the native engine's), on batched device tensors in any dtype.
 
-use super::layers::{Conv, ConvShape, ConvTr, LayerState};
+use super::layers::{Conv, ConvTr, LayerState};
 use super::rows::StepRows;
 use crate::config::SeanetConfig;
+use crate::conv::ConvSpec;
 use crate::error::{check_cancel, Cancel, Error, Result};
 use candle::Tensor;
 use candle_nn::VarBuilder;
@@ -33,23 +34,19 @@ impl ResBlock {
         let (act, pad) = (Some(cfg.activation.0), cfg.pad_mode);
         let hidden = dim / cfg.compress;
         let b = vb.pp("block");
-        let conv1 = ConvShape {
-            dilation: cfg.dilation_base.pow(j as u32),
-            act,
-            ..ConvShape::new(dim, hidden, cfg.residual_kernel_size, pad)
-        };
-        let conv2 = ConvShape {
-            act,
-            ..ConvShape::new(hidden, dim, 1, pad)
-        };
+        let conv1 = ConvSpec::new(dim, hidden, cfg.residual_kernel_size)
+            .dilation(cfg.dilation_base.pow(j as u32))
+            .pad(pad);
+        let conv2 = ConvSpec::new(hidden, dim, 1).pad(pad);
         Ok(Self {
-            conv1: Conv::load(b.pp(1), conv1)?,
-            conv2: Conv::load(b.pp(3), conv2)?,
+            conv1: Conv::load(b.pp(1), conv1, act)?,
+            conv2: Conv::load(b.pp(3), conv2, act)?,
             shortcut: match cfg.true_skip {
                 true => None,
                 false => Some(Conv::load(
                     vb.pp("shortcut"),
-                    ConvShape::new(dim, dim, 1, pad),
+                    ConvSpec::new(dim, dim, 1).pad(pad),
+                    None,
                 )?),
             },
         })
@@ -113,28 +110,24 @@ impl Encoder {
         let act = Some(cfg.activation.0);
         let init = Conv::load(
             vb.pp(0),
-            ConvShape::new(cfg.channels, nf, cfg.kernel_size, pad),
+            ConvSpec::new(cfg.channels, nf, cfg.kernel_size).pad(pad),
+            None,
         )?;
         let (mut idx, mut mult, mut stages) = (1, 1, Vec::new());
         for &ratio in cfg.ratios.iter().rev() {
             let res = res_blocks(cfg, &vb, &mut idx, mult * nf)?;
-            let down = ConvShape {
-                stride: ratio,
-                act,
-                ..ConvShape::new(mult * nf, 2 * mult * nf, 2 * ratio, pad)
-            };
-            stages.push((res, Conv::load(vb.pp(idx + 1), down)?));
+            let down = ConvSpec::new(mult * nf, 2 * mult * nf, 2 * ratio)
+                .stride(ratio)
+                .pad(pad);
+            stages.push((res, Conv::load(vb.pp(idx + 1), down, act)?));
             idx += 2;
             mult *= 2;
         }
-        let last = ConvShape {
-            act,
-            ..ConvShape::new(mult * nf, cfg.dimension, cfg.last_kernel_size, pad)
-        };
+        let last = ConvSpec::new(mult * nf, cfg.dimension, cfg.last_kernel_size).pad(pad);
         Ok(Self {
             init,
             stages,
-            last: Conv::load(vb.pp(idx + 1), last)?,
+            last: Conv::load(vb.pp(idx + 1), last, act)?,
         })
     }
 
@@ -192,29 +185,22 @@ impl Decoder {
         let (vb, nf, pad) = (vb.pp("layers"), cfg.n_filters, cfg.pad_mode);
         let act = Some(cfg.activation.0);
         let mut mult = 1 << cfg.ratios.len();
-        let init = ConvShape::new(cfg.dimension, mult * nf, cfg.kernel_size, pad);
-        let init = Conv::load(vb.pp(0), init)?;
+        let init = ConvSpec::new(cfg.dimension, mult * nf, cfg.kernel_size).pad(pad);
+        let init = Conv::load(vb.pp(0), init, None)?;
         let (mut idx, mut stages) = (1, Vec::new());
         for &ratio in &cfg.ratios {
             let (cin, cout) = (mult * nf, mult * nf / 2);
-            let up = ConvShape {
-                stride: ratio,
-                act,
-                ..ConvShape::new(cin, cout, 2 * ratio, pad)
-            };
-            let up = ConvTr::load(vb.pp(idx + 1), up)?;
+            let up = ConvSpec::new(cin, cout, 2 * ratio).stride(ratio).pad(pad);
+            let up = ConvTr::load(vb.pp(idx + 1), up, act)?;
             idx += 2;
             stages.push((up, res_blocks(cfg, &vb, &mut idx, cout)?));
             mult /= 2;
         }
-        let last = ConvShape {
-            act,
-            ..ConvShape::new(nf, cfg.channels, cfg.last_kernel_size, pad)
-        };
+        let last = ConvSpec::new(nf, cfg.channels, cfg.last_kernel_size).pad(pad);
         Ok(Self {
             init,
             stages,
-            last: Conv::load(vb.pp(idx + 1), last)?,
+            last: Conv::load(vb.pp(idx + 1), last, act)?,
         })
     }
 
