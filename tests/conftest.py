@@ -493,3 +493,17 @@ def new_codec() -> mimi_py.MimiCodec:
 def codec_pair():
     """A small codec under test and a control with the same weights."""
     return new_codec(), new_codec()
+
+
+@pytest.fixture(scope="module")
+def serve_checkpoint(tmp_path_factory):
+    """The small codec as a checkpoint directory, for the server suites (``--weights``)."""
+    from servers import small_checkpoint
+
+    return small_checkpoint(tmp_path_factory.mktemp("small_codec"))
+
+
+@pytest.fixture(scope="module")
+def serve_offline(serve_checkpoint):
+    """The same codec in-process: the reference the served codes and audio must equal."""
+    return mimi_py.MimiCodec(serve_checkpoint)

@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mimi_py
-from servers import health, http_get, running_server, small_checkpoint
+from servers import health, http_get, running_server
 
 websockets = pytest.importorskip("websockets", reason="the serve extra (websockets) is not installed")
 from mimi_py.serve import loadgen, protocol  # noqa: E402  (needs websockets at run time)
@@ -25,20 +24,10 @@ RATE, FRAME = 24000, 1920
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return small_checkpoint(tmp_path_factory.mktemp("small_codec"))
-
-
-@pytest.fixture(scope="module")
-def offline(checkpoint):
-    return mimi_py.MimiCodec(checkpoint)
-
-
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
+def server(serve_checkpoint, tmp_path_factory):
     """4 slots, real-time ticks; yields ws://127.0.0.1:PORT."""
     with running_server(
-        ["--slots", "4", "--weights", str(checkpoint)], tmp_path_factory.mktemp("s") / "log"
+        ["--slots", "4", "--weights", str(serve_checkpoint)], tmp_path_factory.mktemp("s") / "log"
     ) as (
         url,
         _,
@@ -58,7 +47,7 @@ def run(coro, timeout=60):
     return asyncio.run(asyncio.wait_for(coro, timeout=timeout))
 
 
-def test_encode_clients_joining_and_leaving_get_exactly_their_offline_codes(server, offline):
+def test_encode_clients_joining_and_leaving_get_exactly_their_offline_codes(server, serve_offline):
     audios = [speech(n, i) for i, n in enumerate([11, 16, 6, 9])]
 
     async def leaver():
@@ -81,13 +70,13 @@ def test_encode_clients_joining_and_leaving_get_exactly_their_offline_codes(serv
 
     results = run(scenario())
     for i, r in zip((0, 1, 3, 4), [results[0], results[1], results[3], results[4]]):
-        expect = offline.encode(audios[(0, 1, None, 2, 3)[i]])[0]
+        expect = serve_offline.encode(audios[(0, 1, None, 2, 3)[i]])[0]
         assert r.close_code == 1000 and r.out_of_order == 0, f"client {i}: {r.close_code} {r.close_reason}"
         assert r.done == expect.shape[1] == len(r.frames), f"client {i}: frame count"
         np.testing.assert_array_equal(r.codes(), expect, err_msg=f"client {i}: codes")
 
 
-def test_three_real_time_clients_get_their_frames_on_time_and_latency_does_not_grow(server, offline):
+def test_three_real_time_clients_get_their_frames_on_time_and_latency_does_not_grow(server, serve_offline):
     audios = [speech(50, i) for i in range(3)]  # 4 s each
 
     async def scenario():
@@ -96,7 +85,7 @@ def test_three_real_time_clients_get_their_frames_on_time_and_latency_does_not_g
     results = run(scenario())
     late = 0
     for i, r in enumerate(results):
-        np.testing.assert_array_equal(r.codes(), offline.encode(audios[i])[0], err_msg=f"client {i}")
+        np.testing.assert_array_equal(r.codes(), serve_offline.encode(audios[i])[0], err_msg=f"client {i}")
         assert r.done == 50 and r.out_of_order == 0 and len(r.latencies) == 50
         s = r.summary()
         print(f"client {i}: {s}")
@@ -108,32 +97,32 @@ def test_three_real_time_clients_get_their_frames_on_time_and_latency_does_not_g
 
 
 @pytest.mark.parametrize("fmt", ["f32le", "s16le"])
-def test_decode_clients_get_the_offline_decoding_in_either_format(server, offline, fmt):
-    codes = offline.encode(speech(12, 3))[0]
+def test_decode_clients_get_the_offline_decoding_in_either_format(server, serve_offline, fmt):
+    codes = serve_offline.encode(speech(12, 3))[0]
     r = run(loadgen.decode_stream(server, codes, fmt=fmt, frames_per_message=5, realtime=False))
     assert r.close_code == 1000 and r.done == 12 and len(r.frames) == 12, r.close_reason
-    expect = offline.decode(codes[None])[0, 0]
+    expect = serve_offline.decode(codes[None])[0, 0]
     if fmt == "f32le":
         np.testing.assert_allclose(r.pcm(fmt), expect, atol=1e-5, rtol=1e-5)
     else:  # int16: clipped to full scale, rounded to 1/32768
         np.testing.assert_allclose(r.pcm(fmt), np.clip(expect, -1, 32767 / 32768), atol=1 / 32768 + 1e-6)
 
 
-def test_s16le_encode_equals_the_offline_encode_of_the_same_samples(server, offline):
+def test_s16le_encode_equals_the_offline_encode_of_the_same_samples(server, serve_offline):
     x = np.rint(speech(8, 4) * 32768).astype(np.int16)
     r = run(loadgen.encode_stream(server, x.astype(np.float32) / 32768, fmt="s16le", realtime=False))
-    np.testing.assert_array_equal(r.codes(), offline.encode(x)[0])
+    np.testing.assert_array_equal(r.codes(), serve_offline.encode(x)[0])
 
 
-def test_a_last_partial_frame_is_padded_with_zeros(server, offline):
+def test_a_last_partial_frame_is_padded_with_zeros(server, serve_offline):
     x = speech(2.5, 5)
     r = run(loadgen.encode_stream(server, x, realtime=False))
     padded = np.concatenate([x, np.zeros(FRAME // 2, np.float32)])
     assert r.done == 3
-    np.testing.assert_array_equal(r.codes(), offline.encode(padded)[0])
+    np.testing.assert_array_equal(r.codes(), serve_offline.encode(padded)[0])
 
 
-def test_health_reports_slots_frames_late_ticks_and_step_times(server, offline):
+def test_health_reports_slots_frames_late_ticks_and_step_times(server, serve_offline):
     before = health(server)
     run(loadgen.encode_stream(server, speech(6, 6), realtime=False))
     h = health(server)
@@ -142,11 +131,11 @@ def test_health_reports_slots_frames_late_ticks_and_step_times(server, offline):
     assert h["ticks"] > before["ticks"] and h["late_ticks"] >= 0
     assert h["step_ms"]["median"] > 0 and h["step_ms"]["p99"] >= h["step_ms"]["median"]
     assert h["codec"] == {
-        "sample_rate": offline.sample_rate,
-        "frame_size": offline.frame_size,
-        "frame_rate": offline.frame_rate,
-        "num_codebooks": offline.num_codebooks,
-        "cardinality": offline.cardinality,
+        "sample_rate": serve_offline.sample_rate,
+        "frame_size": serve_offline.frame_size,
+        "frame_rate": serve_offline.frame_rate,
+        "num_codebooks": serve_offline.num_codebooks,
+        "cardinality": serve_offline.cardinality,
     }
 
 

@@ -15,22 +15,12 @@ import numpy as np
 import pytest
 
 import mimi_py
-from servers import health, running_server, small_checkpoint
+from servers import health, running_server
 
 websockets = pytest.importorskip("websockets", reason="the serve extra (websockets) is not installed")
 from mimi_py.serve import loadgen  # noqa: E402
 
 FRAME = 1920
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return small_checkpoint(tmp_path_factory.mktemp("small_codec"))
-
-
-@pytest.fixture(scope="module")
-def offline(checkpoint):
-    return mimi_py.MimiCodec(checkpoint)
 
 
 def noise(frames: int, seed: int) -> np.ndarray:
@@ -76,7 +66,9 @@ HOSTILE = {
 }
 
 
-def test_each_hostile_client_gets_its_close_code_and_the_others_stay_exact(checkpoint, offline, tmp_path):
+def test_each_hostile_client_gets_its_close_code_and_the_others_stay_exact(
+    serve_checkpoint, serve_offline, tmp_path
+):
     good = noise(40, 1)
 
     async def scenario(url):
@@ -87,13 +79,16 @@ def test_each_hostile_client_gets_its_close_code_and_the_others_stay_exact(check
             seen[name] = await closed_with(url + path, *messages)
         return seen, await honest
 
-    with running_server(["--slots", "2", "--weights", str(checkpoint)], tmp_path / "log") as (url, proc):
+    with running_server(["--slots", "2", "--weights", str(serve_checkpoint)], tmp_path / "log") as (
+        url,
+        proc,
+    ):
         seen, honest = asyncio.run(asyncio.wait_for(scenario(url), timeout=60))
         h = health(url)
         assert proc.poll() is None, "the server must survive every hostile client"
     for name, (_, _, code, reason) in HOSTILE.items():
         assert seen[name][0] == code and reason in seen[name][1], f"{name}: {seen[name]}"
-    np.testing.assert_array_equal(honest.codes(), offline.encode(good)[0])
+    np.testing.assert_array_equal(honest.codes(), serve_offline.encode(good)[0])
     assert honest.close_code == 1000 and honest.done == 40
     for code in (1003, 1007, 1008):
         assert h["closed"].get(str(code), 0) >= 1, h["closed"]
@@ -121,20 +116,23 @@ def oversized_message_close(url: str) -> tuple[int, bytes]:
     return struct.unpack(">H", rest[2:4])[0], rest[4 : 2 + rest[1]]
 
 
-def test_a_message_over_16_mib_is_closed_with_1009(checkpoint, tmp_path):
-    with running_server(["--slots", "2", "--weights", str(checkpoint)], tmp_path / "log") as (url, proc):
+def test_a_message_over_16_mib_is_closed_with_1009(serve_checkpoint, tmp_path):
+    with running_server(["--slots", "2", "--weights", str(serve_checkpoint)], tmp_path / "log") as (
+        url,
+        proc,
+    ):
         code, reason = oversized_message_close(url)
         assert proc.poll() is None and health(url)["closed"].get("1009") == 1
     assert code == 1009 and b"exceeds limit of 16777216 bytes" in reason, (code, reason)
 
 
-def test_a_burst_beyond_the_slots_is_turned_away_with_1013(checkpoint, offline, tmp_path):
+def test_a_burst_beyond_the_slots_is_turned_away_with_1013(serve_checkpoint, serve_offline, tmp_path):
     audios = [noise(10, 10 + i) for i in range(8)]
 
     async def scenario(url):
         return await asyncio.gather(*(loadgen.encode_stream(url, a, realtime=False) for a in audios))
 
-    with running_server(["--slots", "3", "--weights", str(checkpoint)], tmp_path / "log") as (url, _):
+    with running_server(["--slots", "3", "--weights", str(serve_checkpoint)], tmp_path / "log") as (url, _):
         results = asyncio.run(asyncio.wait_for(scenario(url), timeout=60))
         h = health(url)
     served = [i for i, r in enumerate(results) if r.close_code == 1000]
@@ -142,12 +140,14 @@ def test_a_burst_beyond_the_slots_is_turned_away_with_1013(checkpoint, offline, 
     assert len(served) >= 3 and len(served) + len(refused) == 8, [r.close_code for r in results]
     assert all("all 3 slots are busy" in r.close_reason and not r.frames for r in refused)
     for i in served:
-        np.testing.assert_array_equal(results[i].codes(), offline.encode(audios[i])[0])
+        np.testing.assert_array_equal(results[i].codes(), serve_offline.encode(audios[i])[0])
     assert h["closed"].get("1013", 0) == len(refused) and h["slots"]["busy"] == 0
 
 
-def test_a_client_that_stops_reading_is_closed_with_1008_and_the_others_go_on(checkpoint, offline, tmp_path):
-    codes = offline.encode(noise(120, 2))[0]  # 9.6 s of codes, sent at once
+def test_a_client_that_stops_reading_is_closed_with_1008_and_the_others_go_on(
+    serve_checkpoint, serve_offline, tmp_path
+):
+    codes = serve_offline.encode(noise(120, 2))[0]  # 9.6 s of codes, sent at once
     good = noise(30, 3)
 
     async def slow(url):
@@ -170,14 +170,14 @@ def test_a_client_that_stops_reading_is_closed_with_1008_and_the_others_go_on(ch
     async def scenario(url):
         return await asyncio.gather(slow(url), loadgen.encode_stream(url, good))
 
-    with running_server(["--slots", "2", "--weights", str(checkpoint)], tmp_path / "log") as (url, _):
+    with running_server(["--slots", "2", "--weights", str(serve_checkpoint)], tmp_path / "log") as (url, _):
         (code, reason, frames), honest = asyncio.run(asyncio.wait_for(scenario(url), timeout=60))
     assert code == 1008 and "too slow to take its frames" in reason, (code, reason)
     assert 0 < frames < 120
-    np.testing.assert_array_equal(honest.codes(), offline.encode(good)[0])
+    np.testing.assert_array_equal(honest.codes(), serve_offline.encode(good)[0])
 
 
-def test_sigterm_sends_the_queued_frames_then_1001_and_exits_0(checkpoint, tmp_path):
+def test_sigterm_sends_the_queued_frames_then_1001_and_exits_0(serve_checkpoint, tmp_path):
     async def scenario(url, proc):
         async with websockets.connect(url + "/encode") as ws:
             await ws.send(noise(50, 4).tobytes())  # 4 s ahead
@@ -191,7 +191,10 @@ def test_sigterm_sends_the_queued_frames_then_1001_and_exits_0(checkpoint, tmp_p
                 pass
             return ws.close_code, frames
 
-    with running_server(["--slots", "2", "--weights", str(checkpoint)], tmp_path / "log") as (url, proc):
+    with running_server(["--slots", "2", "--weights", str(serve_checkpoint)], tmp_path / "log") as (
+        url,
+        proc,
+    ):
         code, frames = asyncio.run(asyncio.wait_for(scenario(url, proc), timeout=30))
         assert proc.wait(timeout=20) == 0
     assert code == 1001
@@ -216,10 +219,10 @@ class FailsOnce:
         return self.codec.encode_step(*args, **kwargs)
 
 
-def test_a_failed_step_closes_its_clients_with_1011_and_the_server_goes_on(checkpoint, offline):
+def test_a_failed_step_closes_its_clients_with_1011_and_the_server_goes_on(serve_checkpoint, serve_offline):
     from mimi_py.serve import Server, run_server
 
-    codec = FailsOnce(mimi_py.MimiCodec(checkpoint))
+    codec = FailsOnce(mimi_py.MimiCodec(serve_checkpoint))
     server, audio = Server(codec, 2), noise(10, 7)
 
     async def scenario():
@@ -236,5 +239,5 @@ def test_a_failed_step_closes_its_clients_with_1011_and_the_server_goes_on(check
     failed, after = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     assert failed.close_code == 1011 and "failed to step" in failed.close_reason, failed
     assert after.close_code == 1000 and after.done == 10
-    np.testing.assert_array_equal(after.codes(), offline.encode(audio)[0])
+    np.testing.assert_array_equal(after.codes(), serve_offline.encode(audio)[0])
     assert server.stats.closed[1011] == 1
