@@ -9,6 +9,7 @@ use candle_nn::VarBuilder;
 use crate::config::SeanetConfig;
 use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
 use crate::error::Cancel;
+use crate::runtime::profile::time;
 
 #[derive(Clone, Debug)]
 struct ResBlock {
@@ -70,6 +71,33 @@ impl ResBlock {
         }
         let h = c1.step(&mut a[0], x, Some(alpha), None, last);
         c2.step(&mut b[0], &h, Some(alpha), Some(skip), last)
+    }
+
+    /// [`Self::apply`] of several rows: a fused block's rows side by side in one run
+    /// ([`Conv1d::run_fused_rows`]), row `r` getting the bits `apply` gives it alone.
+    fn apply_rows(
+        &self,
+        sts: &mut [&mut ResState],
+        xs: &[Frames],
+        alpha: f32,
+        last: bool,
+    ) -> Vec<Frames> {
+        let (c1, c2) = (&self.convs[0], &self.convs[1]);
+        let fused = c1.stride == 1 && c2.k == 1 && self.shortcut.is_none();
+        if xs.len() < 2 || !fused || xs.iter().any(|x| x.len <= crate::conv::STEP_FRAMES) {
+            return (sts.iter_mut().zip(xs))
+                .map(|(st, x)| self.apply(st, x, alpha, last))
+                .collect();
+        }
+        // Every row has frames, so every row's prepared input is there.
+        let fulls: Vec<Frames> = (sts.iter_mut().zip(xs))
+            .filter_map(|(st, x)| {
+                st.convs.resize_with(2, ConvState::default);
+                c1.prepare(&mut st.convs[0], x, Some(alpha), last)
+            })
+            .collect();
+        let skips: Vec<&Frames> = xs.iter().collect();
+        c1.run_fused_rows(&fulls, c2, alpha, &skips)
     }
 }
 
@@ -207,18 +235,51 @@ impl Encoder {
         last: bool,
         cancel: Cancel,
     ) -> Result<Frames> {
+        let mut out = self.high_rate_rows(&mut [st], std::slice::from_ref(x), last, cancel)?;
+        Ok(out
+            .pop()
+            .unwrap_or_else(|| Frames::empty(self.high_rate_channels())))
+    }
+
+    /// [`Self::high_rate`] of several rows (`sts[r]`, `xs[r]`), each layer's rows in shared
+    /// products ([`Conv1d::step_rows`]); row `r` gets the bits `high_rate` gives it alone.
+    pub fn high_rate_rows(
+        &self,
+        sts: &mut [&mut EncoderState],
+        xs: &[Frames],
+        last: bool,
+        cancel: Cancel,
+    ) -> Result<Vec<Frames>> {
         let a = Some(self.alpha);
-        st.layers.resize_with(self.layers.len(), Default::default);
-        let mut x = self.init.step(&mut st.init, x, None, None, last);
+        for st in sts.iter_mut() {
+            st.layers.resize_with(self.layers.len(), Default::default);
+            for ((res, _), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+                ls.0.resize_with(res.len(), Default::default);
+            }
+        }
+        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
+        let mut x = time(
+            || "enc.init".into(),
+            || self.init.step_rows(&mut cs, xs, None, last),
+        );
         let stages = self.layers.len();
-        for (i, ((res, down), ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
+        for (i, (res, down)) in self.layers.iter().enumerate() {
             crate::error::check_cancel(cancel)?;
-            ls.0.resize_with(res.len(), Default::default);
-            for (r, rs) in res.iter().zip(ls.0.iter_mut()) {
-                x = r.apply(rs, &x, self.alpha, last);
+            for (j, r) in res.iter().enumerate() {
+                let mut rs: Vec<&mut ResState> =
+                    sts.iter_mut().map(|st| &mut st.layers[i].0[j]).collect();
+                x = time(
+                    || format!("enc.s{i}.res{j}"),
+                    || r.apply_rows(&mut rs, &x, self.alpha, last),
+                );
             }
             if i + 1 < stages {
-                x = down.step(&mut ls.1, &x, a, None, last);
+                let mut cs: Vec<&mut ConvState> =
+                    sts.iter_mut().map(|st| &mut st.layers[i].1).collect();
+                x = time(
+                    || format!("enc.s{i}.down"),
+                    || down.step_rows(&mut cs, &x, a, last),
+                );
             }
         }
         Ok(x)
@@ -264,11 +325,20 @@ impl Encoder {
             let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
                 .filter_map(|st| st.layers.last_mut().map(|l| &mut l.1))
                 .collect();
-            down.step_rows(&mut cs, xs, a, last)
+            let i = self.layers.len() - 1;
+            time(
+                || format!("enc.s{i}.down"),
+                || down.step_rows(&mut cs, xs, a, last),
+            )
         });
         let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
-        self.last
-            .step_rows(&mut cs, down.as_deref().unwrap_or(xs), a, last)
+        time(
+            || "enc.last".into(),
+            || {
+                self.last
+                    .step_rows(&mut cs, down.as_deref().unwrap_or(xs), a, last)
+            },
+        )
     }
 }
 
@@ -372,13 +442,19 @@ impl Decoder {
             st.layers.resize_with(self.layers.len(), Default::default);
         }
         let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
-        let x = self.init.step_rows(&mut cs, xs, None, false);
+        let x = time(
+            || "dec.init".into(),
+            || self.init.step_rows(&mut cs, xs, None, false),
+        );
         match self.layers.first() {
             Some((up, _)) => {
                 let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
                     .filter_map(|st| st.layers.first_mut().map(|l| &mut l.0))
                     .collect();
-                up.step_rows(&mut cs, &x, Some(self.alpha))
+                time(
+                    || "dec.s0.up".into(),
+                    || up.step_rows(&mut cs, &x, Some(self.alpha)),
+                )
             }
             None => x,
         }
@@ -391,21 +467,51 @@ impl Decoder {
 
     /// The layers after [`Self::frame_rate`], at the higher rates: audio.
     pub fn high_rate(&self, st: &mut DecoderState, x: &Frames, cancel: Cancel) -> Result<Frames> {
+        let mut out = self.high_rate_rows(&mut [st], std::slice::from_ref(x), cancel)?;
+        Ok(out.pop().unwrap_or_else(|| Frames::empty(self.last.cout)))
+    }
+
+    /// [`Self::high_rate`] of several rows, as [`Encoder::high_rate_rows`].
+    pub fn high_rate_rows(
+        &self,
+        sts: &mut [&mut DecoderState],
+        xs: &[Frames],
+        cancel: Cancel,
+    ) -> Result<Vec<Frames>> {
         let a = Some(self.alpha);
-        st.layers.resize_with(self.layers.len(), Default::default);
-        let mut y: Option<Frames> = None; // the latest layer's output (`x` before any)
-        for (i, ((up, res), ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
-            crate::error::check_cancel(cancel)?;
-            if i > 0 {
-                y = Some(up.step(&mut ls.0, y.as_ref().unwrap_or(x), a));
-            }
-            ls.1.resize_with(res.len(), Default::default);
-            for (r, rs) in res.iter().zip(ls.1.iter_mut()) {
-                y = Some(r.apply(rs, y.as_ref().unwrap_or(x), self.alpha, false));
+        for st in sts.iter_mut() {
+            st.layers.resize_with(self.layers.len(), Default::default);
+            for ((_, res), ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+                ls.1.resize_with(res.len(), Default::default);
             }
         }
-        Ok(self
-            .last
-            .step(&mut st.last, y.as_ref().unwrap_or(x), a, None, false))
+        let mut y: Option<Vec<Frames>> = None; // the latest layer's output (`xs` before any)
+        for (i, (up, res)) in self.layers.iter().enumerate() {
+            crate::error::check_cancel(cancel)?;
+            if i > 0 {
+                let mut cs: Vec<&mut ConvState> =
+                    sts.iter_mut().map(|st| &mut st.layers[i].0).collect();
+                y = Some(time(
+                    || format!("dec.s{i}.up"),
+                    || up.step_rows(&mut cs, y.as_deref().unwrap_or(xs), a),
+                ));
+            }
+            for (j, r) in res.iter().enumerate() {
+                let mut rs: Vec<&mut ResState> =
+                    sts.iter_mut().map(|st| &mut st.layers[i].1[j]).collect();
+                y = Some(time(
+                    || format!("dec.s{i}.res{j}"),
+                    || r.apply_rows(&mut rs, y.as_deref().unwrap_or(xs), self.alpha, false),
+                ));
+            }
+        }
+        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
+        Ok(time(
+            || "dec.last".into(),
+            || {
+                self.last
+                    .step_rows(&mut cs, y.as_deref().unwrap_or(xs), a, false)
+            },
+        ))
     }
 }

@@ -34,6 +34,7 @@ use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
 use crate::runtime::device::WeightsDType;
+use crate::runtime::profile::time;
 use crate::transformer::{State, Transformer};
 use crate::weights::{self, QkLayout, TensorSource};
 use ::candle::{DType, Device, Tensor};
@@ -328,7 +329,10 @@ impl Codec {
         }
         let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
             match self.latents_step(s, pcm, rows, false)? {
-                Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
+                Some(x) => time(
+                    || "quantizer.encode".into(),
+                    || Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
+                ),
                 None => Ok(None),
             }
         })?;
@@ -401,7 +405,10 @@ impl Codec {
     ) -> Result<Option<Tensor>> {
         let p = &self.parts;
         let x = match s.convs.seanet(rows, pcm, last)? {
-            Some(x) => transform_rows(&p.enc_tr, &mut s.tr, &x, rows)?,
+            Some(x) => time(
+                || "enc.transformer".into(),
+                || transform_rows(&p.enc_tr, &mut s.tr, &x, rows),
+            )?,
             // Nothing new for the transformer, but the last chunk still flushes the
             // downsampling's padding.
             None if last => Tensor::zeros(
@@ -411,7 +418,10 @@ impl Codec {
             )?,
             None => return Ok(None),
         };
-        s.convs.downsample(rows, &x, last)
+        time(
+            || "downsample".into(),
+            || s.convs.downsample(rows, &x, last),
+        )
     }
 
     /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
@@ -438,11 +448,18 @@ impl Codec {
         let t = codes.dim(2)?;
         let p = &self.parts;
         let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
-            let x = self.decode_latents(codes)?.to_dtype(p.dtype)?;
-            let Some(x) = s.convs.upsample(rows, &x)? else {
+            let x = time(|| "quantizer.decode".into(), || self.decode_latents(codes))?;
+            let Some(x) = time(
+                || "upsample".into(),
+                || s.convs.upsample(rows, &x.to_dtype(p.dtype)?),
+            )?
+            else {
                 return Ok(None);
             };
-            let x = transform_rows(&p.dec_tr, &mut s.tr, &x, rows)?;
+            let x = time(
+                || "dec.transformer".into(),
+                || transform_rows(&p.dec_tr, &mut s.tr, &x, rows),
+            )?;
             s.convs.seanet(rows, &x)
         })?;
         s.advance(&rows.indices(), t);

@@ -1,9 +1,9 @@
 //! The native engine: the convolutional parts on this crate's CPU convolutions (float32
 //! compute, float32 or bf16 weights: [`crate::seanet`], [`crate::conv`]), with one state
 //! per batch row, and offline calls cut into parallel segments ([`super::offline`]). A
-//! batched streaming step runs the high-rate layers row by row and the frame-rate layers
-//! (few frames, large weights) for all rows at once, so their weights are read once per
-//! step rather than once per row.
+//! batched streaming step runs each layer once for all its rows: the frame-rate layers (few
+//! frames, large weights) on shared matrix-vector calls, so their weights are read once per
+//! step rather than once per row, the high-rate layers on the rows side by side.
 
 use super::bridge::{from_frames, per_row, select_mut, to_frames};
 use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
@@ -242,17 +242,15 @@ struct NativeEncode {
 }
 
 impl EncodeConvs for NativeEncode {
-    /// The high-rate layers row by row, then the frame-rate layers for all rows at once
-    /// (each row still its own stream: see [`seanet::Encoder::frame_rate_rows`]).
+    /// Every layer's rows in shared products, each row still its own stream (see
+    /// [`seanet::Encoder::high_rate_rows`], [`seanet::Encoder::frame_rate_rows`]).
     fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
         self.items.resize_with(rows.batch(), Default::default);
         let enc = &self.engine.encoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
-        let high = (items.iter_mut().zip(to_frames(pcm)?))
-            .map(|(it, x)| enc.high_rate(&mut it.0, &x, last, None))
-            .collect::<Result<Vec<_>>>()?;
         let mut sts: Vec<&mut seanet::EncoderState> =
             items.iter_mut().map(|it| &mut it.0).collect();
+        let high = enc.high_rate_rows(&mut sts, &to_frames(pcm)?, last, None)?;
         from_frames(enc.frame_rate_rows(&mut sts, &high, last), pcm.device())
     }
 
@@ -294,17 +292,15 @@ impl DecodeConvs for NativeDecode {
         per_row(&mut self.items, &rows.indices(), x, stage)
     }
 
-    /// The frame-rate layers for all rows at once, then the high-rate layers row by row.
+    /// The frame-rate layers, then the high-rate layers, each layer's rows in shared
+    /// products (see [`seanet::Decoder::high_rate_rows`]).
     fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
         let dec = &self.engine.decoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
         let mut sts: Vec<&mut seanet::DecoderState> =
             items.iter_mut().map(|it| &mut it.1).collect();
         let low = dec.frame_rate_rows(&mut sts, &to_frames(x)?);
-        let audio = (sts.iter_mut().zip(&low))
-            .map(|(st, y)| dec.high_rate(st, y, None))
-            .collect::<Result<Vec<_>>>()?;
-        from_frames(audio, x.device())
+        from_frames(dec.high_rate_rows(&mut sts, &low, None)?, x.device())
     }
 
     fn reset_row(&mut self, r: usize) {

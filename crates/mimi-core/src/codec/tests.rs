@@ -111,7 +111,7 @@ mod conv_transpose {
 mod engines {
     use super::super::native::Native;
     use super::super::offline::Offline;
-    use super::super::{Codec, EngineKind};
+    use super::super::{Codec, EngineKind, Rows};
     use crate::config::{CodecConfig, PadMode};
     use crate::testutil::test_input;
     use crate::weights::TensorSource;
@@ -229,6 +229,154 @@ mod engines {
                 assert!(diff(&l, &ln) < 1e-5, "encode chunk {ce}: {}", diff(&l, &ln));
                 let a = native.decode(&codes, None).unwrap();
                 assert!(diff(&a, &an) < 1e-5, "decode chunk {cd}: {}", diff(&a, &an));
+            }
+        }
+    }
+
+    /// A batched streaming step runs every layer once for all its rows (the high-rate
+    /// layers side by side, the frame-rate ones on shared matrix-vector calls): each row's
+    /// codes must be those of its own stream, and its audio too, step after step, with rows
+    /// of different histories (a row reset, masked steps).
+    /// The SEANets' high-rate layers of several rows, stepped together (each layer's rows
+    /// side by side in one product), give each row the bits of its own pass, over steps
+    /// that carry state; the filters are wide enough that the products are deeper than one
+    /// `gemm` depth block (768 > 512).
+    #[test]
+    fn seanet_rows_stepped_together_keep_their_own_bits() {
+        use crate::conv::Frames;
+        use crate::seanet::{Decoder, DecoderState, Encoder, EncoderState};
+        let mut cfg = small(false);
+        cfg.seanet.n_filters = 32;
+        let vb = Arc::new(TensorSource::seeded(5, None)).var_builder(DType::F32, &Device::Cpu);
+        let enc = Encoder::load(&cfg.seanet, vb.pp("encoder")).unwrap();
+        let dec = Decoder::load(&cfg.seanet, vb.pp("decoder")).unwrap();
+        let b = 3;
+        let mut es: Vec<EncoderState> = vec![Default::default(); b];
+        let mut ds: Vec<DecoderState> = vec![Default::default(); b];
+        let (mut es1, mut ds1) = (es.clone(), ds.clone());
+        let ch = cfg.seanet.n_filters << (cfg.seanet.ratios.len() - 1);
+        for (step, last) in [(0u64, false), (1, false), (2, true)] {
+            let seed = |r: usize| 10 * step + r as u64;
+            let xs: Vec<Frames> = (0..b)
+                .map(|r| Frames::new(1, 1920, test_input(1, 1920, 1, seed(r))))
+                .collect();
+            let mut sts: Vec<&mut EncoderState> = es.iter_mut().collect();
+            let got = enc.high_rate_rows(&mut sts, &xs, last, None).unwrap();
+            let ys: Vec<Frames> = (0..b)
+                .map(|r| Frames::new(ch, 16, test_input(1, 16, ch, seed(r))))
+                .collect();
+            let mut sts: Vec<&mut DecoderState> = ds.iter_mut().collect();
+            let got_dec = dec.high_rate_rows(&mut sts, &ys, None).unwrap();
+            for r in 0..b {
+                let want = enc.high_rate(&mut es1[r], &xs[r], last, None).unwrap();
+                assert_eq!(got[r], want, "encoder, step {step} row {r}");
+                let want = dec.high_rate(&mut ds1[r], &ys[r], None).unwrap();
+                assert_eq!(got_dec[r], want, "decoder, step {step} row {r}");
+            }
+        }
+    }
+
+    /// A batched streaming step runs every layer once for all its rows (the high-rate
+    /// layers side by side, the frame-rate ones on shared matrix-vector calls): each row's
+    /// codes must be those of its own stream, and its audio too, step after step, with rows
+    /// of different histories (a row reset, masked steps).
+    #[test]
+    fn tmp_seanet_rows() {
+        use crate::conv::Frames;
+        use crate::seanet;
+        let mut cfg = small(false);
+        cfg.seanet.n_filters = 32;
+        let vb = Arc::new(TensorSource::seeded(5, None)).var_builder(DType::F32, &Device::Cpu);
+        let dec = seanet::Decoder::load(&cfg.seanet, vb.pp("decoder")).unwrap();
+        let enc = seanet::Encoder::load(&cfg.seanet, vb.pp("encoder")).unwrap();
+        let b = 3;
+        let xs: Vec<Frames> = (0..b)
+            .map(|r| Frames::new(256, 16, test_input(1, 16, 256, r as u64)))
+            .collect();
+        let mut sts: Vec<seanet::DecoderState> = (0..b).map(|_| Default::default()).collect();
+        let mut refs: Vec<&mut seanet::DecoderState> = sts.iter_mut().collect();
+        let got = dec.high_rate_rows(&mut refs, &xs, None).unwrap();
+        for r in 0..b {
+            let want = dec
+                .high_rate(&mut Default::default(), &xs[r], None)
+                .unwrap();
+            let d = got[r]
+                .data
+                .iter()
+                .zip(&want.data)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            eprintln!("dec row {r}: {d} len {} {}", got[r].len, want.len);
+        }
+        let xs: Vec<Frames> = (0..b)
+            .map(|r| Frames::new(1, 3840, test_input(1, 3840, 1, r as u64)))
+            .collect();
+        let mut sts: Vec<seanet::EncoderState> = (0..b).map(|_| Default::default()).collect();
+        let mut refs: Vec<&mut seanet::EncoderState> = sts.iter_mut().collect();
+        let got = enc.high_rate_rows(&mut refs, &xs, false, None).unwrap();
+        for r in 0..b {
+            let want = enc
+                .high_rate(&mut Default::default(), &xs[r], false, None)
+                .unwrap();
+            let d = got[r]
+                .data
+                .iter()
+                .zip(&want.data)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            eprintln!("enc row {r}: {d} len {} {}", got[r].len, want.len);
+        }
+    }
+
+    #[test]
+    fn batched_rows_are_their_own_streams() {
+        let mut cfg = small(false);
+        cfg.seanet.n_filters = 32;
+        let dev = Device::Cpu;
+        let source = TensorSource::seeded(5, cfg.transformer.layer_scale);
+        let codec = Codec::with_engine(&cfg, source, &dev, DType::F32, EngineKind::Native).unwrap();
+        let (b, f) = (3, cfg.frame_size());
+        let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
+        let mut alone: Vec<_> = (0..b)
+            .map(|_| (codec.encode_stream(), codec.decode_stream()))
+            .collect();
+        let masks = [
+            [true; 3],
+            [true, false, true],
+            [true; 3],
+            [false, true, true],
+        ];
+        for (step, mask) in masks.iter().enumerate() {
+            if step == 2 {
+                enc.reset_rows(&[1]).unwrap();
+                dec.reset_rows(&[1]).unwrap();
+                alone[1] = (codec.encode_stream(), codec.decode_stream());
+            }
+            let rows = Rows::from_mask(mask);
+            let k = rows.count();
+            let pcm = Tensor::from_vec(test_input(k, 2 * f, 1, step as u64), (k, 1, 2 * f), &dev)
+                .unwrap();
+            let codes = codec
+                .encode_step_rows(&mut enc, &pcm, &rows)
+                .unwrap()
+                .unwrap();
+            let audio = codec
+                .decode_step_rows(&mut dec, &codes, &rows)
+                .unwrap()
+                .unwrap();
+            for (i, &r) in rows.indices().iter().enumerate() {
+                let (e, d) = &mut alone[r];
+                let one = codec
+                    .encode_step(e, &pcm.narrow(0, i, 1).unwrap())
+                    .unwrap()
+                    .unwrap();
+                let got = codes.narrow(0, i, 1).unwrap();
+                assert_eq!(got.to_vec3::<u32>().unwrap(), one.to_vec3::<u32>().unwrap());
+                let y = codec.decode_step(d, &one).unwrap().unwrap();
+                // The SEANets and the quantizer keep each row's bits; the transformer's
+                // batched step rounds differently from its one-row step (~5e-7).
+                let d = diff(&audio.narrow(0, i, 1).unwrap(), &y);
+                assert!(d < 1e-5, "step {step} row {r}: {d}");
             }
         }
     }

@@ -14,9 +14,9 @@ use candle::Result;
 use candle_nn::VarBuilder;
 
 use super::activation::{copy_act, elu_in_place};
-use super::frames::{par_rows, Frames, Padded};
+use super::frames::{par_rows, place, Frames, Joined, Padded};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
-use super::tiles::{epilogue, for_tiles, matmul, max_cols, tiles, SharedMut, Tile};
+use super::tiles::{epilogue, for_tiles, gemm_acc, matmul, max_cols, tiles, SharedMut, Tile};
 use crate::config::PadMode;
 use crate::kernels::direct;
 
@@ -316,26 +316,15 @@ impl Conv1d {
                 // the weight block m of rows r0.. has rn rows of cs (row stride kk); the phase
                 // rows are read at frames t0 + m .. t0 + m + tn <= len.
                 unsafe {
-                    gemm::gemm(
-                        rn,
-                        tn,
-                        cs,
+                    gemm_acc(
+                        (rn, tn, cs),
                         ptr.at(r0 * n + t0),
-                        1,
-                        n as isize,
+                        n,
                         m > 0,
                         w.as_ptr().add(r0 * kk + m * cs),
-                        1,
-                        kk as isize,
+                        kk,
                         ph.data.as_ptr().add(t0 + m),
-                        1,
-                        len as isize,
-                        1f32,
-                        1f32,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
+                        len,
                     );
                 }
             }
@@ -416,10 +405,8 @@ impl Conv1d {
         self.gemv_out(&self.w.gemv(&cols, n, kk, self.cout), n, residual)
     }
 
-    /// [`Self::step`] of several rows, each continuing its own state (`sts[r]`, `xs[r]`):
-    /// when every row's step takes the matrix-vector kernel, the rows share its calls, so
-    /// the weights are read once per call, not once per row. Row `r` gets the bits `step`
-    /// gives it alone.
+    /// [`Self::step`] of several rows, each continuing its own state (`sts[r]`, `xs[r]`), in
+    /// shared products: see [`Self::run_rows`]. Row `r` gets the bits `step` gives it alone.
     pub(crate) fn step_rows(
         &self,
         sts: &mut [&mut ConvState],
@@ -430,30 +417,86 @@ impl Conv1d {
         let fulls: Vec<Option<Frames>> = (sts.iter_mut().zip(xs))
             .map(|(st, x)| self.prepare(st, x, act, last))
             .collect();
-        let ns: Vec<usize> = fulls
-            .iter()
+        self.run_rows(&fulls)
+    }
+
+    /// The outputs of several rows' prepared inputs (`None`: no output). When every row
+    /// takes the same strategy, the rows share its products: the matrix-vector kernel's
+    /// calls (a few frames each: the weights are read once per call, not once per row), or
+    /// one run over the rows side by side ([`Joined`]; many frames: fewer, larger tiles).
+    /// A strategy computes each output frame from its own inputs alone (the kernel's rows do
+    /// not depend on their neighbours, nor a tile's columns: [`super::tiles::DEPTH_BLOCK`]),
+    /// so row `r` gets the bits its own run gives.
+    fn run_rows(&self, fulls: &[Option<Frames>]) -> Vec<Frames> {
+        let ns: Vec<usize> = (fulls.iter())
             .map(|f| f.as_ref().map_or(0, |f| self.frames(f.len)))
             .collect();
+        let live: Vec<&Frames> = (fulls.iter().zip(&ns))
+            .filter_map(|(f, &n)| f.as_ref().filter(|_| n > 0))
+            .collect();
+        let step = self.w.gemv_frames();
         let run = |f: &Option<Frames>| match f {
             None => Frames::empty(self.cout),
             Some(full) => self.run(&Padded::plain(full), None),
         };
-        if ns.iter().any(|&n| n > self.w.gemv_frames()) || fulls.len() < 2 {
+        if live.len() < 2 {
             return fulls.iter().map(run).collect();
         }
+        if ns.iter().all(|&n| n <= step) {
+            return self.gemv_rows(fulls, &ns);
+        }
+        if ns.iter().any(|&n| n > 0 && n <= step) {
+            return fulls.iter().map(run).collect();
+        }
+        let s = self.stride;
+        let joined = Joined::new(&live, self.cin, s);
+        let y = self.run(&Padded::plain(&joined.frames), None);
+        let mut starts = joined.starts.iter();
+        (ns.iter())
+            .map(|&n| match n {
+                0 => Frames::empty(self.cout),
+                _ => {
+                    let t0 = starts.next().map_or(0, |&o| o / s);
+                    y.window(t0, t0 + n)
+                }
+            })
+            .collect()
+    }
+
+    /// [`Self::run_rows`] on the matrix-vector kernel (every row `ns[r] <= gemv_frames`).
+    fn gemv_rows(&self, fulls: &[Option<Frames>], ns: &[usize]) -> Vec<Frames> {
         let kk = self.w.len() / self.cout.max(1);
-        let cols: Vec<Vec<f32>> = (fulls.iter().zip(&ns))
+        let cols: Vec<Vec<f32>> = (fulls.iter().zip(ns))
             .map(|(f, &n)| match f {
                 Some(full) if n > 0 => self.gemv_cols(&Padded::plain(full), n, kk),
                 _ => Vec::new(),
             })
             .collect();
-        let ys = self.w.gemv_rows(&cols, &ns, kk, self.cout);
-        (ys.iter().zip(&ns))
+        let ys = self.w.gemv_rows(&cols, ns, kk, self.cout);
+        (ys.iter().zip(ns))
             .map(|(y, &n)| match n {
                 0 => Frames::empty(self.cout),
                 _ => self.gemv_out(y, n, None),
             })
+            .collect()
+    }
+
+    /// [`Self::run_fused`] of several rows' prepared inputs and residuals, side by side in
+    /// one run ([`Joined`]): row `r` gets the bits its own run gives (see [`Self::run_rows`]).
+    pub(crate) fn run_fused_rows(
+        &self,
+        fulls: &[Frames],
+        second: &Conv1d,
+        alpha: f32,
+        residuals: &[&Frames],
+    ) -> Vec<Frames> {
+        let parts: Vec<&Frames> = fulls.iter().collect();
+        let joined = Joined::new(&parts, self.cin, 1);
+        let n = self.frames(joined.frames.len);
+        let residual = place(residuals, second.cout, &joined.starts, n);
+        let y = self.run_fused(&joined.frames, second, alpha, &residual);
+        (joined.starts.iter().zip(residuals))
+            .map(|(&t0, r)| y.window(t0, t0 + r.len))
             .collect()
     }
 
@@ -544,7 +587,6 @@ impl Conv1d {
                     kk,
                     ptr.0.add(r0 * n + t0),
                     n,
-                    1,
                     w.as_ptr().add(r0 * kk),
                     kk,
                     cols.as_ptr(),
@@ -657,7 +699,6 @@ impl Fused<'_> {
                 kk,
                 h.as_mut_ptr(),
                 tn,
-                1,
                 wa.as_ptr(),
                 kk,
                 cols.as_ptr(),
@@ -678,7 +719,6 @@ impl Fused<'_> {
                 hidden,
                 self.out.at(t0),
                 n,
-                1,
                 wb.as_ptr(),
                 hidden,
                 h.as_ptr(),

@@ -8,7 +8,7 @@
 use candle::Result;
 use candle_nn::VarBuilder;
 
-use super::frames::Frames;
+use super::frames::{Frames, Joined};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{for_tiles, matmul, max_cols, tiles, SharedMut};
 
@@ -221,16 +221,19 @@ impl ConvTr1d {
     }
 
     /// [`Self::step`] of several rows, each continuing its own state: like
-    /// [`super::Conv1d::step_rows`], the rows share the matrix-vector kernel's calls, and
-    /// row `r` gets the bits `step` gives it alone.
+    /// [`super::Conv1d::step_rows`], the rows share the matrix-vector kernel's calls (a few
+    /// frames each) or one tiled run side by side ([`Joined`]), and row `r` gets the bits
+    /// `step` gives it alone.
     pub(crate) fn step_rows(
         &self,
         sts: &mut [&mut ConvState],
         xs: &[Frames],
         act: Option<f32>,
     ) -> Vec<Frames> {
-        let alone = self.depthwise || xs.len() < 2;
-        if alone || xs.iter().any(|x| x.len > self.w.gemv_frames()) {
+        let step = self.w.gemv_frames();
+        let few = xs.iter().all(|x| x.len <= step);
+        let many = xs.iter().all(|x| x.len > step);
+        if self.depthwise || xs.len() < 2 || !(few || many) {
             return (sts.iter_mut().zip(xs))
                 .map(|(st, x)| self.step(st, x, act))
                 .collect();
@@ -239,6 +242,9 @@ impl ConvTr1d {
             .map(|(st, x)| (x.len > 0).then(|| self.prepare(st, x, act)))
             .collect();
         let ns: Vec<usize> = xs.iter().map(|x| x.len).collect();
+        if many {
+            return self.run_joined(&fulls, &ns);
+        }
         let cols: Vec<Vec<f32>> = (fulls.iter().zip(&ns))
             .map(|(f, &n)| {
                 f.as_ref()
@@ -251,6 +257,23 @@ impl ConvTr1d {
             .map(|(y, &n)| match n {
                 0 => Frames::empty(self.cout),
                 _ => self.gemv_out(y, n),
+            })
+            .collect()
+    }
+
+    /// Rows' prepared inputs (each `taps - 1` earlier frames then `ns[r]` new ones) side by
+    /// side in one tiled run: output frame `t` reads input frames `t .. t + taps`, so row
+    /// `r`'s outputs start at its start's.
+    fn run_joined(&self, fulls: &[Option<Frames>], ns: &[usize]) -> Vec<Frames> {
+        let parts: Vec<&Frames> = fulls.iter().flatten().collect();
+        let joined = Joined::new(&parts, self.cin, 1);
+        let y = self.run(&joined.frames, joined.frames.len + 1 - self.taps);
+        let s = self.stride;
+        let mut starts = joined.starts.iter();
+        (fulls.iter().zip(ns))
+            .map(|(f, &n)| match f.as_ref().and(starts.next()) {
+                Some(&t0) => y.window(t0 * s, (t0 + n) * s),
+                None => Frames::empty(self.cout),
             })
             .collect()
     }
@@ -289,7 +312,6 @@ impl ConvTr1d {
                     tk,
                     z.as_mut_ptr(),
                     tn,
-                    1,
                     w.as_ptr().add(r0 * s * tk),
                     tk,
                     cols.as_ptr(),

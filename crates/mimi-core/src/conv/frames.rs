@@ -103,6 +103,44 @@ impl Frames {
     }
 }
 
+/// Several batch rows' frames side by side along time in one buffer: row `r` from frame
+/// `starts[r]`, zeros between. A batched streaming step runs its rows through a layer as one
+/// product over this (see `Conv1d::step_rows`).
+pub(super) struct Joined {
+    pub(super) frames: Frames,
+    pub(super) starts: Vec<usize>,
+}
+
+impl Joined {
+    /// `parts` one after the other, each starting at a multiple of `align` (a strided
+    /// convolution's rows then start at whole output frames).
+    pub(super) fn new(parts: &[&Frames], channels: usize, align: usize) -> Self {
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut len = 0;
+        for p in parts {
+            starts.push(len);
+            len += p.len.next_multiple_of(align.max(1));
+        }
+        let frames = place(parts, channels, &starts, len);
+        Self { frames, starts }
+    }
+}
+
+/// `(channels, len)` zeros with `parts[r]` written from frame `starts[r]`.
+pub(super) fn place(parts: &[&Frames], channels: usize, starts: &[usize], len: usize) -> Frames {
+    let mut out = Frames::uninit(channels, len);
+    par_rows(&mut out.data, len, |c, row| {
+        let mut end = 0;
+        for (p, &t0) in parts.iter().zip(starts) {
+            row[end..t0].fill(0.0);
+            row[t0..t0 + p.len].copy_from_slice(p.row(c));
+            end = t0 + p.len;
+        }
+        row[end..].fill(0.0);
+    });
+    out
+}
+
 /// `f(row index, row)` over the rows of `data`, in parallel when large.
 pub(super) fn par_rows(data: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     if data.len() >= 1 << 16 && rayon::current_num_threads() > 1 {

@@ -74,8 +74,59 @@ where
     }
 }
 
-/// `dst (m, n) = lhs (m, k) . rhs (k, n)` on one thread; `dst` has row stride `dst_rs` and
-/// column stride `dst_cs`, `lhs` row stride `lhs_rs`, `rhs` is contiguous.
+/// The depth of one `gemm` call. `gemm` blocks a product's depth by a size it derives from
+/// the whole shape `(m, n, k)`, and a column's sum is rounded block by block, so the same
+/// column would get other bits in a wider or narrower tile. A call of depth at most this is
+/// one block whatever its shape; [`gemm_acc`] sums longer products block by block, in order.
+/// A column's result then depends only on its own inputs: the rows of a batched streaming
+/// step can share one product (see `Conv1d::step_rows`) and keep the bits of their own steps.
+pub(super) const DEPTH_BLOCK: usize = 512;
+
+/// `dst (m, n) (+)= lhs (m, k) . rhs (k, n)` on one thread, in depth blocks of
+/// [`DEPTH_BLOCK`] (`acc`: add to `dst` rather than overwrite it). Row strides `dst_rs`,
+/// `lhs_rs`, `rhs_rs`; every column stride is 1.
+///
+/// SAFETY: the pointers must cover the strided extents described.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_acc(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    acc: bool,
+    lhs: *const f32,
+    lhs_rs: usize,
+    rhs: *const f32,
+    rhs_rs: usize,
+) {
+    for b in 0..k.div_ceil(DEPTH_BLOCK).max(1) {
+        let k0 = b * DEPTH_BLOCK;
+        let kb = DEPTH_BLOCK.min(k - k0);
+        gemm::gemm(
+            m,
+            n,
+            kb,
+            dst,
+            1,
+            dst_rs as isize,
+            acc || b > 0,
+            lhs.add(k0),
+            1,
+            lhs_rs as isize,
+            rhs.add(k0 * rhs_rs),
+            1,
+            rhs_rs as isize,
+            1f32,
+            1f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// `dst (m, n) = lhs (m, k) . rhs (k, n)` on one thread ([`gemm_acc`]); `dst` has row
+/// stride `dst_rs`, `lhs` row stride `lhs_rs`, `rhs` is contiguous.
 ///
 /// SAFETY: the pointers must cover the strided extents described.
 #[allow(clippy::too_many_arguments)]
@@ -85,32 +136,11 @@ pub(super) unsafe fn matmul(
     k: usize,
     dst: *mut f32,
     dst_rs: usize,
-    dst_cs: usize,
     lhs: *const f32,
     lhs_rs: usize,
     rhs: *const f32,
 ) {
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst,
-        dst_cs as isize,
-        dst_rs as isize,
-        false,
-        lhs,
-        1,
-        lhs_rs as isize,
-        rhs,
-        1,
-        n as isize,
-        0f32,
-        1f32,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    )
+    gemm_acc((m, n, k), dst, dst_rs, false, lhs, lhs_rs, rhs, n)
 }
 
 /// Adds `bias[row]` and `residual` to the tile `rows x cols` of `out (_, stride)`.

@@ -1,6 +1,8 @@
 //! What the process provides: devices and dtypes, memory (estimates, resident size, the
-//! working-memory policy), and the environment switches ([`settings`]).
+//! working-memory policy), the environment switches ([`settings`]), and the per-layer
+//! timers benchmarks turn on ([`profile`]).
 
 pub mod device;
 pub mod memory;
+pub mod profile;
 pub mod settings;

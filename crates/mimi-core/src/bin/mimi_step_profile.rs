@@ -1,0 +1,100 @@
+//! Per-layer profile of the codec's batched streaming step on the real-size Mimi shape
+//! (seeded weights, native engine): for each batch size B, `frames` frames of a masked
+//! `encode_step` then `decode_step` of B rows (80 ms of audio per row), with
+//! [`mimi_core::runtime::profile`]'s timers on.
+//!
+//! `cargo run --release -p mimi-core --bin mimi_step_profile -- [batches] [frames] [weights]`
+//! (defaults `1,4,8,16`, 20, `float32`) prints one JSON line per B: the median frame time
+//! and, per layer, milliseconds per frame (all rows) and calls per frame. `benches/run.py
+//! --suites layers` runs it and writes the table into its report.
+
+#![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
+
+use mimi_core::candle::{DType, Device, Tensor};
+use mimi_core::runtime::device::WeightsDType;
+use mimi_core::runtime::profile;
+use mimi_core::{Codec, CodecConfig, Result, TensorSource};
+use std::time::Instant;
+
+/// Uniform noise in [-0.1, 0.1) from a linear congruential generator (no extra crates).
+fn noise(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+        })
+        .collect()
+}
+
+/// Times `frames` frames of B rows (after 3 untimed ones); returns the JSON line.
+fn profile_batch(codec: &Codec, batch: usize, frames: usize, seed: &mut u64) -> Result<String> {
+    let f = codec.config().frame_size();
+    let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
+    let mut times = Vec::new();
+    for i in 0..frames + 3 {
+        let pcm = Tensor::from_vec(noise(batch * f, seed), (batch, 1, f), &Device::Cpu)?;
+        profile::take();
+        profile::enable(i >= 3);
+        let t0 = Instant::now();
+        if let Some(codes) = codec.encode_step(&mut enc, &pcm)? {
+            codec.decode_step(&mut dec, &codes)?;
+        }
+        let dt = t0.elapsed().as_secs_f64() * 1e3;
+        profile::enable(false);
+        if i >= 3 {
+            times.push((dt, profile::take()));
+        }
+    }
+    let mut frame_ms: Vec<f64> = times.iter().map(|(t, _)| *t).collect();
+    frame_ms.sort_by(f64::total_cmp);
+    // Per label: the median over frames of its milliseconds in that frame.
+    let labels: Vec<String> = times[0].1.iter().map(|e| e.label.clone()).collect();
+    let layers: Vec<String> = labels
+        .iter()
+        .map(|l| {
+            let mut ms: Vec<f64> = (times.iter())
+                .map(|(_, t)| {
+                    let e = t.iter().find(|e| &e.label == l);
+                    e.map_or(0.0, |e| e.total.as_secs_f64() * 1e3)
+                })
+                .collect();
+            ms.sort_by(f64::total_cmp);
+            let calls = times[0]
+                .1
+                .iter()
+                .find(|e| &e.label == l)
+                .map_or(0, |e| e.calls);
+            format!(
+                "{{\"layer\": \"{l}\", \"ms\": {:.3}, \"calls\": {calls}}}",
+                ms[ms.len() / 2]
+            )
+        })
+        .collect();
+    Ok(format!(
+        "{{\"batch\": {batch}, \"frames\": {frames}, \"frame_median_ms\": {:.3}, \"layers\": [{}]}}",
+        frame_ms[frame_ms.len() / 2],
+        layers.join(", ")
+    ))
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let batches: Vec<usize> = args
+        .get(1)
+        .map_or("1,4,8,16", String::as_str)
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let frames: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
+    let wd = WeightsDType::parse(args.get(3).map_or("float32", String::as_str))?;
+    let cfg = CodecConfig::mimi(8);
+    let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
+    let codec = Codec::with_weights_dtype(&cfg, source, &Device::Cpu, DType::F32, wd)?;
+    let mut seed = 1u64;
+    for b in batches {
+        println!("{}", profile_batch(&codec, b, frames.max(1), &mut seed)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! Where a streaming step's time goes, layer by layer: each SEANet layer, the down/upsampling,
+//! the transformers and the quantizer time themselves through [`time`] into one table that
+//! [`take`] empties. Off unless a benchmark turns it on ([`enable`]; the `mimi_step_profile`
+//! binary does): then each timed call costs one relaxed atomic load and nothing else.
+//!
+//! The table is keyed by label, in order of first appearance. A label names a layer (not a
+//! row), so a layer run once per row adds each row's time to the same entry, and a layer run
+//! once for all rows adds one: the totals compare directly across the two.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static ON: AtomicBool = AtomicBool::new(false);
+static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+/// One timed label: its total wall time and how many calls made it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub label: String,
+    pub total: Duration,
+    pub calls: u64,
+}
+
+/// Turns the timers on or off (process-wide).
+pub fn enable(on: bool) {
+    ON.store(on, Ordering::Relaxed);
+}
+
+/// Whether the timers are on.
+pub fn enabled() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Runs `f`; while the timers are on, adds its wall time to `label()`'s entry (`label` is
+/// only called then, so building it costs nothing otherwise).
+#[inline]
+pub fn time<R>(label: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
+    if !enabled() {
+        return f();
+    }
+    let t0 = Instant::now();
+    let out = f();
+    record(label(), t0.elapsed());
+    out
+}
+
+fn record(label: String, dt: Duration) {
+    // A panic elsewhere while holding the table leaves counts, never broken data: go on.
+    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    match table.iter_mut().find(|e| e.label == label) {
+        Some(e) => {
+            e.total += dt;
+            e.calls += 1;
+        }
+        None => table.push(Entry {
+            label,
+            total: dt,
+            calls: 1,
+        }),
+    }
+}
+
+/// The table since the last `take` (labels in order of first appearance), emptied.
+pub fn take() -> Vec<Entry> {
+    std::mem::take(&mut *TABLE.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_only_while_enabled_and_sums_per_label() {
+        // The only test touching the process-wide switch.
+        take();
+        time(|| "off".into(), || ());
+        assert!(take().is_empty());
+        enable(true);
+        for _ in 0..3 {
+            time(
+                || "a".into(),
+                || std::thread::sleep(Duration::from_millis(1)),
+            );
+        }
+        let v = time(|| "b".into(), || 7);
+        enable(false);
+        assert_eq!(v, 7);
+        let t = take();
+        assert_eq!(
+            t.iter()
+                .map(|e| (e.label.as_str(), e.calls))
+                .collect::<Vec<_>>(),
+            [("a", 3), ("b", 1)]
+        );
+        assert!(t[0].total >= Duration::from_millis(3));
+        assert!(take().is_empty());
+    }
+}
