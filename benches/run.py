@@ -33,6 +33,7 @@ from runner.server import suite_server  # noqa: E402
 from runner.suites import (  # noqa: E402
     suite_aggregate,
     suite_codec,
+    suite_layers,
     suite_rss,
     suite_serving,
     suite_streaming,
@@ -40,7 +41,17 @@ from runner.suites import (  # noqa: E402
 )
 from runner.targets import evaluate_targets  # noqa: E402
 
-ALL_SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving", "server"]
+ALL_SUITES = [
+    "transformer",
+    "codec",
+    "aggregate",
+    "streaming",
+    "rss",
+    "corpus",
+    "serving",
+    "server",
+    "layers",
+]
 ALL_ENGINES = ["mimi_py", "rustymimi", "moshi", "transformers"]
 
 
@@ -156,6 +167,7 @@ SUITES = {
     "corpus": lambda args, weights, tmp, suites: suite_corpus(args, weights, tmp),
     "serving": lambda args, weights, tmp, suites: suite_serving(args, weights),
     "server": lambda args, weights, tmp, suites: suite_server(args),
+    "layers": lambda args, weights, tmp, suites: suite_layers(args),
 }
 
 

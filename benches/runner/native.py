@@ -17,6 +17,8 @@ from .children import thread_env
 REPO = common.REPO
 # MIMI_NATIVE_BENCH overrides where the native bench binary is looked for.
 NATIVE_BIN = Path(os.environ.get("MIMI_NATIVE_BENCH", REPO / "target" / "release" / "mimi_native_bench"))
+# MIMI_STEP_PROFILE overrides where the per-layer profile binary (the layers suite) is looked for.
+PROFILE_BIN = Path(os.environ.get("MIMI_STEP_PROFILE", REPO / "target" / "release" / "mimi_step_profile"))
 
 
 def newest_source_mtime() -> float:
@@ -31,27 +33,23 @@ def _rel(p: Path) -> str:
         return str(p)
 
 
-def ensure_native(args) -> dict:
-    """{"path": ..., "stale": bool} or {"skipped": why}."""
-    if args.tiny and not NATIVE_BIN.exists():
-        return {"skipped": f"{_rel(NATIVE_BIN)} not built (tiny mode does not build it)"}
-    if args.rebuild_native or not NATIVE_BIN.exists():
+def ensure_native(args, binary: Path = NATIVE_BIN) -> dict:
+    """{"path": ..., "stale": bool} or {"skipped": why}, for one of the core's bench binaries."""
+    if args.tiny and not binary.exists():
+        return {"skipped": f"{_rel(binary)} not built (tiny mode does not build it)"}
+    if args.rebuild_native or not binary.exists():
         if shutil.which("cargo") is None:
-            return {"skipped": "cargo not found, cannot build the native bench"}
-        log("building the native bench: cargo build --release -p mimi-core --bin mimi_native_bench")
-        proc = subprocess.run(
-            ["cargo", "build", "--release", "-p", "mimi-core", "--bin", "mimi_native_bench"],
-            cwd=str(REPO),
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0 or not NATIVE_BIN.exists():
+            return {"skipped": f"cargo not found, cannot build {binary.name}"}
+        cmd = ["cargo", "build", "--release", "-p", "mimi-core", "--bin", binary.name]
+        log("building a native bench binary: " + " ".join(cmd))
+        proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True)
+        if proc.returncode != 0 or not binary.exists():
             return {"skipped": "cargo build failed: " + proc.stderr[-2000:]}
-    stale = NATIVE_BIN.stat().st_mtime < newest_source_mtime()
+    stale = binary.stat().st_mtime < newest_source_mtime()
     return {
-        "path": _rel(NATIVE_BIN),
+        "path": _rel(binary),
         "stale": stale,
-        "built": _dt.datetime.fromtimestamp(NATIVE_BIN.stat().st_mtime).isoformat(timespec="seconds"),
+        "built": _dt.datetime.fromtimestamp(binary.stat().st_mtime).isoformat(timespec="seconds"),
     }
 
 
@@ -84,3 +82,18 @@ def run_native(binary: Path, steps: int, threads: int, timeout: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def run_profile(batches: list, frames: int, weights_dtype: str, threads: int, timeout: float) -> dict:
+    """The per-layer profile binary's lines (one per batch size): frame median and layer ms."""
+    env = os.environ.copy()
+    env.update(thread_env(threads))
+    cmd = [str(PROFILE_BIN), ",".join(map(str, batches)), str(frames), weights_dtype]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO))
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or len(rows) != len(batches):
+        return {"ok": False, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+    return {"ok": True, "batches": rows}

@@ -63,6 +63,7 @@ def render_markdown(res) -> str:
     render_corpus(L, s.get("corpus", {"skipped": "not selected (--suites)"}), args)
     render_serving(L, s.get("serving", {"skipped": "not selected (--suites)"}))
     render_server(L, s.get("server", {"skipped": "not selected (--suites)"}), s.get("serving"))
+    render_layers(L, s.get("layers", {"skipped": "not selected (--suites)"}))
     return "\n".join(L).rstrip() + "\n"
 
 
@@ -496,6 +497,35 @@ def render_serving(L: list, s: dict) -> None:
             )
     for e, why in s.get("skipped", {}).items():
         L.append(f"- {e}: {why}")
+    L.append("")
+
+
+def render_layers(L: list, s: dict) -> None:
+    """The layers suite's tables: ms per frame of each layer (all rows), per weight type."""
+    L.append("")
+    L.append("### Layers: where a batched streaming frame goes (`mimi_step_profile`)")
+    L.append("")
+    if s.get("skipped") and not s.get("runs"):
+        L.append(f"_skipped: {s['skipped']}_")
+        return
+    L.append(
+        "Milliseconds per frame (median over frames) of each layer for all B rows: one masked "
+        "`encode_step` then `decode_step`, real-size seeded weights, native engine, no Python."
+    )
+    for r in s["runs"]:
+        L.append("")
+        L.append(f"{r['weights_dtype']} weights, {r['threads']} thread(s):")
+        L.append("")
+        if not r.get("ok"):
+            L.append(f"_error: {fmt_err(r)}_")
+            continue
+        rows = r["batches"]
+        L.append("| layer | " + " | ".join(f"B={b['batch']}" for b in rows) + " |")
+        L.append("| --- | " + " | ".join("---" for _ in rows) + " |")
+        per = [{x["layer"]: x["ms"] for x in b["layers"]} for b in rows]
+        for name in [x["layer"] for x in rows[-1]["layers"]]:
+            L.append(f"| `{name}` | " + " | ".join(f"{p.get(name, 0):.2f}" for p in per) + " |")
+        L.append("| frame | " + " | ".join(f"{b['frame_median_ms']:.1f}" for b in rows) + " |")
     L.append("")
 
 

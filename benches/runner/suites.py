@@ -10,7 +10,7 @@ import common
 
 from . import log, ratio
 from .children import MALLOC_ENV, engine_available, run_child, run_children_together
-from .native import NATIVE_BIN, ensure_native, run_native
+from .native import NATIVE_BIN, PROFILE_BIN, ensure_native, run_native, run_profile
 
 STREAMING_ENGINES = {"mimi_py", "rustymimi", "moshi"}  # transformers: offline only
 
@@ -459,3 +459,23 @@ def suite_serving(args, weights) -> dict:
             res["streams_held"] = int(res["frame_total"]["p99_us"] <= 80_000)
         peers.append(res)
     return {"batches": batches, "frames": frames, "runs": runs, "peers": peers, "skipped": skipped}
+
+
+LAYER_BATCHES = [1, 4, 8, 16]
+
+
+def suite_layers(args) -> dict:
+    """Where a batched streaming frame goes, layer by layer: the core's mimi_step_profile
+    binary (real-size seeded weights, native engine, no Python) at the main thread count, for
+    each weight type; milliseconds per frame of each layer for all its rows."""
+    binary = ensure_native(args, PROFILE_BIN)
+    if "path" not in binary:
+        return {"skipped": binary["skipped"]}
+    batches = [1, 2] if args.tiny else LAYER_BATCHES
+    frames = 2 if args.tiny else 20
+    runs = []
+    for wd in SERVING_WEIGHTS:
+        log(f"layers: {wd} weights, batches {batches}, {args.main_threads} thread(s)")
+        res = run_profile(batches, frames, wd, args.main_threads, args.timeout)
+        runs.append(dict(res, weights_dtype=wd, threads=args.main_threads))
+    return {"binary": binary, "batches": batches, "frames": frames, "runs": runs}

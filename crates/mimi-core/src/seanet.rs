@@ -47,10 +47,6 @@ impl ResBlock {
     }
 
     /// The first input frame that output frame `out` depends on.
-    fn convs_mut(&mut self) -> impl Iterator<Item = &mut Conv1d> {
-        self.convs.iter_mut().chain(self.shortcut.as_mut())
-    }
-
     fn first_input(&self, out: i64) -> i64 {
         self.convs.iter().rev().fold(out, |o, c| c.first_input(o))
     }
@@ -179,17 +175,16 @@ impl Encoder {
         })
     }
 
-    /// Stores the large layers' weights in bf16 (`weights_dtype="bfloat16"`).
+    /// Stores the frame-rate layers' large weights in bf16 (`weights_dtype="bfloat16"`): the
+    /// last down-sampling and the last convolution. The high-rate layers stay f32: a streaming
+    /// step gives them many frames per row, which the f32 strategies take faster than the
+    /// matrix-vector kernel reads bf16 (the 256 -> 512 down-sampling, 1.6 M weights, took
+    /// twice as long in bf16 at 8 rows: `benches/README.md`).
     pub fn store_bf16(&mut self) {
-        let (init, last) = (&mut self.init, &mut self.last);
-        let layers = self
-            .layers
-            .iter_mut()
-            .flat_map(|(res, down)| res.iter_mut().flat_map(ResBlock::convs_mut).chain([down]));
-        [init, last]
-            .into_iter()
-            .chain(layers)
-            .for_each(Conv1d::store_bf16);
+        self.last.store_bf16();
+        if let Some((_, down)) = self.layers.last_mut() {
+            down.store_bf16();
+        }
     }
 
     /// Samples per output frame.
@@ -360,15 +355,12 @@ pub struct DecoderState {
 }
 
 impl Decoder {
-    /// Stores the large layers' weights in bf16 (`weights_dtype="bfloat16"`).
+    /// Stores the frame-rate layers' large weights in bf16: the first convolution and the
+    /// first up-sampling (see [`Encoder::store_bf16`]).
     pub fn store_bf16(&mut self) {
         self.init.store_bf16();
-        self.last.store_bf16();
-        for (up, res) in &mut self.layers {
+        if let Some((up, _)) = self.layers.first_mut() {
             up.store_bf16();
-            res.iter_mut()
-                .flat_map(ResBlock::convs_mut)
-                .for_each(Conv1d::store_bf16);
         }
     }
 

@@ -95,10 +95,11 @@ pub(super) fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
         .to_vec1::<f32>()
 }
 
-/// Weights at or above this many values are stored in bf16 with `weights_dtype="bfloat16"`:
-/// the frame-rate layers, 24 of the real codec's 26 M convolution weights. The smaller
-/// (high-rate, outer) layers stay f32: little memory, and the strategies their many frames
-/// take read f32 (and the last decoder layers, next to the audio, keep full precision).
+/// The frame-rate layers (few frames per step, large weights: `seanet`'s `store_bf16`, the
+/// codec's down/upsampling) at or above this many values are stored in bf16 with
+/// `weights_dtype="bfloat16"`: about 23 M of the real codec's 26 M convolution weights. The
+/// high-rate layers stay f32 whatever their size: the strategies their many frames take read
+/// f32 (and the last decoder layers, next to the audio, keep full precision).
 pub(crate) const BF16_MIN_WEIGHTS: usize = 1 << 20;
 
 /// A convolution's weight matrix, in f32 or bf16 (see [`BF16_MIN_WEIGHTS`]).
