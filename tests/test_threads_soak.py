@@ -372,11 +372,14 @@ def test_offline_calls_keep_at_most_the_heap_budget(keep_mb):
     # pool's threads (measured: up to ~25 MB, then flat).
     assert max(grown) - grown[0] < 40, grown
     if keep_mb == "0":
-        # Trimmed: only the allocator's bookkeeping and the transformer rings stay.
-        assert max(grown) < 48, grown
+        # Trimmed: only the allocator's bookkeeping, the pool threads' buffers and the
+        # transformer rings stay. Measured on a 2-core AMD EPYC: 24-54 MB (43-48 MB before
+        # the products were cut into fixed depth blocks: more, smaller `gemm` calls, whose
+        # packing buffers the allocator keeps in its arenas).
+        assert max(grown) < 64, grown
     else:
-        # A 10 s encode's working memory (~95 MB measured) stays, below the budget.
-        assert 48 <= grown[0] < 256, grown
+        # A 10 s encode's working memory (~90-120 MB measured) stays, below the budget.
+        assert 64 <= grown[0] < 256, grown
 
 
 # ---------------------------------------------------------------- long runs (shortened soak)

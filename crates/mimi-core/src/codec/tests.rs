@@ -233,10 +233,6 @@ mod engines {
         }
     }
 
-    /// A batched streaming step runs every layer once for all its rows (the high-rate
-    /// layers side by side, the frame-rate ones on shared matrix-vector calls): each row's
-    /// codes must be those of its own stream, and its audio too, step after step, with rows
-    /// of different histories (a row reset, masked steps).
     /// The SEANets' high-rate layers of several rows, stepped together (each layer's rows
     /// side by side in one product), give each row the bits of its own pass, over steps
     /// that carry state; the filters are wide enough that the products are deeper than one
@@ -280,54 +276,6 @@ mod engines {
     /// layers side by side, the frame-rate ones on shared matrix-vector calls): each row's
     /// codes must be those of its own stream, and its audio too, step after step, with rows
     /// of different histories (a row reset, masked steps).
-    #[test]
-    fn tmp_seanet_rows() {
-        use crate::conv::Frames;
-        use crate::seanet;
-        let mut cfg = small(false);
-        cfg.seanet.n_filters = 32;
-        let vb = Arc::new(TensorSource::seeded(5, None)).var_builder(DType::F32, &Device::Cpu);
-        let dec = seanet::Decoder::load(&cfg.seanet, vb.pp("decoder")).unwrap();
-        let enc = seanet::Encoder::load(&cfg.seanet, vb.pp("encoder")).unwrap();
-        let b = 3;
-        let xs: Vec<Frames> = (0..b)
-            .map(|r| Frames::new(256, 16, test_input(1, 16, 256, r as u64)))
-            .collect();
-        let mut sts: Vec<seanet::DecoderState> = (0..b).map(|_| Default::default()).collect();
-        let mut refs: Vec<&mut seanet::DecoderState> = sts.iter_mut().collect();
-        let got = dec.high_rate_rows(&mut refs, &xs, None).unwrap();
-        for r in 0..b {
-            let want = dec
-                .high_rate(&mut Default::default(), &xs[r], None)
-                .unwrap();
-            let d = got[r]
-                .data
-                .iter()
-                .zip(&want.data)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            eprintln!("dec row {r}: {d} len {} {}", got[r].len, want.len);
-        }
-        let xs: Vec<Frames> = (0..b)
-            .map(|r| Frames::new(1, 3840, test_input(1, 3840, 1, r as u64)))
-            .collect();
-        let mut sts: Vec<seanet::EncoderState> = (0..b).map(|_| Default::default()).collect();
-        let mut refs: Vec<&mut seanet::EncoderState> = sts.iter_mut().collect();
-        let got = enc.high_rate_rows(&mut refs, &xs, false, None).unwrap();
-        for r in 0..b {
-            let want = enc
-                .high_rate(&mut Default::default(), &xs[r], false, None)
-                .unwrap();
-            let d = got[r]
-                .data
-                .iter()
-                .zip(&want.data)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            eprintln!("enc row {r}: {d} len {} {}", got[r].len, want.len);
-        }
-    }
-
     #[test]
     fn batched_rows_are_their_own_streams() {
         let mut cfg = small(false);
