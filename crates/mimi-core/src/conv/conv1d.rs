@@ -445,7 +445,10 @@ impl Conv1d {
         if ns.iter().all(|&n| n <= step) {
             return self.gemv_rows(fulls, &ns);
         }
-        if ns.iter().any(|&n| n > 0 && n <= step) {
+        // Rows that take different strategies run alone, and so do the layers with a single
+        // input or output channel (the SEANet's outer layers, next to the audio): little
+        // arithmetic per frame, so joining their rows costs more in copies than it saves.
+        if ns.iter().any(|&n| n > 0 && n <= step) || self.cin.min(self.cout) == 1 {
             return fulls.iter().map(run).collect();
         }
         let s = self.stride;
