@@ -45,6 +45,20 @@ def check_server_suite(server: dict) -> None:
     assert set(server["streams_held"].values()) <= {0, 1, 2}
 
 
+def check_layers_suite(layers: dict) -> None:
+    """The layers suite's tiny run. Its binary, like the native bench, is not built in tiny
+    mode; its output is tested in Rust (crates/mimi-core/src/bin/mimi_step_profile.rs)."""
+    if "skipped" in layers:
+        assert "not built" in layers["skipped"], layers
+        return
+    assert [r["weights_dtype"] for r in layers["runs"]] == ["float32", "bfloat16"]
+    for r in layers["runs"]:
+        assert r["ok"], r
+        assert [b["batch"] for b in r["batches"]] == layers["batches"]
+        timed = {x["layer"] for x in r["batches"][0]["layers"]}
+        assert {"enc.init", "enc.transformer", "dec.transformer", "dec.last"} <= timed
+
+
 def test_bench_suites_run_tiny(tmp_path):
     run_script(RUN, ["--tiny", "--threads", "1", "--out", str(tmp_path)], tmp_path, timeout=240)
 
@@ -100,6 +114,7 @@ def test_bench_suites_run_tiny(tmp_path):
         assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
 
     check_server_suite(suites["server"])
+    check_layers_suite(suites["layers"])
 
     corpus = suites["corpus"]  # needs the data extra (part of the test extra)
     runs = {r["label"]: r for r in corpus["runs"]}

@@ -98,3 +98,54 @@ fn main() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a small codec: the line names the batch and frames, every layer of both directions
+    /// is timed, and the timers are off again afterwards.
+    #[test]
+    fn a_batched_frame_is_timed_layer_by_layer() -> Result<()> {
+        let mut cfg = CodecConfig::mimi(4);
+        cfg.seanet.n_filters = 8;
+        cfg.seanet.dimension = 64;
+        cfg.transformer.d_model = 64;
+        cfg.transformer.num_heads = 4;
+        cfg.transformer.num_layers = 2;
+        cfg.transformer.dim_feedforward = 128;
+        cfg.quantizer_bins = 64;
+        cfg.quantizer_dim = 32;
+        let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
+        let codec = Codec::new(&cfg, source, &Device::Cpu, DType::F32)?;
+        let line = profile_batch(&codec, 3, 2, &mut 1)?;
+        assert!(line.starts_with("{\"batch\": 3, \"frames\": 2,"), "{line}");
+        for layer in [
+            "enc.init",
+            "enc.s3.res0",
+            "enc.last",
+            "enc.transformer",
+            "downsample",
+        ] {
+            assert!(
+                line.contains(&format!("{{\"layer\": \"{layer}\"")),
+                "{layer}: {line}"
+            );
+        }
+        for layer in [
+            "quantizer.encode",
+            "upsample",
+            "dec.transformer",
+            "dec.s0.up",
+            "dec.last",
+        ] {
+            assert!(
+                line.contains(&format!("{{\"layer\": \"{layer}\"")),
+                "{layer}: {line}"
+            );
+        }
+        assert!(line.contains("\"calls\": 1}"), "{line}");
+        assert!(!profile::enabled(), "the timers are off again");
+        Ok(())
+    }
+}
