@@ -152,14 +152,20 @@ impl Residual {
         }
         let sum = sum.ok_or_else(|| Error::Internal("decoding with no codebook".into()))?;
         let (b, dim, t) = sum.dims3()?;
-        if b * t > GEMV_MAX_ROWS || !sum.device().is_cpu() || sum.dtype() != DType::F32 {
+        if !sum.device().is_cpu() || sum.dtype() != DType::F32 {
             return Ok(self.output_proj.forward(&sum)?);
         }
-        // A streaming step's few rows on the matrix-vector kernel, whose rows do not depend
-        // on each other: a batched step's row decodes to the bits of its own step.
+        // On the matrix-vector kernel, GEMV_MAX_ROWS rows a call: its rows do not depend on
+        // each other, so a frame decodes to the same bits in any batch (a batched step's row
+        // as its own step) and any call length.
         let xs = sum.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let out = self.output_proj.weight().dim(0)?;
-        let y = with_slice(self.output_proj.weight(), |w| gemv(&xs, w, b * t, dim, out))?;
+        let mut y = Vec::with_capacity(b * t * out);
+        with_slice(self.output_proj.weight(), |w| {
+            for rows in xs.chunks(GEMV_MAX_ROWS * dim) {
+                y.extend(gemv(rows, w, rows.len() / dim, dim, out));
+            }
+        })?;
         Ok(Tensor::from_vec(y, (b, t, out), sum.device())?
             .t()?
             .contiguous()?)
@@ -233,7 +239,8 @@ mod tests {
 
     /// Both paths give candle's codes and decoding (to rounding: the slice path sums in
     /// another order), on the real shapes (512 -> 256, 2048 bins, 8 codebooks): the slice
-    /// path for 1 to 4 rows, the tensor path above; each item decodes as it would alone.
+    /// path up to 32 rows, the tensor path above (33 rows); each item decodes as it would
+    /// alone.
     #[test]
     fn encode_matches_candles_module() {
         let dev = Device::Cpu;
@@ -244,7 +251,8 @@ mod tests {
             let ours = Quantizer::load(&cfg, &vb).unwrap();
             let (dim, d, bins) = (cfg.quantizer_dim, cfg.seanet.dimension, cfg.quantizer_bins);
             let reference = Split::new(dim, Some(d), Some(d), n_q, bins, vb).unwrap();
-            // (batch, frames): the slice path up to 8 rows, the tensor path past it, none
+            // (batch, frames): the slice path up to GEMV_MAX_ROWS (32) rows, the tensor path
+            // past it, none
             let shapes = [
                 (1, 1),
                 (1, 2),
@@ -253,6 +261,7 @@ mod tests {
                 (3, 1),
                 (2, 4),
                 (1, 9),
+                (3, 11),
                 (2, 0),
             ];
             for (b, t) in shapes {
@@ -275,7 +284,8 @@ mod tests {
                 let back_ref = reference.decode(&want).unwrap();
                 // The slice path sums in the matrix-vector kernel's order, not candle's.
                 assert!(crate::testutil::max_abs_diff(&back, &back_ref) < 1e-5);
-                // A batch item decodes to the bits of its own decoding (a batched step's row).
+                // A batch item decodes to the bits of its own decoding (a batched step's row),
+                // on either path.
                 let one = ours.decode(&got.narrow(0, b - 1, 1).unwrap()).unwrap();
                 let last = back.narrow(0, b - 1, 1).unwrap();
                 assert_eq!(
