@@ -8,7 +8,7 @@ use crate::py::rows;
 use crate::py::weights::WeightsArg;
 use candle::{DType, Tensor};
 use mimi_core::codec::{
-    Checkpoint, CheckpointDir, CheckpointLayout, Codec, DecodeStream, EncodeStream, Rows,
+    Checkpoint, CheckpointLayout, Codec, DecodeStream, EncodeStream, OpenOptions, Rows,
 };
 use mimi_core::config::CodecConfig;
 use mimi_core::error::{Error, Result};
@@ -44,25 +44,51 @@ impl<T> Reset for Option<T> {
     }
 }
 
-/// Builds the codec (detached): opens the device, reads the weights, loads the model.
+/// Builds the codec (detached): opens the device, reads the weights, loads the model. A
+/// checkpoint path goes through the core's front door, [`Codec::open`].
 fn build(
-    cfg: &CodecConfig,
-    arg: WeightsArg,
+    cfg: Option<CodecConfig>,
+    (arg, num_codebooks): (WeightsArg, Option<usize>),
     device_spec: &str,
     (dtype, weights_dtype): (DType, WeightsDType),
 ) -> Result<(Codec, String, Option<CheckpointLayout>)> {
-    let (dev, device_name) = device::parse_device(device_spec)?;
-    weights_dtype.check_engine(&dev, dtype)?;
-    let checkpoint = match arg {
-        WeightsArg::Seed(s) => Err(TensorSource::seeded(s, cfg.transformer.layer_scale)),
-        WeightsArg::Path(p) => Ok(Checkpoint::read(&p, cfg)?),
-        WeightsArg::Mapping(m) => Ok(Checkpoint::from_tensors(m, "weights mapping".into(), cfg)?),
+    let (device, device_name) = device::parse_device(device_spec)?;
+    weights_dtype.check_engine(&device, dtype)?;
+    let in_memory = |cfg: Option<CodecConfig>| {
+        let mut cfg = cfg.unwrap_or_default();
+        if let Some(n) = num_codebooks {
+            cfg.quantizer_n_q = n;
+        }
+        cfg
     };
-    let (source, layout) = match checkpoint {
-        Ok(c) => (c.source, Some(c.layout)),
-        Err(seeded) => (seeded, None),
+    let (codec, layout) = match arg {
+        WeightsArg::Path(path) => {
+            let options = OpenOptions {
+                device,
+                dtype,
+                weights_dtype,
+                num_codebooks,
+                engine: None,
+                config: cfg,
+            };
+            let codec = Codec::open(&path, &options)?;
+            let layout = codec.checkpoint_layout();
+            (codec, layout)
+        }
+        WeightsArg::Mapping(m) => {
+            let cfg = in_memory(cfg);
+            let checkpoint = Checkpoint::from_tensors(m, "weights mapping".into(), &cfg)?;
+            let codec =
+                Codec::with_weights_dtype(&cfg, checkpoint.source, &device, dtype, weights_dtype)?;
+            (codec, Some(checkpoint.layout))
+        }
+        WeightsArg::Seed(s) => {
+            let cfg = in_memory(cfg);
+            let source = TensorSource::seeded(s, cfg.transformer.layer_scale);
+            let codec = Codec::with_weights_dtype(&cfg, source, &device, dtype, weights_dtype)?;
+            (codec, None)
+        }
     };
-    let codec = Codec::with_weights_dtype(cfg, source, &dev, dtype, weights_dtype)?;
     Ok((codec, device_name, layout))
 }
 
@@ -307,23 +333,17 @@ impl PyMimiCodec {
         let weights_dtype = WeightsDType::parse(weights_dtype)?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let num_codebooks = pyconfig::codebooks(num_codebooks)?;
-        let mut cfg = pyconfig::codec_config(config)?;
+        let cfg = pyconfig::codec_config(config)?;
         let expected = "a checkpoint path (file or directory)";
-        let mut arg = crate::py::weights::read(weights, seed.unwrap_or(0), "", expected)?;
-        if let WeightsArg::Path(dir) = &arg {
-            if dir.is_dir() {
-                let found = CheckpointDir::open(dir, num_codebooks)?;
-                cfg = cfg.or(found.config);
-                arg = WeightsArg::Path(found.weights);
-            }
-        }
-        let mut cfg = cfg.unwrap_or_default();
-        if let Some(n) = num_codebooks {
-            cfg.quantizer_n_q = n;
-        }
+        let arg = crate::py::weights::read(weights, seed.unwrap_or(0), "", expected)?;
         let device_spec = device.to_string();
         let (codec, device_name, layout) = guard::detached(py, move |_| {
-            build(&cfg, arg, &device_spec, (dtype, weights_dtype))
+            build(
+                cfg,
+                (arg, num_codebooks),
+                &device_spec,
+                (dtype, weights_dtype),
+            )
         })?;
         Ok(Self {
             codec: Arc::new(codec),

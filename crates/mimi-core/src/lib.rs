@@ -14,7 +14,8 @@
 //! use mimi_core::{Codec, CodecConfig, TensorSource};
 //!
 //! # fn main() -> mimi_core::Result<()> {
-//! // A small seeded codec (no download); `TensorSource::file(path)` reads a checkpoint.
+//! // A small seeded codec (no download); `Codec::open(path, &OpenOptions::default())`
+//! // opens a checkpoint file or folder (either layout).
 //! let mut cfg = CodecConfig::mimi(4);
 //! cfg.seanet.n_filters = 8;
 //! cfg.seanet.dimension = 64;
@@ -61,7 +62,7 @@ pub(crate) mod testutil;
 
 /// The candle this crate computes with (re-exported, so a user's tensors are the same type).
 pub use candle;
-pub use codec::{Codec, DecodeStream, EncodeStream};
+pub use codec::{Codec, DecodeStream, EncodeStream, OpenOptions};
 pub use config::{CodecConfig, TransformerConfig};
 pub use error::{Error, Result};
 pub use host::HostArray;

@@ -88,8 +88,8 @@ pub fn expected_tensors(cfg: &TransformerConfig) -> Vec<(String, Vec<usize>)> {
 
 /// Where a source's tensors live.
 enum Store {
-    /// A memory-mapped safetensors file, read tensor by tensor on request.
-    Mapped(MmapedSafetensors),
+    /// A memory-mapped safetensors file (and its path), read tensor by tensor on request.
+    Mapped(MmapedSafetensors, std::path::PathBuf),
     /// Tensors already read, under their full names. Each one leaves the map when it is
     /// read ([`Taken`]), so a model that copies it into its own layout does not hold both.
     Tensors(Mutex<Taken>),
@@ -180,7 +180,7 @@ impl TensorSource {
     pub fn file(path: &Path) -> Result<Self> {
         let st = open_safetensors(path)?;
         Ok(Self::new(
-            Store::Mapped(st),
+            Store::Mapped(st, path.to_path_buf()),
             format!("checkpoint {}", path.display()),
         ))
     }
@@ -204,6 +204,14 @@ impl TensorSource {
         )
     }
 
+    /// The file, for a source read from one ([`Self::file`]).
+    pub fn file_path(&self) -> Option<&Path> {
+        match &self.store {
+            Store::Mapped(_, path) => Some(path),
+            _ => None,
+        }
+    }
+
     /// The seed, for seeded sources.
     pub fn seed(&self) -> Option<u64> {
         match self.store {
@@ -215,7 +223,7 @@ impl TensorSource {
     /// Every name the source provides (none for a seeded source).
     pub fn names(&self) -> Vec<String> {
         match &self.store {
-            Store::Mapped(st) => st.tensors().into_iter().map(|(n, _)| n).collect(),
+            Store::Mapped(st, _) => st.tensors().into_iter().map(|(n, _)| n).collect(),
             Store::Tensors(t) => {
                 let t = locked(t);
                 t.left.keys().chain(t.read.iter()).cloned().collect()
@@ -261,7 +269,7 @@ impl TensorSource {
                 }
                 map.take(name)?.ok_or_else(missing)
             }
-            Store::Mapped(st) => {
+            Store::Mapped(st, _) => {
                 let view = st.get(name).map_err(|_| missing())?;
                 let dtype = DType::try_from(view.dtype()).ok();
                 check_tensor(name, dtype, view.shape(), shape, view.dtype())?;
@@ -278,7 +286,7 @@ impl TensorSource {
     /// Whether the source holds `name` (a seeded source makes plain weights only).
     pub fn contains(&self, name: &str) -> bool {
         match &self.store {
-            Store::Mapped(st) => st.get(name).is_ok(),
+            Store::Mapped(st, _) => st.get(name).is_ok(),
             Store::Tensors(t) => locked(t).contains(name),
             Store::Seeded { .. } => !name.ends_with("_g") && !name.ends_with("_v"),
         }

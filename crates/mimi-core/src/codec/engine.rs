@@ -22,6 +22,17 @@ pub enum EngineKind {
     Candle,
 }
 
+impl EngineKind {
+    /// The engine a codec gets unless asked: native on the CPU in f32, candle otherwise.
+    pub fn default_for(device: &Device, dtype: DType) -> Self {
+        if device.is_cpu() && dtype == DType::F32 {
+            Self::Native
+        } else {
+            Self::Candle
+        }
+    }
+}
+
 /// What an engine may do beyond the common streaming calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {

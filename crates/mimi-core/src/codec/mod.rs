@@ -19,6 +19,7 @@ mod host;
 mod lengths;
 pub mod native;
 mod offline;
+pub mod open;
 pub mod stream;
 #[cfg(test)]
 mod tests;
@@ -26,6 +27,7 @@ mod tests;
 pub use crate::rows::Rows;
 pub use checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
 pub use engine::{Capabilities, EngineKind};
+pub use open::OpenOptions;
 pub use stream::{DecodeStream, EncodeStream};
 
 use self::candle::Candle;
@@ -92,6 +94,7 @@ pub struct Codec {
     engine: Arc<dyn Engine>,
     quantizer: Quantizer,
     weights_dtype: WeightsDType,
+    layout: Option<CheckpointLayout>,
 }
 
 impl Codec {
@@ -115,16 +118,13 @@ impl Codec {
         weights_dtype: WeightsDType,
     ) -> Result<Self> {
         weights_dtype.check_engine(device, dtype)?;
-        let engine = if device.is_cpu() && dtype == DType::F32 {
-            EngineKind::Native
-        } else {
-            EngineKind::Candle
-        };
+        let engine = EngineKind::default_for(device, dtype);
         Self::build(cfg, source, (device, dtype, weights_dtype), engine)
     }
 
     /// Builds the codec on `engine` with f32 weights, reading every weight from `source`
-    /// (already in candle's names, q/k interleaved: see [`Checkpoint`]). Refuses configs
+    /// (already in candle's names, q/k interleaved: a checkpoint file opens with
+    /// [`Codec::open`], and a [`TensorSource::file`] is refused). Refuses configs
     /// whose weights cannot fit in memory before reading anything.
     pub fn with_engine(
         cfg: &CodecConfig,
@@ -142,6 +142,7 @@ impl Codec {
         (device, dtype, weights_dtype): (&Device, DType, WeightsDType),
         engine: EngineKind,
     ) -> Result<Self> {
+        open::refuse_raw_file(&source)?;
         cfg.transformer.check_supported()?;
         Self::check_weights_memory(cfg)?;
         let source = Arc::new(source);
@@ -181,6 +182,7 @@ impl Codec {
             engine,
             quantizer,
             weights_dtype,
+            layout: None,
         })
     }
 

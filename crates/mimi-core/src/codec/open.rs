@@ -1,0 +1,120 @@
+//! The codec's front door for files: [`Codec::open`] takes a checkpoint file or directory,
+//! detects its layout (Hugging Face kyutai/mimi or Kyutai's moshi file), reads the
+//! directory's `config.json`, converts names and q/k rows, and applies [`OpenOptions`].
+//!
+//! [`Codec::new`] and its siblings take tensors that are already in candle's names with q/k
+//! interleaved. A checkpoint file never is (kyutai/mimi's `model.safetensors` has candle's
+//! names but half-split q/k), so they refuse a [`TensorSource::file`] and name this door:
+//! reading one as it is would compute the wrong attention without any error.
+
+use super::checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
+use super::{Codec, EngineKind};
+use crate::config::CodecConfig;
+use crate::error::{Error, Result};
+use crate::runtime::device::WeightsDType;
+use crate::weights::TensorSource;
+use ::candle::{DType, Device};
+use std::path::{Path, PathBuf};
+
+/// How [`Codec::open`] builds a codec. `OpenOptions::default()` is the CPU in f32 with f32
+/// weights, the checkpoint's own config and number of codebooks, and the default engine.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Where the codec computes.
+    pub device: Device,
+    /// What it computes in.
+    pub dtype: DType,
+    /// How its weight matrices are stored (bf16: the native engine only).
+    pub weights_dtype: WeightsDType,
+    /// How many of the checkpoint's codebooks to use (`None`: the config's).
+    pub num_codebooks: Option<usize>,
+    /// The engine for the convolutions (`None`: native on the CPU in f32, candle otherwise).
+    pub engine: Option<EngineKind>,
+    /// The config, when the checkpoint has no `config.json` beside it or it should be
+    /// overridden (`None`: the directory's `config.json`, else the real Mimi's).
+    pub config: Option<CodecConfig>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            device: Device::Cpu,
+            dtype: DType::F32,
+            weights_dtype: WeightsDType::F32,
+            num_codebooks: None,
+            engine: None,
+            config: None,
+        }
+    }
+}
+
+/// A checkpoint on disk, resolved: the weights file and the config it is opened with.
+pub struct Resolved {
+    /// The safetensors file.
+    pub weights: PathBuf,
+    /// `options.config`, else the directory's `config.json`, else the real Mimi's; with
+    /// `options.num_codebooks` applied.
+    pub config: CodecConfig,
+}
+
+/// Finds the weights and the config of `path` (a file, or a directory holding
+/// `model.safetensors` and optionally `config.json`).
+pub fn resolve(path: &Path, options: &OpenOptions) -> Result<Resolved> {
+    let (weights, found) = if path.is_dir() {
+        let dir = CheckpointDir::open(path, options.num_codebooks)?;
+        (dir.weights, dir.config)
+    } else {
+        // A missing file is reported by the reader, with the OS's error.
+        (path.to_path_buf(), None)
+    };
+    let mut config = options.config.clone().or(found).unwrap_or_default();
+    if let Some(n) = options.num_codebooks {
+        config.quantizer_n_q = n;
+    }
+    Ok(Resolved { weights, config })
+}
+
+impl Codec {
+    /// Opens a checkpoint file or directory (see the module doc): the real kyutai/mimi
+    /// folder or `model.safetensors`, or Kyutai's moshi tokenizer file.
+    pub fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Self> {
+        let resolved = resolve(path.as_ref(), options)?;
+        let cfg = &resolved.config;
+        options
+            .weights_dtype
+            .check_engine(&options.device, options.dtype)?;
+        cfg.transformer.check_supported()?;
+        let checkpoint = Checkpoint::read(&resolved.weights, cfg)?;
+        let engine = options
+            .engine
+            .unwrap_or_else(|| EngineKind::default_for(&options.device, options.dtype));
+        let mut codec = Self::build(
+            cfg,
+            checkpoint.source,
+            (&options.device, options.dtype, options.weights_dtype),
+            engine,
+        )?;
+        codec.layout = Some(checkpoint.layout);
+        Ok(codec)
+    }
+
+    /// The layout of the checkpoint this codec was opened from (`None` unless it came
+    /// through [`Codec::open`]).
+    pub fn checkpoint_layout(&self) -> Option<CheckpointLayout> {
+        self.layout
+    }
+}
+
+/// Refuses a raw checkpoint file where converted tensors are expected (see the module doc).
+pub(crate) fn refuse_raw_file(source: &TensorSource) -> Result<()> {
+    match source.file_path() {
+        None => Ok(()),
+        Some(path) => Err(Error::Weights(format!(
+            "checkpoint {0}: Codec::new reads tensors already in candle's names with q/k \
+             interleaved, and a checkpoint file is not (kyutai/mimi's model.safetensors stores \
+             q/k half-split, Kyutai's moshi file has its own names); open it with \
+             Codec::open({0:?}, &OpenOptions::default()), which detects the layout and converts",
+            path.display()
+        ))),
+    }
+}
