@@ -118,3 +118,29 @@ def test_bad_weights_dtypes_are_config_errors(cls):
     # bf16 storage is the native engine's; candle's half-precision engine is dtype=
     with pytest.raises(mimi_py.ConfigError, match='dtype="bfloat16" instead'):
         make(weights_dtype="bfloat16", dtype="bfloat16")
+
+
+def test_weights_nbytes_counts_the_weights_as_stored():
+    cfg = mimi_py.TransformerConfig(d_model=64, num_heads=4, num_layers=2, dim_feedforward=128, context=16)
+    f32 = mimi_py.StreamingTransformer(cfg, seed=5)
+    bf16 = mimi_py.StreamingTransformer(cfg, seed=5, weights_dtype="bfloat16")
+    tensors = f32.state_dict()
+    assert f32.weights_nbytes == sum(a.nbytes for a in tensors.values())
+    # bf16 halves the matrices only (norms, biases and layer scales stay float32)
+    matrices = sum(a.nbytes for a in tensors.values() if a.ndim == 2)
+    assert bf16.weights_nbytes == f32.weights_nbytes - matrices // 2
+
+    f = CODEC_DIR / "mimi_small.safetensors"
+    codec = mimi_py.MimiCodec(f, config=CFG)
+    # at least the transformers and every codebook of the checkpoint's four, all float32
+    books = CFG.quantizer_n_q * CFG.quantizer_bins * CFG.quantizer_dim * 4
+    assert codec.weights_nbytes > 2 * f32.weights_nbytes // 2 + books
+    real = mimi_py.MimiCodec(seed=0)
+    real16 = mimi_py.MimiCodec(seed=0, weights_dtype="bfloat16")
+    # the real codec: 2 transformers of 8 layers (d 512, ff 2048), 26 M convolution weights
+    # (the strided ones padded to whole phases), its codebooks of 2048 x 256 (and their norms)
+    transformer_params = 2 * 8 * (4 * 512 * 512 + 2 * 512 * 2048)
+    books = real.num_codebooks * 2048 * 257
+    least = 4 * (transformer_params + 26_000_000 + books)
+    assert least < real.weights_nbytes < 1.1 * least
+    assert 0.5 * real.weights_nbytes < real16.weights_nbytes < 0.6 * real.weights_nbytes

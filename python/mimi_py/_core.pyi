@@ -163,6 +163,9 @@ class StreamingTransformer:
     def weights_dtype(self) -> Literal["float32", "bfloat16"]:
         """How the weight matrices are stored (the native CPU engine computes in float32)."""
     @property
+    def weights_nbytes(self) -> int:
+        """Bytes of the weights one step reads, as stored."""
+    @property
     def position(self) -> int:
         """Time steps consumed since construction or the last reset_state()."""
     @property
@@ -321,6 +324,9 @@ class MimiCodec:
     @property
     def weights_dtype(self) -> Literal["float32", "bfloat16"]:
         """How the weight matrices are stored (the native CPU engine computes in float32)."""
+    @property
+    def weights_nbytes(self) -> int:
+        """Bytes of the weights one frame (an encode and a decode step) reads, as stored."""
     @property
     def checkpoint_layout(self) -> Literal["hf", "moshi"] | None: ...
 

@@ -741,6 +741,14 @@ impl PyMimiCodec {
         self.codec.weights_dtype().name()
     }
 
+    /// Bytes of the weights one frame (an encode and a decode step) reads, as stored: both
+    /// transformers, the convolutions and the quantizer. Divided by the memory bandwidth, it
+    /// is the floor of a one-stream frame's time.
+    #[getter]
+    fn weights_nbytes(&self) -> usize {
+        self.codec.weights_nbytes()
+    }
+
     /// The layout the weights were read in: "hf", "moshi", or None for seeded weights.
     #[getter]
     fn checkpoint_layout(&self) -> Option<&'static str> {

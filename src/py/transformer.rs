@@ -335,6 +335,12 @@ impl PyStreamingTransformer {
         self.model.weights_dtype().name()
     }
 
+    /// Bytes of the weights one step reads, as stored.
+    #[getter]
+    fn weights_nbytes(&self) -> usize {
+        self.model.weights_nbytes()
+    }
+
     /// Time steps consumed since construction or the last ``reset_state()``. For a batch whose
     /// rows were reset or masked on their own, the largest of ``positions``.
     #[getter]

@@ -90,6 +90,20 @@ impl Codebook {
     }
 }
 
+/// Bytes of a tensor as stored.
+fn tensor_nbytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+impl Residual {
+    fn weights_nbytes(&self) -> usize {
+        let books: usize = (self.codebooks.iter())
+            .map(|c| tensor_nbytes(&c.centroids) + tensor_nbytes(&c.half_norms))
+            .sum();
+        books + tensor_nbytes(self.input_proj.weight()) + tensor_nbytes(self.output_proj.weight())
+    }
+}
+
 impl Residual {
     fn load(vb: &VarBuilder, n: usize, cfg: &CodecConfig) -> Result<Self> {
         let (dim, input_dim, bins) = (cfg.quantizer_dim, cfg.seanet.dimension, cfg.quantizer_bins);
@@ -169,6 +183,13 @@ impl Residual {
         Ok(Tensor::from_vec(y, (b, t, out), sum.device())?
             .t()?
             .contiguous()?)
+    }
+}
+
+impl Quantizer {
+    /// Bytes of its projections and codebooks, as stored.
+    pub fn weights_nbytes(&self) -> usize {
+        self.parts.iter().map(Residual::weights_nbytes).sum()
     }
 }
 

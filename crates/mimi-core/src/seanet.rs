@@ -23,6 +23,18 @@ pub struct ResState {
 }
 
 impl ResBlock {
+    fn weights_nbytes(&self) -> usize {
+        let convs: usize = self.convs.iter().map(Conv1d::weights_nbytes).sum();
+        convs + self.shortcut.as_ref().map_or(0, Conv1d::weights_nbytes)
+    }
+}
+
+/// Bytes of a stage's residual blocks.
+fn blocks_nbytes(blocks: &[ResBlock]) -> usize {
+    blocks.iter().map(ResBlock::weights_nbytes).sum()
+}
+
+impl ResBlock {
     /// Block `j` of a stage of width `dim`.
     fn load(cfg: &SeanetConfig, vb: VarBuilder, dim: usize, j: usize) -> Result<Self> {
         let hidden = dim / cfg.compress;
@@ -142,6 +154,16 @@ pub struct EncoderState {
     init: ConvState,
     layers: Vec<(Vec<ResState>, ConvState)>,
     last: ConvState,
+}
+
+impl Encoder {
+    /// Bytes of its weights, as stored.
+    pub fn weights_nbytes(&self) -> usize {
+        let stages: usize = (self.layers.iter())
+            .map(|(blocks, down)| blocks_nbytes(blocks) + down.weights_nbytes())
+            .sum();
+        self.init.weights_nbytes() + stages + self.last.weights_nbytes()
+    }
 }
 
 impl Encoder {
@@ -352,6 +374,16 @@ pub struct DecoderState {
     init: ConvState,
     layers: Vec<(ConvState, Vec<ResState>)>,
     last: ConvState,
+}
+
+impl Decoder {
+    /// Bytes of its weights, as stored.
+    pub fn weights_nbytes(&self) -> usize {
+        let stages: usize = (self.layers.iter())
+            .map(|(up, blocks)| up.weights_nbytes() + blocks_nbytes(blocks))
+            .sum();
+        self.init.weights_nbytes() + stages + self.last.weights_nbytes()
+    }
 }
 
 impl Decoder {

@@ -362,6 +362,13 @@ impl Transformer {
         &self.weights
     }
 
+    /// Bytes of the weights one step reads, as stored (the matrices in their weights dtype).
+    pub fn weights_nbytes(&self) -> usize {
+        (self.weights.values())
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }

@@ -56,6 +56,8 @@ pub(crate) struct Parts {
 pub(crate) trait Engine: Send + Sync {
     fn kind(&self) -> EngineKind;
     fn capabilities(&self) -> Capabilities;
+    /// Bytes of the convolutions' weights, as stored.
+    fn weights_nbytes(&self) -> usize;
     /// Offline latents before quantization: (B, C, S) -> (B, dimension, frames).
     fn encode(&self, p: &Parts, pcm: &Tensor, cancel: Cancel) -> Result<Tensor>;
     /// Offline audio from the quantizer's latents: (B, dimension, T) -> (B, C, T * frame).

@@ -242,6 +242,14 @@ impl Codec {
         self.weights_dtype
     }
 
+    /// Bytes of the weights one frame (an encode and a decode step) reads, as stored: both
+    /// transformers, the convolutions and the quantizer. Divided by the memory bandwidth, it
+    /// is the floor of a one-stream frame's time.
+    pub fn weights_nbytes(&self) -> usize {
+        let transformers = self.parts.enc_tr.weights_nbytes() + self.parts.dec_tr.weights_nbytes();
+        transformers + self.engine.weights_nbytes() + self.quantizer.weights_nbytes()
+    }
+
     /// The engine computing the convolutional parts.
     pub fn engine(&self) -> EngineKind {
         self.engine.kind()

@@ -129,6 +129,11 @@ impl Engine for Native {
         EngineKind::Native
     }
 
+    fn weights_nbytes(&self) -> usize {
+        (self.encoder.weights_nbytes() + self.decoder.weights_nbytes())
+            + (self.downsample.weights_nbytes() + self.upsample.weights_nbytes())
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities { per_row: true }
     }

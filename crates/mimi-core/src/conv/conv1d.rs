@@ -65,6 +65,13 @@ pub struct Conv1d {
 }
 
 impl Conv1d {
+    /// Bytes of its weights and bias, as stored.
+    pub fn weights_nbytes(&self) -> usize {
+        self.w.nbytes() + 4 * self.b.as_ref().map_or(0, Vec::len)
+    }
+}
+
+impl Conv1d {
     /// Reads the weights of `spec` from `vb` (`conv.weight` or its weight-norm pair).
     pub fn load(vb: VarBuilder, spec: ConvSpec) -> Result<Self> {
         let ConvSpec {

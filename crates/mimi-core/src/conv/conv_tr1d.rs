@@ -29,6 +29,13 @@ pub struct ConvTr1d {
 }
 
 impl ConvTr1d {
+    /// Bytes of its weights and bias, as stored.
+    pub fn weights_nbytes(&self) -> usize {
+        self.w.nbytes() + 4 * self.b.as_ref().map_or(0, Vec::len)
+    }
+}
+
+impl ConvTr1d {
     /// Reads the weights of `spec` from `vb` (dilation and padding do not apply).
     pub fn load(vb: VarBuilder, spec: ConvSpec) -> Result<Self> {
         let ConvSpec {

@@ -110,6 +110,14 @@ pub(crate) enum Matrix {
 }
 
 impl Matrix {
+    /// Bytes held.
+    pub(crate) fn nbytes(&self) -> usize {
+        match self {
+            Self::F32(w) => 4 * w.len(),
+            Self::BF16(w) => 2 * w.len(),
+        }
+    }
+
     /// Values held.
     pub(crate) fn len(&self) -> usize {
         match self {

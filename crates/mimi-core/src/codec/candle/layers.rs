@@ -425,3 +425,34 @@ impl Depthwise {
         Ok(y.reshape((r, c, n * self.stride))?)
     }
 }
+
+/// Bytes of a tensor as stored.
+fn tensor_nbytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// Bytes of a weight and its optional bias.
+fn pair_nbytes(w: &Tensor, b: &Option<Tensor>) -> usize {
+    tensor_nbytes(w) + b.as_ref().map_or(0, tensor_nbytes)
+}
+
+impl Conv {
+    /// Bytes of its weights, as stored.
+    pub(super) fn weights_nbytes(&self) -> usize {
+        pair_nbytes(&self.w, &self.b)
+    }
+}
+
+impl ConvTr {
+    /// Bytes of its weights, as stored.
+    pub(super) fn weights_nbytes(&self) -> usize {
+        pair_nbytes(&self.w, &self.b)
+    }
+}
+
+impl Depthwise {
+    /// Bytes of its weights, as stored.
+    pub(super) fn weights_nbytes(&self) -> usize {
+        self.taps.iter().map(tensor_nbytes).sum()
+    }
+}

@@ -29,6 +29,18 @@ struct ResBlock {
 }
 
 impl ResBlock {
+    fn weights_nbytes(&self) -> usize {
+        (self.conv1.weights_nbytes() + self.conv2.weights_nbytes())
+            + self.shortcut.as_ref().map_or(0, Conv::weights_nbytes)
+    }
+}
+
+/// Bytes of a stage's residual blocks.
+fn blocks_nbytes(blocks: &[ResBlock]) -> usize {
+    blocks.iter().map(ResBlock::weights_nbytes).sum()
+}
+
+impl ResBlock {
     /// Block `j` of a stage of width `dim`, under `vb`.
     fn load(cfg: &SeanetConfig, vb: VarBuilder, dim: usize, j: usize) -> Result<Self> {
         let (act, pad) = (Some(cfg.activation.0), cfg.pad_mode);
@@ -105,6 +117,16 @@ pub(super) struct Encoder {
 }
 
 impl Encoder {
+    /// Bytes of its weights, as stored.
+    pub fn weights_nbytes(&self) -> usize {
+        let stages: usize = (self.stages.iter())
+            .map(|(blocks, down)| blocks_nbytes(blocks) + down.weights_nbytes())
+            .sum();
+        self.init.weights_nbytes() + stages + self.last.weights_nbytes()
+    }
+}
+
+impl Encoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
         let (vb, nf, pad) = (vb.pp("layers"), cfg.n_filters, cfg.pad_mode);
         let act = Some(cfg.activation.0);
@@ -178,6 +200,16 @@ pub(super) struct Decoder {
     init: Conv,
     stages: Vec<(ConvTr, Vec<ResBlock>)>,
     last: Conv,
+}
+
+impl Decoder {
+    /// Bytes of its weights, as stored.
+    pub fn weights_nbytes(&self) -> usize {
+        let stages: usize = (self.stages.iter())
+            .map(|(up, blocks)| up.weights_nbytes() + blocks_nbytes(blocks))
+            .sum();
+        self.init.weights_nbytes() + stages + self.last.weights_nbytes()
+    }
 }
 
 impl Decoder {
