@@ -9,7 +9,71 @@
 //! streaming step reads); a call with more rows widens the weight to f32 for that call.
 use super::elementwise::{f32_slices, CpuOperand};
 use super::gemv::{gemv, GEMV_MAX_ROWS};
-use candle::{CpuStorage, CustomOp2, DType, Layout, Module, Result, Shape, Tensor};
+use super::packed::{Packed, PACKED_MAX_ROWS};
+use candle::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Module, Result, Shape, Tensor};
+use half::bf16;
+use std::sync::Arc;
+
+/// A weight packed once at load ([`Packed`]), in its stored type, with its bias in f32:
+/// the product of a streaming step's rows (up to [`PACKED_MAX_ROWS`]), bias fused.
+#[derive(Debug)]
+enum PackedLinear {
+    F32(Packed<f32>, Option<Vec<f32>>),
+    BF16(Packed<bf16>, Option<Vec<f32>>),
+}
+
+impl PackedLinear {
+    /// Packs a contiguous CPU `weight` (n, k) in f32 or bf16.
+    fn new(weight: &Tensor, bias: Option<&Tensor>) -> Result<Self> {
+        let (n, k) = weight.dims2()?;
+        let bias = bias
+            .map(|b| b.to_dtype(DType::F32)?.to_vec1::<f32>())
+            .transpose()?;
+        let flat = weight.flatten_all()?;
+        Ok(match weight.dtype() {
+            DType::BF16 => Self::BF16(Packed::pack(&flat.to_vec1::<bf16>()?, n, k), bias),
+            _ => Self::F32(
+                Packed::pack(&flat.to_dtype(DType::F32)?.to_vec1::<f32>()?, n, k),
+                bias,
+            ),
+        })
+    }
+}
+
+impl CustomOp1 for PackedLinear {
+    fn name(&self) -> &'static str {
+        "mimi-packed-linear"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (m, k) = l.shape().dims2()?;
+        let (CpuStorage::F32(x), Some((a, b))) = (s, l.contiguous_offsets()) else {
+            candle::bail!("mimi-packed-linear: an f32 contiguous input only")
+        };
+        if m > PACKED_MAX_ROWS || b - a != m * k {
+            candle::bail!("mimi-packed-linear: bad input shape {:?}", l.shape())
+        }
+        let x = &x[a..b];
+        let (n, y) = match self {
+            Self::F32(w, bias) => (w.n(), Self::run(w, x, m, bias)),
+            Self::BF16(w, bias) => (w.n(), Self::run(w, x, m, bias)),
+        };
+        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+    }
+}
+
+impl PackedLinear {
+    fn run<W: super::Weight + Default>(
+        w: &Packed<W>,
+        x: &[f32],
+        m: usize,
+        bias: &Option<Vec<f32>>,
+    ) -> Vec<f32> {
+        let mut y = vec![0f32; m * w.n()];
+        w.matmul(x, m, bias.as_deref(), &mut y);
+        y
+    }
+}
 
 /// `y = x W^T` for `x: (m, k)` f32 and `W: (n, k)` f32 or bf16, both contiguous.
 struct Gemv;
@@ -131,6 +195,8 @@ impl CustomOp2 for WideGemm {
 pub struct Linear {
     inner: candle_nn::Linear,
     fast: bool,
+    /// The weight packed for a few rows (on the CPU, f32 or bf16).
+    packed: Option<Arc<PackedLinear>>,
     /// For a bf16 weight computing in f32: the bias in f32 (converted once).
     bias32: Option<Tensor>,
 }
@@ -145,9 +211,14 @@ impl Linear {
             (Some(b), DType::BF16) => Some(b.to_dtype(DType::F32)?),
             _ => None,
         };
+        let packed = match fast && weight.rank() == 2 {
+            true => Some(Arc::new(PackedLinear::new(&weight, bias.as_ref())?)),
+            false => None,
+        };
         Ok(Self {
             inner: candle_nn::Linear::new(weight, bias),
             fast,
+            packed,
             bias32,
         })
     }
@@ -184,6 +255,13 @@ impl Module for Linear {
             return self.inner.forward(x);
         }
         let n = w.dim(0)?;
+        if let (Some(packed), true) = (&self.packed, rows <= PACKED_MAX_ROWS) {
+            let y = x.contiguous()?.reshape((rows, k))?;
+            let y = y.apply_op1_no_bwd(packed.as_ref())?;
+            let mut out_dims = dims.to_vec();
+            *out_dims.last_mut().expect("rank >= 1") = n;
+            return y.reshape(out_dims);
+        }
         if rows > GEMV_MAX_ROWS && n < 2 * k && !mixed {
             return self.inner.forward(x);
         }
