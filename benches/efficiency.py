@@ -1,5 +1,5 @@
 """The `efficiency` suite's measurement (run in a child process by benches/run.py through
-worker.py; runner/efficiency.py derives the figures and renders the table): how a batched
+worker.py; runner/efficiency.py derives the figures, runner/report.py renders them): how a batched
 streaming frame compares with what the machine and the offline path allow.
 
 In one process, at the thread count the environment sets, for one weight type: first the read
