@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """mimi_py benchmark suite: one entry point, every engine side by side, in one run.
 
-    python benches/run.py [--suites transformer,codec,aggregate,streaming,rss,corpus,serving,server]
-                          [--repeats N]
+    python benches/run.py [--suites transformer,codec,aggregate,streaming,rss,corpus,serving,server,
+                                   layers,efficiency]
+                          [--repeats N] [--efficiency-batches 1,2,4]
                           [--threads 1,2] [--engines mimi_py,rustymimi,moshi,transformers]
                           [--tiny] [--out DIR]
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import common  # noqa: E402
 from runner import log  # noqa: E402
 from runner.corpus import suite_corpus  # noqa: E402
+from runner.efficiency import EFFICIENCY_BATCHES, TINY_BATCHES, suite_efficiency  # noqa: E402
 from runner.machine import machine_info  # noqa: E402
 from runner.report import render_markdown, write_readme  # noqa: E402
 from runner.server import suite_server  # noqa: E402
@@ -51,6 +53,7 @@ ALL_SUITES = [
     "serving",
     "server",
     "layers",
+    "efficiency",
 ]
 ALL_ENGINES = ["mimi_py", "rustymimi", "moshi", "transformers"]
 
@@ -107,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
         help="aggregate suite: clips of --seconds each process encodes back to back (default 6; tiny 2)",
     )
     p.add_argument(
+        "--efficiency-batches",
+        help=f"efficiency suite: batch sizes, comma-separated (default {EFFICIENCY_BATCHES}; tiny {TINY_BATCHES})",
+    )
+    p.add_argument(
         "--malloc-variants",
         action="store_true",
         help="also run every offline/streaming engine with glibc malloc told to keep freed "
@@ -144,6 +151,10 @@ def parse_args(argv=None):
     a.seconds = a.seconds if a.seconds is not None else (0.2 if tiny else 10.0)
     a.timeout = a.timeout if a.timeout is not None else (120.0 if tiny else 1800.0)
     a.aggregate_clips = a.aggregate_clips if a.aggregate_clips is not None else (2 if tiny else 6)
+    eb = a.efficiency_batches or ",".join(map(str, TINY_BATCHES if tiny else EFFICIENCY_BATCHES))
+    a.efficiency_batches = [int(b) for b in eb.split(",") if b.strip()]
+    if not a.efficiency_batches or min(a.efficiency_batches) < 1:
+        p.error("--efficiency-batches needs positive integers")
     if a.aggregate_procs < 1 or a.aggregate_clips < 1:
         p.error("--aggregate-procs and --aggregate-clips need positive integers")
     a.out = Path(a.out).resolve() if a.out else BENCH_DIR
@@ -168,6 +179,7 @@ SUITES = {
     "serving": lambda args, weights, tmp, suites: suite_serving(args, weights),
     "server": lambda args, weights, tmp, suites: suite_server(args),
     "layers": lambda args, weights, tmp, suites: suite_layers(args),
+    "efficiency": lambda args, weights, tmp, suites: suite_efficiency(args, weights),
 }
 
 
@@ -197,7 +209,8 @@ def main(argv=None) -> int:
     cpu0 = common.cpu_times()
 
     weights = None
-    if any(x in args.suites for x in ("codec", "aggregate", "streaming", "rss", "corpus", "serving")):
+    needs_file = ("codec", "aggregate", "streaming", "rss", "corpus", "serving")
+    if any(x in args.suites for x in needs_file) or (args.tiny and "efficiency" in args.suites):
         log("random weights in the moshi checkpoint layout (cached in benches/.cache or $MIMI_BENCH_CACHE)")
         weights = common.bench_weights(small=args.tiny)
 
@@ -217,6 +230,7 @@ def main(argv=None) -> int:
             "malloc_variants": args.malloc_variants,
             "aggregate_procs": args.aggregate_procs,
             "aggregate_clips": args.aggregate_clips,
+            "efficiency_batches": args.efficiency_batches,
         },
         "machine": machine,
         "weights": weights,
@@ -254,7 +268,7 @@ def mimi_py_failures(suites) -> list:
     for run in suites.get("transformer", {}).get("runs", []):
         if not run["mimi_py"].get("ok"):
             out.append(f"transformer t{run['threads']}: {run['mimi_py'].get('error')}")
-    for name in ("codec", "aggregate", "streaming", "rss"):
+    for name in ("codec", "aggregate", "streaming", "rss", "efficiency"):
         for r in suites.get(name, {}).get("runs", []):
             if r.get("engine", "").split("+")[0] == "mimi_py" and not r.get("ok"):
                 out.append(f"{name} {r.get('label', r['engine'])} t{r['threads']}: {r.get('error')}")

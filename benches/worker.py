@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 import common  # noqa: E402
+import efficiency  # noqa: E402
 import serving  # noqa: E402
 
 RESULT_MARK = "@@RESULT "
@@ -586,6 +587,7 @@ TASKS = {
     "corpus_loop": task_corpus_loop,
     "corpus_tokenize": task_corpus_tokenize,
     "serving": lambda spec: serving.task_serving(spec, make_engine),
+    "efficiency": lambda spec: efficiency.task_efficiency(spec, make_engine),
 }
 
 

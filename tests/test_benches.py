@@ -27,7 +27,17 @@ def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int) -> N
     assert proc.returncode == 0, f"{script.name} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
-SUITES = ["transformer", "codec", "aggregate", "streaming", "rss", "corpus", "serving", "server"]
+SUITES = [
+    "transformer",
+    "codec",
+    "aggregate",
+    "streaming",
+    "rss",
+    "corpus",
+    "serving",
+    "server",
+    "efficiency",
+]
 
 
 def check_server_suite(server: dict) -> None:
@@ -57,6 +67,63 @@ def check_layers_suite(layers: dict) -> None:
         assert [b["batch"] for b in r["batches"]] == layers["batches"]
         timed = {x["layer"] for x in r["batches"][0]["layers"]}
         assert {"enc.init", "enc.transformer", "dec.transformer", "dec.last"} <= timed
+
+
+def check_efficiency_suite(eff: dict, threads: int) -> None:
+    """The efficiency suite's tiny runs: both weight types, every batch size, the figures derived
+    from them, and the plan overhead reported as not measured rather than made up."""
+    assert [(r["weights_dtype"], r["threads"]) for r in eff["runs"]] == [
+        ("float32", threads),
+        ("bfloat16", threads),
+    ]
+    for r in eff["runs"]:
+        assert r["ok"], r
+        assert r["threads_env"]["RAYON_NUM_THREADS"] == str(threads) == str(r["bandwidth"]["threads"])
+        assert [b["batch"] for b in r["batches"]] == eff["batches"]
+        for b in r["batches"]:
+            assert b["n"] == eff["frames"] and 0 < b["median_us"] <= b["p99_us"]
+            assert b["ms_per_stream_frame"] == round(b["median_us"] / 1e3 / b["batch"], 3)
+            assert b["over_offline"] > 0 and b["cpu_per_wall"] > 0
+            assert b["real_time"] == (b["p99_us"] <= eff["real_time_us"])
+        assert r["offline"]["frames"] >= 1 and r["offline"]["ms_per_frame"] > 0
+        assert r["bandwidth"]["array_bytes"] == eff["bandwidth_bytes"] and r["bandwidth"]["gb_per_s"] > 0
+        assert r["weights_nbytes"] > 0 and r["memory_floor_ms"] > 0 and r["b1_over_floor"] > 0
+        assert r["streams_held"] == max([b["batch"] for b in r["batches"] if b["real_time"]] + [0])
+        assert r["plan_overhead_ms"] is None and r["not_measured"]["plan_overhead_ms"]
+    f32, bf16 = eff["runs"]
+    assert bf16["weights_nbytes"] < f32["weights_nbytes"]  # the matrices stored in half the bytes
+
+
+def test_efficiency_figures(monkeypatch):
+    """The efficiency suite's derived figures on made-up raw times (no process, no timing)."""
+    monkeypatch.syspath_prepend(str(REPO / "benches"))
+    from runner.efficiency import efficiency_figures
+
+    def frame(batch, median_ms, p99_ms):
+        return {
+            "batch": batch,
+            "median_us": median_ms * 1e3,
+            "p99_us": p99_ms * 1e3,
+            "cpu_s": 1.5,
+            "wall_s": 1.0,
+        }
+
+    raw = {
+        "batches": [frame(1, 20, 30), frame(4, 40, 79), frame(8, 60, 81), frame(16, 70, 80)],
+        "offline": {"ms_per_frame": 5.0},
+        "weights_nbytes": 300_000_000,
+        "bandwidth": {"gb_per_s": 20.0},
+    }
+    fig = efficiency_figures(raw)
+    assert [b["ms_per_stream_frame"] for b in fig["batches"]] == [20.0, 10.0, 7.5, 4.375]
+    assert [b["over_offline"] for b in fig["batches"]] == [4.0, 2.0, 1.5, 0.875]
+    assert fig["streams_held"] == 16  # B=8 misses (81 ms), the largest B within 80 ms counts
+    assert fig["memory_floor_ms"] == 15.0 and fig["b1_over_floor"] == round(20 / 15, 3)
+    assert fig["cpu_per_wall"] == 1.5
+    assert fig["plan_overhead_ms"] is None and set(fig["not_measured"]) == {"plan_overhead_ms"}
+    slow = efficiency_figures(dict(raw, weights_nbytes=None, batches=[frame(2, 90, 95)]))
+    assert slow["streams_held"] == 0 and slow["memory_floor_ms"] is None and slow["b1_over_floor"] is None
+    assert set(slow["not_measured"]) == {"plan_overhead_ms", "memory_floor_ms"}
 
 
 def test_bench_suites_run_tiny(tmp_path):
@@ -115,6 +182,7 @@ def test_bench_suites_run_tiny(tmp_path):
 
     check_server_suite(suites["server"])
     check_layers_suite(suites["layers"])
+    check_efficiency_suite(suites["efficiency"], threads=1)
 
     corpus = suites["corpus"]  # needs the data extra (part of the test extra)
     runs = {r["label"]: r for r in corpus["runs"]}
@@ -138,6 +206,7 @@ def test_bench_suites_run_tiny(tmp_path):
         "### Peak RSS",
         "### Corpus",
         "### Server",
+        "### Efficiency",
     ):
         assert heading in readme
 

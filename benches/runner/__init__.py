@@ -1,7 +1,7 @@
 """The parts of benches/run.py, by concern: child processes (children), the native bench binary
-(native), the suites (suites, corpus), the targets (targets), machine facts (machine) and the
-markdown report (report). The modules import benches/common.py and benches/worker.py as top-level
-modules: run.py puts benches/ on sys.path first."""
+(native), the suites (suites, corpus, efficiency), the targets (targets), machine facts
+(machine) and the markdown report (report). The modules import benches/common.py and
+benches/worker.py as top-level modules: run.py puts benches/ on sys.path first."""
 
 from __future__ import annotations
 

@@ -76,3 +76,10 @@ def machine_info(args) -> dict:
         else None,
         "git": git,
     }
+
+
+def machine_name(m: dict) -> str:
+    """The machine in words, from machine_info's facts: CPU model, cores, memory."""
+    mem = m.get("memory_total_bytes")
+    ram = f", {mem / 1e9:.0f} GB RAM" if mem else ""
+    return f"{m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available){ram}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .machine import machine_name
 from .server import render_server
 
 MARK_START = "<!-- results:start -->"
@@ -25,8 +26,8 @@ def fmt_num(x, nd=2) -> str:
     return "—" if x is None else f"{x:.{nd}f}"
 
 
-def fmt_bytes(b) -> str:
-    return "—" if b is None else f"{b / 1e6:.0f} MB"
+def fmt_bytes(b, nd=0) -> str:
+    return "—" if b is None else f"{b / 1e6:.{nd}f} MB"
 
 
 def fmt_err(r) -> str:
@@ -64,6 +65,7 @@ def render_markdown(res) -> str:
     render_serving(L, s.get("serving", {"skipped": "not selected (--suites)"}))
     render_server(L, s.get("server", {"skipped": "not selected (--suites)"}), s.get("serving"))
     render_layers(L, s.get("layers", {"skipped": "not selected (--suites)"}))
+    render_efficiency(L, s.get("efficiency", {"skipped": "not selected (--suites)"}), res["machine"])
     return "\n".join(L).rstrip() + "\n"
 
 
@@ -526,6 +528,61 @@ def render_layers(L: list, s: dict) -> None:
         for name in [x["layer"] for x in rows[-1]["layers"]]:
             L.append(f"| `{name}` | " + " | ".join(f"{p.get(name, 0):.2f}" for p in per) + " |")
         L.append("| frame | " + " | ".join(f"{b['frame_median_ms']:.1f}" for b in rows) + " |")
+    L.append("")
+
+
+def render_efficiency(L: list, s: dict, machine: dict) -> None:
+    """The efficiency suite's tables (appended to L): per frame, then per run."""
+    L += ["", "### Efficiency: batched streaming against the offline path and the memory floor", ""]
+    if s.get("skipped") and not s.get("runs"):
+        L.append(f"_skipped: {s['skipped']}_")
+        return
+    L.append(
+        f"On {machine_name(machine)}. One frame = one `encode_step` of B rows of 1920 samples (no mask), "
+        f"then `decode_step` of its codes; median and p99 over {s['frames']} frames after {s['warmup']} "
+        "warm-up. Per stream-frame = median ÷ B; ÷ offline = that ÷ the offline ms per frame (an "
+        f"`encode` then `decode` of {s['offline_seconds']:g} s in the same process). Floor = the "
+        "weights one frame reads ÷ the read bandwidth of as many threads (numpy sums over "
+        f"{s['bandwidth_bytes'] / 2**30:g} GiB, best pass). Held: the largest B whose p99 is ≤ {s['real_time_us'] / 1e3:g} ms."
+    )
+    L += ["", "| threads | weights | B | median ms | p99 ms | ms per stream-frame | ÷ offline | CPU÷wall |"]
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in s["runs"]:
+        if not r.get("ok"):
+            L.append(f"| {r.get('threads')} | {r['weights_dtype']} | error: {fmt_err(r)} | | | | | |")
+            continue
+        for b in r["batches"]:
+            L.append(
+                f"| {r['threads']} | {r['weights_dtype']} | {b['batch']} | {b['median_us'] / 1e3:.1f} | "
+                f"{b['p99_us'] / 1e3:.1f} | {b['ms_per_stream_frame']:.2f} | {fmt_x(b['over_offline'])} | "
+                f"{b['cpu_per_wall']:.2f} |"
+            )
+    _render_efficiency_runs(L, s)
+
+
+def _render_efficiency_runs(L: list, s: dict) -> None:
+    """Per run: offline, read bandwidth, the B = 1 memory floor, CPU ÷ wall, streams held."""
+    L += [
+        "",
+        "| threads | weights | offline ms per frame | read GB/s | weights read per frame | B=1 floor "
+        "| B=1 median ÷ floor | CPU÷wall, all frames | streams held | plan overhead |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    reasons = {}
+    for r in s["runs"]:
+        if not r.get("ok"):
+            continue
+        reasons.update(r["not_measured"])
+        floor = r["memory_floor_ms"]
+        L.append(
+            f"| {r['threads']} | {r['weights_dtype']} | {r['offline']['ms_per_frame']:.2f} | "
+            f"{r['bandwidth']['gb_per_s']:.1f} | {fmt_bytes(r['weights_nbytes'], 1)} | "
+            f"{fmt_us(None if floor is None else floor * 1e3)} | {fmt_x(r['b1_over_floor'])} | "
+            f"{r['cpu_per_wall']:.2f} | {r['streams_held']} | "
+            f"{'not measured' if r['plan_overhead_ms'] is None else r['plan_overhead_ms']} |"
+        )
+    L.append("")
+    L += [f"- {key}: not measured ({why})" for key, why in reasons.items()]
     L.append("")
 
 

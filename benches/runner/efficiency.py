@@ -1,0 +1,99 @@
+"""The `efficiency` suite of benches/run.py (issue 32, item 6): how far a batched streaming frame
+is from the offline path and from the memory floor, per batch size and weight type. Each
+(threads, weights type) runs in a fresh child (benches/efficiency.py through worker.py); the
+figures are derived here from its raw times (report.py renders them)."""
+
+from __future__ import annotations
+
+from serving import REAL_TIME_US
+
+from . import log, ratio
+from .children import run_child
+from .suites import SERVING_WEIGHTS, codec_spec
+
+EFFICIENCY_BATCHES = [1, 2, 4, 8, 16, 32]
+TINY_BATCHES = [1, 2]
+# The read-bandwidth array: at least 1 GiB, so no cache holds it (tiny: a quick 64 MiB).
+BANDWIDTH_BYTES, TINY_BANDWIDTH_BYTES = 1 << 30, 64 << 20
+NOT_MEASURED = {
+    "plan_overhead_ms": "not available in this build: no step with the products skipped to time",
+}
+NO_WEIGHTS_NBYTES = "this build of mimi_py has no MimiCodec.weights_nbytes"
+
+
+def _spec(args, weights) -> dict:
+    """A child's measurement but the weight type: the small codec's file (tiny) or real-size
+    seeded weights."""
+    tiny = args.tiny
+    return dict(
+        codec_spec(args, weights) if tiny else {},
+        task="efficiency",
+        batches=args.efficiency_batches,
+        frames=3 if tiny else 60,
+        warmup=1 if tiny else 5,
+        seconds=args.seconds,
+        warmup_seconds=0.08 if tiny else 1.0,
+        repeats=args.repeats,
+        bandwidth_bytes=TINY_BANDWIDTH_BYTES if tiny else BANDWIDTH_BYTES,
+        bandwidth_passes=2 if tiny else 5,
+    )
+
+
+def suite_efficiency(args, weights) -> dict:
+    """One child per thread count and weight type, each running every batch size."""
+    spec = _spec(args, weights)
+    runs = []
+    for th in args.threads:
+        for wd in SERVING_WEIGHTS:
+            log(f"efficiency: {wd} weights, batches {args.efficiency_batches}, {th} thread(s)")
+            res = run_child(dict(spec, weights_dtype=wd), th, args.timeout)
+            res.setdefault("engine", "mimi_py")
+            res["weights_dtype"] = wd
+            if res.get("ok"):
+                res.update(efficiency_figures(res))
+            runs.append(res)
+    return {
+        "batches": args.efficiency_batches,
+        "frames": spec["frames"],
+        "warmup": spec["warmup"],
+        "offline_seconds": args.seconds,
+        "bandwidth_bytes": spec["bandwidth_bytes"],
+        "real_time_us": REAL_TIME_US,
+        "runs": runs,
+    }
+
+
+def efficiency_figures(res: dict) -> dict:
+    """The figures derived from one child's raw result: per batch size, ms per stream-frame and
+    its ratio to the offline ms per frame; the B = 1 memory floor; CPU ÷ wall over all the
+    streaming frames; the streams held in real time; what this build cannot measure."""
+    off_ms = res["offline"]["ms_per_frame"]
+    rows = []
+    for r in res["batches"]:
+        per = r["median_us"] / 1e3 / r["batch"]
+        rows.append(
+            dict(
+                r,
+                ms_per_stream_frame=round(per, 3),
+                over_offline=ratio(per, off_ms),
+                real_time=r["p99_us"] <= REAL_TIME_US,
+            )
+        )
+    not_measured = dict(NOT_MEASURED)
+    floor_ms = None
+    if res.get("weights_nbytes") is None:
+        not_measured["memory_floor_ms"] = NO_WEIGHTS_NBYTES
+    else:
+        floor_ms = round(res["weights_nbytes"] / (res["bandwidth"]["gb_per_s"] * 1e9) * 1e3, 3)
+    b1 = next((r for r in rows if r["batch"] == 1), None)
+    cpu = sum(r["cpu_s"] for r in rows)
+    wall = sum(r["wall_s"] for r in rows)
+    return {
+        "batches": rows,
+        "memory_floor_ms": floor_ms,
+        "b1_over_floor": ratio(b1["median_us"] / 1e3, floor_ms) if b1 else None,
+        "cpu_per_wall": round(cpu / wall, 2) if wall else None,
+        "streams_held": max((r["batch"] for r in rows if r["real_time"]), default=0),
+        "plan_overhead_ms": None,
+        "not_measured": not_measured,
+    }
