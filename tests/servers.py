@@ -1,10 +1,12 @@
 """The real server in a subprocess, for the serve tests: ``mimi-py serve`` on a free port of
-127.0.0.1, its address read from its first stdout line, stopped with SIGTERM at the end."""
+127.0.0.1, its address read from its first stdout line (``ws://`` or ``wss://``), stopped with
+SIGTERM at the end."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -24,13 +26,17 @@ def small_checkpoint(folder: Path) -> Path:
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], log: Path):
+def running_server(args: list[str], log: Path, env: dict | None = None):
     """Yields (ws base url, process); SIGTERM at the end, and the process must exit 0 by itself."""
     cmd = [sys.executable, "-m", "mimi_py", "serve", "--port", "0", *args]
-    with open(log, "w") as err, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+    env = None if env is None else {**os.environ, **env}
+    with (
+        open(log, "w") as err,
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc,
+    ):
         try:
             line = proc.stdout.readline()
-            assert line.startswith("listening on ws://"), line + log.read_text()
+            assert line.startswith(("listening on ws://", "listening on wss://")), line + log.read_text()
             yield line.split()[2], proc
         finally:
             if proc.poll() is None:

@@ -1,8 +1,11 @@
-"""The server's plain HTTP side: the page, ``/health``, and the paths that are not WebSockets.
+"""The server's plain HTTP side: the page, ``/health``, ``/metrics``, the handshake's checks,
+and the paths that are not WebSockets.
 
-``process_request`` (websockets' hook) answers ``GET /``, the page's files and ``/health``
-itself, and refuses unknown paths (404) and unknown formats (400) before any handshake, so a
-WebSocket handler only ever sees a valid :class:`~mimi_py.serve.protocol.Route`.
+``process_request`` (websockets' hook) answers ``GET /``, the page's files, ``/health`` and
+``/metrics`` itself; refuses a stream whose ``Origin`` is not allowed (403), a stream or
+``/metrics`` without the token (401), unknown paths (404) and unknown formats (400), all before
+any upgrade, so a WebSocket handler only ever sees an allowed, valid
+:class:`~mimi_py.serve.protocol.Route`.
 """
 
 from __future__ import annotations
@@ -10,7 +13,14 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from .protocol import parse_route
+from .metrics import metrics_text
+from .protocol import HEALTH_PATH, METRICS_PATH, STREAM_PATHS, Refusal, parse_route
+
+# What a refused request is told (never which of missing or wrong a token was).
+REFUSED_BODY = {
+    Refusal.ORIGIN: "this Origin may not open streams here (the server's own host, or --allow-origin)\n",
+    Refusal.TOKEN: "a valid token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
+}
 
 __all__ = ["PAGE_FILES", "page_file", "process_request"]
 
@@ -38,18 +48,32 @@ def _response(connection, status: int, body: bytes, content_type: str):
     return r
 
 
+def _refused(connection, status: int, why: Refusal):
+    """403 or 401, with ``WWW-Authenticate: Bearer`` on a 401."""
+    r = _response(connection, status, REFUSED_BODY[why].encode(), "text/plain; charset=utf-8")
+    if why is Refusal.TOKEN:
+        r.headers["WWW-Authenticate"] = "Bearer"
+    return r
+
+
 def process_request(server):
     """websockets' ``process_request`` for this server: HTTP answers, or None to go on to the
     WebSocket handshake of ``/encode`` and ``/decode``."""
 
     def process(connection, request):
         base = request.path.partition("?")[0]
-        if base == "/health":
+        if base == HEALTH_PATH:
             body = json.dumps(server.health()).encode()
             return _response(connection, 200, body, "application/json")
         if base in PAGE_FILES:
             name, content_type = PAGE_FILES[base]
             return _response(connection, 200, page_file(name), content_type)
+        if base in (*STREAM_PATHS, METRICS_PATH):
+            refused = server.access.check(request, stream=base != METRICS_PATH)
+            if refused is not None:
+                return _refused(connection, server.refuse(refused), refused)
+        if base == METRICS_PATH:
+            return _response(connection, 200, *metrics_text(server.registry))
         route = parse_route(request.path)
         if isinstance(route, str):
             status = 404 if route.startswith("unknown path") else 400
