@@ -5,7 +5,8 @@ the run-time check that turns new clients away while the ticks run late.
 B busy slots is one of three shapes: B encode rows, B decode rows, or half of each (a masked
 encode step, then a masked decode step); B fits when the p99 of each shape is at most
 :data:`BUDGET` of a tick. The server takes the largest B that fits (1 if none does, with a
-warning). :class:`Lateness` keeps the late ticks of the last few seconds.
+warning). :class:`Lateness` keeps the late ticks of the last few seconds: new streams are
+turned away while they add up to more than ``MAX_LATE_SECONDS`` and the ticker is still behind.
 """
 
 from __future__ import annotations
@@ -123,5 +124,6 @@ class Lateness:
         return s + (now - max(self.current, lo) if self.current is not None else 0.0)
 
     def behind(self, now: float) -> bool:
-        """More than `limit` seconds of the window ran late."""
-        return self.seconds(now) > self.limit
+        """More than `limit` seconds of the window ran late, and the ticker has not caught up
+        (its latest tick started late)."""
+        return self.current is not None and self.seconds(now) > self.limit

@@ -42,7 +42,7 @@ MAX_MESSAGE_BYTES = 16 * 2**20
 # A client may send at most this much audio (or codes) ahead of what the server has stepped.
 MAX_AHEAD_SECONDS = 10.0
 # New clients are turned away (1013) while more than MAX_LATE_SECONDS of the last LATE_WINDOW
-# seconds of ticks ran late; the clients already admitted stay.
+# seconds went to late ticks and the ticker has not caught up; the clients already admitted stay.
 MAX_LATE_SECONDS, LATE_WINDOW = 2.0, 5.0
 # At most this many connections may be between their TCP accept and the end of their HTTP
 # upgrade; more get HTTP 503 at once. An upgrade (TLS included) not done in HANDSHAKE_TIMEOUT
@@ -105,7 +105,10 @@ REFUSALS: dict[Refusal, tuple[int, str]] = {
         "64 connections are already between their TCP accept and the end of their upgrade",
     ),
     Refusal.SLOTS: (1013, "all slots are busy"),
-    Refusal.LATE: (1013, "more than 2 s of the last 5 s of ticks ran late: the server is behind"),
+    Refusal.LATE: (
+        1013,
+        "more than 2 s of the last 5 s went to late ticks, and the ticker has not caught up yet",
+    ),
     Refusal.STOPPING: (1001, "the server is shutting down"),
 }
 
