@@ -139,7 +139,7 @@ def test_a_non_loopback_host_without_a_token_does_not_start():
 
 def test_handshakes_over_the_cap_get_503_and_a_stalled_upgrade_is_dropped(serve_checkpoint, serve_offline):
     from mimi_py.serve import Server, run_server
-    from mimi_py.serve.access import BUSY_RESPONSE
+    from mimi_py.serve.http import BUSY_RESPONSE
 
     server = Server(mimi_py.MimiCodec(serve_checkpoint), 2, max_handshakes=3, handshake_timeout=1.0)
     audio = noise(5, 3)

@@ -27,7 +27,7 @@ import ssl
 import sys
 
 from ..options import add_weights_dtype
-from .access import Access, gated_connection, is_loopback
+from .access import Access, is_loopback
 from .protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
 from .server import Server, websockets_module
 
@@ -71,7 +71,7 @@ async def run_server(
 ) -> None:
     """Serves `server` on host:port (TLS with `tls`) until `stop` is set, then shuts down
     gracefully (queued frames, then 1001). ``ready(port)`` is called once it listens."""
-    from .http import process_request
+    from .http import gated_connection, process_request
 
     async def handler(ws):
         await server.handle(ws, ws.route)

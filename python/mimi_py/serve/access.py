@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .protocol import Refusal
 
-__all__ = ["BUSY_RESPONSE", "Access", "HandshakeGate", "gated_connection", "is_loopback", "request_token"]
+__all__ = ["Access", "HandshakeGate", "is_loopback", "request_token"]
 
 
 def is_loopback(host: str) -> bool:
@@ -32,7 +32,7 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except OSError:
         return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
 
 
 def request_token(headers, path: str) -> str | None:
@@ -92,17 +92,9 @@ class Access:
         return None
 
 
-# The answer to a connection over the handshake cap, written before its request is read.
-_BUSY_BODY = b"too many connections are opening at once; try again later\n"
-BUSY_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
-)
-
-
 class HandshakeGate:
     """Counts connections between their TCP accept (after TLS) and the end of their upgrade;
-    :meth:`enter` is False once `limit` are in flight."""
+    :meth:`enter` is False once `limit` are in flight (``http.GatedConnection`` asks it)."""
 
     def __init__(self, limit: int, on_refused=None):
         self.limit, self.in_flight, self.on_refused = limit, 0, on_refused
@@ -117,36 +109,3 @@ class HandshakeGate:
 
     def leave(self) -> None:
         self.in_flight -= 1
-
-
-def gated_connection(gate: HandshakeGate):
-    """A websockets ``ServerConnection`` class whose connections pass `gate`: one over the cap
-    gets :data:`BUSY_RESPONSE` and is closed before its request is read."""
-    from websockets.asyncio.server import ServerConnection
-
-    class GatedConnection(ServerConnection):
-        gated = False
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self.gated = gate.enter()
-            if not self.gated:
-                transport.write(BUSY_RESPONSE)
-                transport.close()
-
-        def _leave(self) -> None:
-            if self.gated:
-                self.gated = False
-                gate.leave()
-
-        async def handshake(self, *args, **kwargs) -> None:
-            try:
-                await super().handshake(*args, **kwargs)
-            finally:
-                self._leave()
-
-        def connection_lost(self, exc) -> None:
-            self._leave()
-            super().connection_lost(exc)
-
-    return GatedConnection

@@ -5,7 +5,9 @@ and the paths that are not WebSockets.
 ``/metrics`` itself; refuses a stream whose ``Origin`` is not allowed (403), a stream or
 ``/metrics`` without the token (401), unknown paths (404) and unknown formats (400), all before
 any upgrade, so a WebSocket handler only ever sees an allowed, valid
-:class:`~mimi_py.serve.protocol.Route`.
+:class:`~mimi_py.serve.protocol.Route`. :class:`GatedConnection` answers 503 to a connection
+over the cap on handshakes in flight, before its request is read. Imported when serving
+(it needs websockets).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+from websockets.asyncio.server import ServerConnection
+
+from .access import HandshakeGate
 from .metrics import metrics_text
 from .protocol import HEALTH_PATH, METRICS_PATH, STREAM_PATHS, Refusal, parse_route
 
@@ -22,7 +27,14 @@ REFUSED_BODY = {
     Refusal.TOKEN: "a valid token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
 }
 
-__all__ = ["PAGE_FILES", "page_file", "process_request"]
+__all__ = [
+    "BUSY_RESPONSE",
+    "PAGE_FILES",
+    "GatedConnection",
+    "gated_connection",
+    "page_file",
+    "process_request",
+]
 
 # The page: static files in the package, served as they are (no build step).
 PAGE_FILES = {
@@ -82,3 +94,46 @@ def process_request(server):
         return None
 
     return process
+
+
+# The answer to a connection over the handshake cap, written before its request is read.
+_BUSY_BODY = b"too many connections are opening at once; try again later\n"
+BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+
+
+class GatedConnection(ServerConnection):
+    """A websockets connection that passes its server's :class:`HandshakeGate` (``gate``, set by
+    :func:`gated_connection`): one over the cap gets :data:`BUSY_RESPONSE` and is closed."""
+
+    gate: HandshakeGate
+    gated = False
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.gated = self.gate.enter()
+        if not self.gated:
+            transport.write(BUSY_RESPONSE)
+            transport.close()
+
+    def _leave(self) -> None:
+        if self.gated:
+            self.gated = False
+            self.gate.leave()
+
+    async def handshake(self, *args, **kwargs) -> None:
+        try:
+            await super().handshake(*args, **kwargs)
+        finally:
+            self._leave()
+
+    def connection_lost(self, exc) -> None:
+        self._leave()
+        super().connection_lost(exc)
+
+
+def gated_connection(gate: HandshakeGate) -> type[GatedConnection]:
+    """websockets' ``create_connection`` for one server: :class:`GatedConnection` on `gate`."""
+    return type("GatedConnection", (GatedConnection,), {"gate": gate})

@@ -98,8 +98,8 @@ class ServerCollector:
         refused = core.CounterMetricFamily(
             "mimi_serve_refused", "Connections turned away, by reason", labels=["reason"]
         )
-        for reason, n in sorted(stats.refused.items()):
-            refused.add_metric([str(reason.value)], n)
+        for reason, n in sorted((r.value, n) for r, n in stats.refused.items()):
+            refused.add_metric([reason], n)
         yield refused
 
 

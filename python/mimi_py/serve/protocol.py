@@ -81,7 +81,7 @@ CLOSE_REASONS: dict[Close, str] = {
 }
 
 
-class Refusal(str, enum.Enum):
+class Refusal(enum.Enum):
     """Why a connection was turned away (the ``reason`` label of ``mimi_serve_refused_total``)."""
 
     ORIGIN = "origin"

@@ -101,7 +101,7 @@ class Server:
             },
             "step_ms": self.stats.summary(),
             "behind": self.behind(),
-            "refused": {r.value: n for r, n in sorted(self.stats.refused.items())},
+            "refused": dict(sorted((r.value, n) for r, n in self.stats.refused.items())),
             "calibration": self.calibration.as_dict() if self.calibration is not None else None,
         }
 
