@@ -21,12 +21,6 @@ from .access import HandshakeGate
 from .metrics import metrics_text
 from .protocol import HEALTH_PATH, METRICS_PATH, STREAM_PATHS, Refusal, parse_route
 
-# What a refused request is told (never which of missing or wrong a token was).
-REFUSED_BODY = {
-    Refusal.ORIGIN: "this Origin may not open streams here (the server's own host, or --allow-origin)\n",
-    Refusal.TOKEN: "a valid token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
-}
-
 __all__ = [
     "BUSY_RESPONSE",
     "PAGE_FILES",
@@ -35,6 +29,12 @@ __all__ = [
     "page_file",
     "process_request",
 ]
+
+# What a refused request is told (never which of missing or wrong a token was).
+REFUSED_BODY = {
+    Refusal.ORIGIN: "this Origin may not open streams here (the server's own host, or --allow-origin)\n",
+    Refusal.TOKEN: "a valid token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
+}
 
 # The page: static files in the package, served as they are (no build step).
 PAGE_FILES = {
