@@ -164,7 +164,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=int, default=8765, help="0 picks a free port (printed on the first line)")
     p.add_argument(
-        "--slots", type=_slots, default="auto",
+        "--slots", type=_slots, default="auto", metavar="auto|N",
         help="concurrent streams (rows of the batched codec); auto (default): the most whose p99 step "
         "stays within 70%% of a frame on this machine, measured at start-up",
     )  # fmt: skip
