@@ -22,14 +22,16 @@ def chromium() -> str | None:
 
 
 @contextlib.contextmanager
-def headless(url: str, fake_audio: Path, profile: Path):
-    """Yields the DevTools port of a headless Chromium showing `url`, microphone = `fake_audio`."""
+def headless(url: str, fake_audio: Path, profile: Path, trust_spki: str | None = None):
+    """Yields the DevTools port of a headless Chromium showing `url`, microphone = `fake_audio`;
+    `trust_spki`: the base64 SHA-256 of a public key whose (self-signed) certificates it accepts."""
+    trust = [f"--ignore-certificate-errors-spki-list={trust_spki}"] if trust_spki else []
     cmd = [
         chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
         "--remote-debugging-port=0", f"--user-data-dir={profile}",
         "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-audio-capture={fake_audio}", "--autoplay-policy=no-user-gesture-required",
-        url,
+        *trust, url,
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True

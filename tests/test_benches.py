@@ -53,6 +53,11 @@ def check_server_suite(server: dict) -> None:
     ), server
     assert set(server["streams_held"]) == {"float32", "bfloat16"}
     assert set(server["streams_held"].values()) <= {0, 1, 2}
+    assert set(server["auto"]) == {"float32", "bfloat16"} and server["machine"], server
+    for wd, auto in server["auto"].items():  # --slots auto: as many clients as it measured, then 2 more
+        assert auto["calibrated_slots"] == auto["clients"] == auto["calibration"]["slots"] >= 1, (wd, auto)
+        assert auto["complete"] and auto["frames"] == auto["clients"] * auto["frames_per_client"], (wd, auto)
+        assert auto["extra_close_codes"] == [1013, 1013] and auto["extra_turned_away"], (wd, auto)
 
 
 def check_layers_suite(layers: dict) -> None:

@@ -147,3 +147,49 @@ def test_weights_from_the_hugging_face_cache_offline(tmp_path):
     assert r.stderr.startswith("error: kyutai/absent: cannot get") and "hf download kyutai/absent" in r.stderr
     r = run("encode", wav, tmp_path / "c.npy", "--weights", "hf:kyutai/mimi@", env=env)
     assert r.returncode == 1 and "malformed weights spec" in r.stderr
+
+
+def test_weights_dtype_reaches_the_codec_of_decode_and_encode(tmp_path, small_dir):
+    import mimi_py
+
+    codes = tmp_path / "c.npy"
+    np.save(codes, IO["codes"])
+    r = run("decode", codes, tmp_path / "bf16.wav", "--weights", small_dir, "--weights-dtype", "bfloat16")
+    assert r.returncode == 0, r.stderr
+    audio, _ = sf.read(tmp_path / "bf16.wav", dtype="float32")
+    bf16 = mimi_py.MimiCodec(small_dir, weights_dtype="bfloat16").decode(IO["codes"])[0, 0]
+    f32 = mimi_py.MimiCodec(small_dir).decode(IO["codes"])[0, 0]
+    assert np.abs(bf16 - f32).max() > 1e-3  # so the comparison below tells them apart
+    np.testing.assert_allclose(audio, bf16, atol=1e-4)
+    wav = tmp_path / "in.wav"
+    sf.write(wav, IO["waveform"][0, 0], 24000, subtype="FLOAT")
+    r = run("encode", wav, tmp_path / "c2.npy", "--weights", small_dir, "--weights-dtype", "bfloat16")
+    assert r.returncode == 0, r.stderr
+    expect = mimi_py.MimiCodec(small_dir, weights_dtype="bfloat16").encode(IO["waveform"])
+    np.testing.assert_array_equal(np.load(tmp_path / "c2.npy"), expect)
+    r = run("encode", wav, tmp_path / "c3.npy", "--weights-dtype", "float16")
+    assert r.returncode == 2 and "invalid choice: 'float16'" in r.stderr
+
+
+def test_weights_dtype_is_one_option_shared_by_encode_decode_tokenize_and_serve(monkeypatch):
+    from mimi_py import cli, data
+
+    p = cli.parser()
+    for argv in (
+        ["encode", "a.wav", "c.npy"],
+        ["decode", "c.npy", "a.wav"],
+        ["tokenize", "in", "out"],
+        ["serve"],
+    ):
+        assert p.parse_args(argv).weights_dtype == "float32", argv
+        assert p.parse_args([*argv, "--weights-dtype", "bfloat16"]).weights_dtype == "bfloat16", argv
+    seen = {}
+
+    def fake_tokenize(*args, **kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt  # stops before the summary (the CLI's own path for Ctrl-C)
+
+    monkeypatch.setattr(data, "tokenize", fake_tokenize)
+    with pytest.raises(SystemExit):
+        cli.tokenize(p.parse_args(["tokenize", "in", "out", "--weights-dtype", "bfloat16"]))
+    assert seen["weights_dtype"] == "bfloat16"

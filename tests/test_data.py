@@ -444,6 +444,12 @@ def test_hf_weights_are_pinned_to_the_commit_and_identified_by_sha256(tmp_path, 
     assert "seeded" in data._same_model(
         {"weights": ident, "config": config}, {"weights": seeded, "config": config}
     )
+    # The weights' storage type is part of the model (a manifest without it: float32).
+    bf16 = dict(config, weights_dtype="bfloat16")
+    assert data._same_model({"weights": ident, "config": config}, {"weights": local, "config": bf16}) == (
+        "weights_dtype 'float32' then 'bfloat16'"
+    )
+    assert data._model(WEIGHTS, CONFIG, Q, 0, "bfloat16").load().weights_dtype == "bfloat16"
 
 
 # ---------------------------------------------------------------- the output in every reader

@@ -177,3 +177,17 @@ def test_the_protocol_document_lists_every_close_code_and_format():
     for name in protocol.FORMATS:
         assert f"`{name}`" in doc
     assert "16 MiB" in doc and "10 s" in doc and "zero" in doc
+    refusals = {
+        r: (f"HTTP {n}" if n < 1000 else f"close {n}", text) for r, (n, text) in protocol.REFUSALS.items()
+    }
+    rows = {
+        r: (a, t) for r, a, t in re.findall(r"^\| ([a-z]+) \| ((?:HTTP|close) \d+) \| (.+) \|$", doc, re.M)
+    }
+    assert rows == {r.value: v for r, v in refusals.items()} and set(protocol.REFUSALS) == set(
+        protocol.Refusal
+    )
+    assert (
+        f"{protocol.MAX_HANDSHAKES} connections" in doc
+        and f"{protocol.HANDSHAKE_TIMEOUT:g} s is dropped" in doc
+    )
+    assert protocol.TOKEN_ENV in doc and protocol.METRICS_PATH in doc

@@ -9,6 +9,12 @@ its frames (`done` = its frame count) and the p99 latency is at most two frame p
 Client i starts (i + 1/2)/N of a tick after the first, so that the frames' phases against the
 server's ticks are spread evenly. The clients run in this process, on the same cores as the server. The clients only encode, so a
 tick is one `encode_step` (the serving suite's frame is an encode and a decode step).
+
+Then, for each weight type, the `auto` run: a server with `--slots auto` (the default) measures
+its own slots at start-up; as many real-time clients as it chose stream at once, and two more
+come once they are seated. The calibrated slots are held when every admitted client got all its
+frames, p99 ≤ 250 ms and the last second's median ≤ the first second's + 30 ms; the two extra
+clients must get 1013 at once (no frame). The machine is named beside the result.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import common
 from . import log
 
 HELD_P99_MS = 160.0  # two frame periods
+# The auto run's targets (issue 34): p99, and how much the median may grow from the first second to the last.
+AUTO_P99_MS, AUTO_GROWTH_MS, AUTO_EXTRA = 250.0, 30.0, 2
 
 
 def _speech(seconds: float, seed: int) -> np.ndarray:
@@ -95,6 +103,75 @@ def _get(url: str) -> str:
         return r.read().decode()
 
 
+def _auto_clients(url: str, slots: int, seconds: float, chunk: int) -> tuple[list, list]:
+    """`slots` real-time clients, phases spread over a tick; once they stream, AUTO_EXTRA more.
+    Returns (the admitted clients' results, [(extra result, seconds to its close)])."""
+    import time
+
+    from mimi_py.serve import loadgen
+
+    audios = [_speech(seconds, i) for i in range(slots + AUTO_EXTRA)]
+
+    async def client(i):
+        await asyncio.sleep((i + 0.5) / slots * 0.080)
+        return await loadgen.encode_stream(url, audios[i], chunk=chunk)
+
+    async def extra(i):
+        t = time.perf_counter()
+        r = await loadgen.encode_stream(url, audios[i], chunk=chunk)
+        return r, round(time.perf_counter() - t, 3)
+
+    async def run():
+        admitted = [asyncio.create_task(client(i)) for i in range(slots)]
+        await asyncio.sleep(0.5)  # every admitted client has connected and streams
+        extras = await asyncio.gather(*(extra(slots + i) for i in range(AUTO_EXTRA)))
+        return await asyncio.gather(*admitted), extras
+
+    return asyncio.run(asyncio.wait_for(run(), timeout=seconds * 4 + 60))
+
+
+def _auto(seconds: float, threads: int, weights: list[str], tiny: bool) -> dict:
+    """A `--slots auto` server: its measured slots, that many clients, then two more."""
+    from mimi_py.serve import loadgen
+
+    cmd = [sys.executable, "-m", "mimi_py", "serve", "--port", "0", "--slots", "auto"]
+    cmd += ["--threads", str(threads), *weights]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            url = proc.stdout.readline().split()[2]
+            cal = loadgen.json.loads(_get(url + "/health"))["calibration"]
+            asyncio.run(loadgen.encode_stream(url, _speech(0.4, 99), realtime=False))  # warm-up
+            # Tiny: the fixture codec fits every batch tried; one message per frame keeps the clients light.
+            results, extras = _auto_clients(url, cal["slots"], seconds, 1920 if tiny else 480)
+            health = loadgen.json.loads(_get(url + "/health"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    frames = int(np.ceil(seconds * 12.5))
+    summary = loadgen.latency_summary([x for r in results for x in r.latencies])
+    per = [r.summary() for r in results]
+    first = round(float(np.median([p["first_second_median_ms"] for p in per])), 1)
+    last = round(float(np.median([p["last_second_median_ms"] for p in per])), 1)
+    complete = all(r.done == frames and r.close_code == 1000 and not r.out_of_order for r in results)
+    turned_away = all(r.close_code == 1013 and not r.frames for r, _ in extras)
+    return {
+        "calibrated_slots": cal["slots"],
+        "calibration": cal,
+        "clients": len(results),
+        "frames_per_client": frames,
+        "complete": complete,
+        **summary,
+        "first_second_median_ms": first,
+        "last_second_median_ms": last,
+        "extra_close_codes": [r.close_code for r, _ in extras],
+        "extra_close_s": [t for _, t in extras],
+        "extra_turned_away": turned_away,
+        "late_ticks": health["late_ticks"],
+        "step_ms": health["step_ms"],
+        "held": bool(complete and summary["p99_ms"] <= AUTO_P99_MS and last <= first + AUTO_GROWTH_MS),
+    }
+
+
 def suite_server(args) -> dict:
     """Streams held through the server at each slot count and weight type (see the module
     docstring); the slot counts of a weight type stop growing once one is not held."""
@@ -115,11 +192,26 @@ def suite_server(args) -> dict:
                 runs.append(dict(r, weights_dtype=wd))
                 if not r["held"] and not args.tiny:
                     break
+        auto = {}
+        for wd in ("float32", "bfloat16"):
+            log(f"server: {wd} weights, --slots auto, {seconds:g} s, {args.main_threads} threads")
+            try:
+                auto[wd] = _auto(seconds, args.main_threads, [*weights, "--weights-dtype", wd], args.tiny)
+            except Exception as e:  # a failed run is reported, not hidden
+                auto[wd] = {"error": f"{type(e).__name__}: {e}", "held": False}
     held = {
         wd: max([r["slots"] for r in runs if r.get("held") and r["weights_dtype"] == wd], default=0)
         for wd in ("float32", "bfloat16")
     }
-    return {"threads": args.main_threads, "seconds": seconds, "runs": runs, "streams_held": held}
+    machine = f"{common.cpu_model()}, {common.cpu_count_available()} cores available"
+    return {
+        "threads": args.main_threads,
+        "seconds": seconds,
+        "machine": machine,
+        "runs": runs,
+        "streams_held": held,
+        "auto": auto,
+    }
 
 
 def render_server(L: list, s: dict, serving: dict | None) -> None:
@@ -157,3 +249,31 @@ def render_server(L: list, s: dict, serving: dict | None) -> None:
     beside = ", ".join(f"{k}: {n}" for k, n in codec_only.items())
     L += ["", f"Streams held through the server: {through}."]
     L += [f"The codec alone (serving suite, p99 frame ≤ 80 ms, same run): {beside}." if beside else "", ""]
+    _render_auto(L, s)
+
+
+def _render_auto(L: list, s: dict) -> None:
+    """The `--slots auto` runs: the measured slots, that many clients, and two more turned away."""
+    if not s.get("auto"):
+        return
+    L += [
+        f"`--slots auto` on {s.get('machine', 'this machine')}, {s['threads']} threads: the server measures "
+        f"its slots at start-up (p99 step ≤ 70% of a tick), then takes that many real-time clients "
+        f"and {AUTO_EXTRA} more. Held: every frame arrived, p99 ≤ {AUTO_P99_MS:g} ms and the last "
+        f"second's median ≤ the first's + {AUTO_GROWTH_MS:g} ms.",
+        "",
+        "| weights | measured p99 step ms by B | slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | extra clients | held |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for wd, r in s["auto"].items():
+        if "error" in r:
+            L.append(f"| {wd} | error: {r['error']} | | | | | | | no |")
+            continue
+        table = ", ".join(f"{t['batch']}: {t['p99_ms']}" for t in r["calibration"]["table"])
+        extra = ", ".join(f"{c} in {t} s" for c, t in zip(r["extra_close_codes"], r["extra_close_s"]))
+        L.append(
+            f"| {wd} | {table} | {r['calibrated_slots']} | {r['median_ms']} | {r['p99_ms']} | "
+            f"{r['first_second_median_ms']} / {r['last_second_median_ms']} | {r['late_ticks']} | {extra} | "
+            f"{'yes' if r['held'] else 'no'} |"
+        )
+    L.append("")

@@ -27,6 +27,7 @@ from . import MimiCodec, MimiError
 from .audio import CHUNK_SECONDS, AudioReader, encode_blocks, open_writer, output_format
 from .errors import InvalidInputError
 from .hub import load_codec
+from .options import add_weights_dtype
 
 
 class CliError(Exception):
@@ -49,7 +50,12 @@ def _codec(args) -> MimiCodec:
             "pass --weights hf:kyutai/mimi (or a path to kyutai/mimi's files) for real use",
             file=sys.stderr,
         )
-    return load_codec(args.weights, num_codebooks=getattr(args, "num_codebooks", None), device=args.device)
+    return load_codec(
+        args.weights,
+        num_codebooks=getattr(args, "num_codebooks", None),
+        device=args.device,
+        weights_dtype=args.weights_dtype,
+    )
 
 
 # Seconds of audio per streaming call: a call's activations (~4 KB per sample on the real
@@ -160,6 +166,7 @@ def tokenize(args) -> None:
             address=args.address,
             resume=args.resume,
             progress_every=args.progress_every,
+            weights_dtype=args.weights_dtype,
         )
     except KeyboardInterrupt:
         print(
@@ -223,6 +230,7 @@ def _add_codec_parsers(sub) -> None:
         )
         q.add_argument("--device", default="cpu")
         q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+        add_weights_dtype(q)
 
 
 def _add_tokenize_parser(sub):
@@ -252,6 +260,7 @@ def _add_tokenize_parser(sub):
     t.add_argument(
         "--resume", action="store_true", help="skip the paths that already have a row in OUTPUT_DIR"
     )
+    add_weights_dtype(t)
     t.set_defaults(func=tokenize)
     return t
 

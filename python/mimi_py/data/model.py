@@ -8,7 +8,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path, PurePath
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from .._core import CodecConfig, MimiCodec
 from ..errors import ConfigError
@@ -22,15 +22,22 @@ class _Model(NamedTuple):
     config: dict[str, Any] | None
     num_codebooks: int | None  # None: the checkpoint's (or config's) own number
     seed: int
+    weights_dtype: Literal["float32", "bfloat16"] = "float32"
 
     def load(self) -> MimiCodec:
         if self.config is not None:
             if self.weights is not None and self.weights.startswith("hf:"):
                 raise ConfigError("`config` applies to local weights; hf: weights bring their own config")
             return MimiCodec(
-                self.weights, config=self.config, num_codebooks=self.num_codebooks, seed=self.seed
+                self.weights,
+                config=self.config,
+                num_codebooks=self.num_codebooks,
+                seed=self.seed,
+                weights_dtype=self.weights_dtype,
             )
-        return load_codec(self.weights, num_codebooks=self.num_codebooks, seed=self.seed)
+        return load_codec(
+            self.weights, num_codebooks=self.num_codebooks, seed=self.seed, weights_dtype=self.weights_dtype
+        )
 
 
 def _config_dict(config: CodecConfig | Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -46,13 +53,14 @@ def _model(
     config: CodecConfig | Mapping[str, Any] | None,
     num_codebooks: int | None,
     seed: int,
+    weights_dtype: Literal["float32", "bfloat16"] = "float32",
 ) -> _Model:
     spec = None
     if weights is not None:
         spec = os.fspath(weights)
         if not spec.startswith("hf:"):
             spec = os.path.abspath(spec)
-    return _Model(spec, _config_dict(config), num_codebooks, seed)
+    return _Model(spec, _config_dict(config), num_codebooks, seed, weights_dtype)
 
 
 def _sha256(path: str | os.PathLike[str]) -> str:
@@ -118,7 +126,7 @@ def _same_model(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     elif _weight_hashes(ow) != _weight_hashes(nw):
         return f"{name(ow)} then {name(nw)} (different sha256)"
     oc, nc = old.get("config", {}), new["config"]
-    for key in ("num_codebooks", "codec"):
-        if oc.get(key) != nc[key]:
-            return f"{key} {oc.get(key)!r} then {nc[key]!r}"
+    for key, default in (("num_codebooks", None), ("weights_dtype", "float32"), ("codec", None)):
+        if oc.get(key, default) != nc.get(key, default):  # manifests before weights_dtype: float32
+            return f"{key} {oc.get(key, default)!r} then {nc.get(key, default)!r}"
     return None

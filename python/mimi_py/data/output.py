@@ -154,6 +154,7 @@ def _new_manifest(
             "frame_rate": codec.frame_rate,
             "frame_size": codec.frame_size,
             "cardinality": codec.cardinality,
+            "weights_dtype": codec.weights_dtype,
             **settings,
             "codec": codec.config.to_dict(),
         },

@@ -22,7 +22,7 @@ import numpy as np
 
 from .protocol import FORMATS, MAX_MESSAGE_BYTES
 
-__all__ = ["StreamResult", "codec_info", "decode_stream", "encode_stream", "latency_summary"]
+__all__ = ["StreamResult", "codec_info", "decode_stream", "encode_stream", "http_url", "latency_summary"]
 
 
 def latency_summary(latencies: list[float], frame_rate: float = 12.5) -> dict:
@@ -65,11 +65,17 @@ class StreamResult:
         return latency_summary(self.latencies, frame_rate)
 
 
-def codec_info(base_url: str) -> dict:
-    """The served codec's shape (sample rate, frame size, frame rate, codebooks), from ``/health``."""
+def http_url(base_url: str) -> str:
+    """``ws://`` -> ``http://``, ``wss://`` -> ``https://``."""
+    return "http" + base_url.removeprefix("ws") if base_url.startswith("ws") else base_url
+
+
+def codec_info(base_url: str, ssl=None) -> dict:
+    """The served codec's shape (sample rate, frame size, frame rate, codebooks), from ``/health``
+    (`ssl`: the client's ``ssl.SSLContext`` for a ``wss://`` server)."""
     import urllib.request
 
-    with urllib.request.urlopen(base_url.replace("ws://", "http://", 1) + "/health", timeout=10) as r:
+    with urllib.request.urlopen(http_url(base_url) + "/health", timeout=10, context=ssl) as r:
         return json.load(r)["codec"]
 
 
@@ -134,8 +140,10 @@ async def encode_stream(
     **connect_kwargs,
 ) -> StreamResult:
     """Streams mono 24 kHz ``pcm`` to ``/encode`` in messages of ``chunk`` samples, at real
-    time (``realtime``) or at once, then ``end``; returns the codes and the latencies."""
-    info = await asyncio.to_thread(codec_info, base_url)
+    time (``realtime``) or at once, then ``end``; returns the codes and the latencies.
+    ``connect_kwargs`` go to ``websockets.connect`` (``ssl=``, ``additional_headers=`` for a
+    token: ``{"Authorization": "Bearer TOKEN"}``)."""
+    info = await asyncio.to_thread(codec_info, base_url, connect_kwargs.get("ssl"))
     f, rate, frame = FORMATS[fmt], info["sample_rate"], info["frame_size"]
     data = np.frombuffer(f.from_float(np.asarray(pcm, np.float32)), f.dtype)
     messages = []
@@ -162,7 +170,8 @@ async def decode_stream(
         for i in range(0, len(frames), frames_per_message)
     ]
     period = (
-        frames_per_message / (await asyncio.to_thread(codec_info, base_url))["frame_rate"]
+        frames_per_message
+        / (await asyncio.to_thread(codec_info, base_url, connect_kwargs.get("ssl")))["frame_rate"]
         if realtime
         else 0.0
     )

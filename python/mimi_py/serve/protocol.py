@@ -1,6 +1,6 @@
 """The server's wire protocol, declared once: its paths, PCM formats, limits and close codes.
 
-``docs/protocol.md`` describes it for client authors; ``tests/test_serve_protocol.py`` checks
+``docs/protocol.md`` describes it for client authors; ``tests/test_serve.py`` checks
 that document against the tables here. Nothing in this module needs websockets or a codec.
 """
 
@@ -16,11 +16,21 @@ __all__ = [
     "CLOSE_REASONS",
     "END",
     "FORMATS",
+    "HANDSHAKE_TIMEOUT",
+    "HEALTH_PATH",
+    "LATE_WINDOW",
     "MAX_AHEAD_SECONDS",
+    "MAX_HANDSHAKES",
+    "MAX_LATE_SECONDS",
     "MAX_MESSAGE_BYTES",
+    "METRICS_PATH",
+    "REFUSALS",
+    "STREAM_PATHS",
+    "TOKEN_ENV",
     "Close",
     "PcmFormat",
     "ProtocolError",
+    "Refusal",
     "Route",
     "parse_route",
 ]
@@ -31,6 +41,18 @@ END = "end"
 MAX_MESSAGE_BYTES = 16 * 2**20
 # A client may send at most this much audio (or codes) ahead of what the server has stepped.
 MAX_AHEAD_SECONDS = 10.0
+# New clients are turned away (1013) while more than MAX_LATE_SECONDS of the last LATE_WINDOW
+# seconds went to late ticks and the ticker has not caught up; the clients already admitted stay.
+MAX_LATE_SECONDS, LATE_WINDOW = 2.0, 5.0
+# At most this many connections may be between their TCP accept and the end of their HTTP
+# upgrade; more get HTTP 503 at once. An upgrade (TLS included) not done in HANDSHAKE_TIMEOUT
+# seconds is dropped.
+MAX_HANDSHAKES, HANDSHAKE_TIMEOUT = 64, 10.0
+# The environment variable that holds the token when --token is not given.
+TOKEN_ENV = "MIMI_PY_SERVE_TOKEN"
+# The paths: WebSocket streams, and plain HTTP (the page's files are in http.PAGE_FILES).
+STREAM_PATHS = ("/encode", "/decode")
+HEALTH_PATH, METRICS_PATH = "/health", "/metrics"
 
 
 class Close(enum.IntEnum):
@@ -55,7 +77,39 @@ CLOSE_REASONS: dict[Close, str] = {
     Close.POLICY: "a client too slow to take its frames (2 s of them queued after its socket buffers), or more than 10 s ahead of real time",
     Close.TOO_BIG: "a message over 16 MiB",
     Close.INTERNAL: "the codec failed a step (a bug: the server logs it, closes the clients of that step and goes on)",
-    Close.TRY_AGAIN: "all slots are busy (try again later)",
+    Close.TRY_AGAIN: "all slots are busy, or more than 2 s of the last 5 s of ticks ran late (try again later)",
+}
+
+
+class Refusal(enum.Enum):
+    """Why a connection was turned away (the ``reason`` label of ``mimi_serve_refused_total``)."""
+
+    ORIGIN = "origin"
+    TOKEN = "token"
+    HANDSHAKES = "handshakes"
+    SLOTS = "slots"
+    LATE = "late"
+    STOPPING = "stopping"
+
+
+# Each refusal's answer (an HTTP status before the upgrade, a close code after it) and when it
+# is given: the table docs/protocol.md shows.
+REFUSALS: dict[Refusal, tuple[int, str]] = {
+    Refusal.ORIGIN: (
+        403,
+        "a browser's `Origin` is neither the server's own host nor one given with `--allow-origin`",
+    ),
+    Refusal.TOKEN: (401, "a token is set and the request's is missing or wrong (the same answer for both)"),
+    Refusal.HANDSHAKES: (
+        503,
+        "64 connections are already between their TCP accept and the end of their upgrade",
+    ),
+    Refusal.SLOTS: (1013, "all slots are busy"),
+    Refusal.LATE: (
+        1013,
+        "more than 2 s of the last 5 s went to late ticks, and the ticker has not caught up yet",
+    ),
+    Refusal.STOPPING: (1001, "the server is shutting down"),
 }
 
 
@@ -113,8 +167,8 @@ class Route:
 def parse_route(path: str) -> Route | str:
     """``/encode?format=s16le`` -> its Route, or the reason it is not one (for HTTP 404/400)."""
     base, _, query = path.partition("?")
-    if base not in ("/encode", "/decode"):
-        return f"unknown path {base!r}: the server serves /encode, /decode, /health and /"
+    if base not in STREAM_PATHS:
+        return f"unknown path {base!r}: the server serves /encode, /decode, /health, /metrics and /"
     names = parse_qs(query).get("format", ["f32le"])
     if len(names) != 1 or names[0] not in FORMATS:
         return f"format={','.join(names)!r} is not one of {', '.join(FORMATS)}"

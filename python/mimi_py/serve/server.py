@@ -1,4 +1,4 @@
-"""The server: slots (rows of one batched codec), a deadline ticker, and the connections.
+"""The server: slots (rows of one batched codec), a deadline ticker, admission, and the connections.
 
 Each connection takes a slot, a row of the codec's encoder and decoder streams. Ticks are due
 at ``t0 + n * tick``; each steps every encode slot that has a whole frame with one masked
@@ -7,6 +7,10 @@ at ``t0 + n * tick``; each steps every encode slot that has a whole frame with o
 next tick starts at once, never after a sleep. Steps run in a worker thread (the codec
 releases the GIL), so sockets keep being served during them. Only the ticker seats, resets
 and frees rows, between steps, so a row never changes hands during a step.
+
+A new stream is admitted while a slot is free and the ticks are not running late
+(:class:`~mimi_py.serve.capacity.Lateness`); otherwise it gets 1013. Clients already admitted
+are never dropped for lateness.
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ import asyncio
 import json
 import logging
 import socket
-import statistics
 import time
-from collections import Counter, deque
 
 import numpy as np
 
+from .access import Access, HandshakeGate
+from .capacity import Calibration, Lateness
 from .client import Client, Shape
-from .protocol import Close, ProtocolError, Route
+from .metrics import ServerCollector, Stats, prometheus
+from .protocol import HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, REFUSALS, Close, ProtocolError, Refusal, Route
 
 __all__ = ["Server", "Stats"]
 
@@ -42,47 +47,35 @@ def websockets_module():
     return websockets
 
 
-class Stats:
-    """What ``/health`` reports: ticks, late ticks, frames served and recent step times."""
-
-    def __init__(self, window: int = 1000):
-        self.ticks = self.late_ticks = self.frames_served = 0
-        self.step_ms: deque[float] = deque(maxlen=window)
-        self.closed: Counter = Counter()  # close codes sent, by code
-        self._late_logged = 0.0
-
-    def step(self, seconds: float) -> None:
-        """One step's compute time (encode and decode of one tick)."""
-        self.step_ms.append(1000 * seconds)
-
-    def late(self, behind: float) -> None:
-        """A tick that started late (the previous one overran); logged at most once a second."""
-        self.late_ticks += 1
-        now = time.monotonic()
-        if now - self._late_logged >= 1.0:
-            self._late_logged = now
-            log.warning(
-                "late tick: %.1f ms behind its deadline (%d late so far)", 1000 * behind, self.late_ticks
-            )
-
-    def summary(self) -> dict:
-        """Step time median and p99 (ms) over the recent window."""
-        ms = sorted(self.step_ms)
-        pick = (lambda q: round(ms[min(len(ms) - 1, int(q * len(ms)))], 3)) if ms else (lambda q: None)
-        return {"median": round(statistics.median(ms), 3) if ms else None, "p99": pick(0.99)}
-
-
 class Server:
     """The slots and the ticker stepping the batched codec once per frame."""
 
-    def __init__(self, codec, slots: int, tick: float | None = None, queue_seconds: float = 2.0):
+    def __init__(
+        self,
+        codec,
+        slots: int,
+        tick: float | None = None,
+        queue_seconds: float = 2.0,
+        *,
+        access: Access | None = None,
+        calibration: Calibration | None = None,
+        max_handshakes: int = MAX_HANDSHAKES,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    ):
         self.codec = codec
         self.shape = Shape(codec.frame_size, codec.num_codebooks, codec.cardinality, codec.frame_rate)
         self.tick = tick if tick is not None else 1.0 / codec.frame_rate
         self.queue_frames = max(4, int(queue_seconds * codec.frame_rate))
         self.rows: list[Client | None] = [None] * slots
         self.joining: list[Client] = []
-        self.stats = Stats()
+        self.access = access if access is not None else Access()
+        self.calibration = calibration
+        self.registry = prometheus().CollectorRegistry()
+        self.stats = Stats(self.registry)
+        self.registry.register(ServerCollector(self))
+        self.lateness = Lateness()
+        self.handshakes = HandshakeGate(max_handshakes, lambda: self.refuse(Refusal.HANDSHAKES))
+        self.handshake_timeout = handshake_timeout
         self.stopping = False
 
     def busy(self) -> int:
@@ -107,18 +100,40 @@ class Server:
                 "cardinality": self.shape.cardinality,
             },
             "step_ms": self.stats.summary(),
+            "behind": self.behind(),
+            "refused": dict(sorted((r.value, n) for r, n in self.stats.refused.items())),
+            "calibration": self.calibration.as_dict() if self.calibration is not None else None,
         }
+
+    def behind(self) -> bool:
+        """Whether the ticks keep running late (new clients then get 1013)."""
+        return self.lateness.behind(time.monotonic())
+
+    def refuse(self, why: Refusal) -> int:
+        """Counts a refusal; returns its answer (an HTTP status or a close code)."""
+        self.stats.refused[why] += 1
+        return REFUSALS[why][0]
+
+    def admission(self) -> tuple[Refusal, str] | None:
+        """Why a new stream is turned away now, with the reason sent, or None to admit it."""
+        if self.stopping:
+            return Refusal.STOPPING, "the server is shutting down"
+        if self.busy() >= len(self.rows):
+            return Refusal.SLOTS, f"all {len(self.rows)} slots are busy; try again later"
+        if self.behind():
+            late = self.lateness.seconds(time.monotonic())
+            return (
+                Refusal.LATE,
+                f"the server is behind ({late:.1f} s of the last {self.lateness.window:g} s of ticks ran late); try again later",
+            )
+        return None
 
     async def handle(self, ws, route: Route) -> None:
         """One connection: admit it, read its messages, and close it with its code."""
-        if self.stopping or self.busy() >= len(self.rows):
-            code, reason = (
-                (Close.GOING_AWAY, "the server is shutting down")
-                if self.stopping
-                else (Close.TRY_AGAIN, f"all {len(self.rows)} slots are busy; try again later")
-            )
-            self.stats.closed[int(code)] += 1
-            await ws.close(int(code), reason)
+        if (refused := self.admission()) is not None:
+            code = self.refuse(refused[0])
+            self.stats.closed[code] += 1
+            await ws.close(code, refused[1])
             return
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
@@ -220,6 +235,7 @@ class Server:
                 await asyncio.sleep(-behind)
             else:
                 self.stats.late(behind)
+            self.lateness.tick(time.monotonic(), behind >= 0)
             self.stats.ticks += 1
             try:
                 await self.step()

@@ -1,6 +1,8 @@
 // The page: microphone or file -> "capture" worklet -> s16le frames over /encode; each frame's
 // codes are drawn (codebook x time) and sent on over /decode; the decoded s16le frames are
 // played by the "player" worklet. window.mimi holds the counters (the browser test reads them).
+// A server with a token is opened as /#token=TOKEN: the fragment never leaves the browser, and the
+// token goes on each stream's URL (?token=), since a browser cannot set a WebSocket's headers.
 "use strict";
 const stats = (window.mimi = {
   state: "idle", sent: 0, encoded: 0, decoded: 0, played: 0, latencies: [], done: null, error: null,
@@ -8,12 +10,21 @@ const stats = (window.mimi = {
 const $ = (id) => document.getElementById(id);
 let ctx, enc, dec, source, codec, pending, filled, sentAt;
 
+const token = new URLSearchParams(location.hash.slice(1)).get("token");
+
+function streamUrl(path) {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const auth = token ? `${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token)}` : "";
+  return `${scheme}://${location.host}${path}${auth}`;
+}
+
 function open(path) {
   return new Promise((resolve, reject) => {
-    const ws = new WebSocket(`ws://${location.host}${path}`);
+    const ws = new WebSocket(streamUrl(path));
     ws.binaryType = "arraybuffer";
     ws.onopen = () => resolve(ws);
-    ws.onerror = () => reject(new Error(`cannot open ${path}`));
+    const hint = token ? "is the token in the URL right?" : "does the server need a token? open /#token=TOKEN";
+    ws.onerror = () => reject(new Error(`cannot open ${path} (${hint})`));
   });
 }
 
