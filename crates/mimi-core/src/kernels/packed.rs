@@ -227,6 +227,7 @@ impl<W: Weight + Default> Packed<W> {
 }
 
 /// The portable tile: the same sums, multiply then add.
+#[allow(clippy::needless_range_loop)] // indexed loops mirror the registers
 #[inline(always)]
 fn tile_portable<W: Weight, const M: usize, const NP: usize>(
     xs: &[&[f32]; M],
@@ -263,6 +264,7 @@ mod avx512 {
         }
     }
 
+    #[allow(clippy::needless_range_loop)] // indexed loops mirror the registers
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<W: Weight, const M: usize, const NP: usize>(
         xs: &[&[f32]; M],
@@ -306,6 +308,7 @@ mod avx2 {
     }
 
     /// Each panel (two vectors of 8) against `M <= 6` rows (12 accumulators).
+    #[allow(clippy::needless_range_loop)] // indexed loops mirror the registers
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile<W: Weight, const M: usize, const NP: usize>(
         xs: &[&[f32]; M],
