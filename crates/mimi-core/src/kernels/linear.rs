@@ -1,14 +1,13 @@
 //! [`Linear`]: a linear layer that, for a few input rows on the CPU in f32 (a streaming step:
-//! batch x time <= [`GEMV_MAX_ROWS`]), uses the matrix-vector kernel [`gemv`]
-//! instead of candle's general matmul. Otherwise (more rows, other dtypes, GPUs) it is
-//! candle's `Linear`, except that a widening layer with many rows runs its product
+//! batch x time <= [`PACKED_MAX_ROWS`]), runs on its weight packed once at load
+//! ([`Packed`]) instead of candle's general matmul. Otherwise (more rows, other dtypes, GPUs)
+//! it is candle's `Linear`, except that a widening layer with many rows runs its product
 //! transposed (`WideGemm`). Both products are candle custom ops on the CPU storage.
 //!
 //! Its weight may be stored in bf16 while it computes in f32 (`weights_dtype="bfloat16"`):
-//! the matrix-vector kernel then reads the bf16 weights as they are (half the bytes a
-//! streaming step reads); a call with more rows widens the weight to f32 for that call.
+//! the packed product then reads the bf16 weights as they are (half the bytes a streaming
+//! step reads); a call with more rows widens the weight to f32 for that call.
 use super::elementwise::{f32_slices, CpuOperand};
-use super::gemv::{gemv, GEMV_MAX_ROWS};
 use super::packed::{Packed, PACKED_MAX_ROWS};
 use candle::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Module, Result, Shape, Tensor};
 use half::bf16;
@@ -75,9 +74,6 @@ impl PackedLinear {
     }
 }
 
-/// `y = x W^T` for `x: (m, k)` f32 and `W: (n, k)` f32 or bf16, both contiguous.
-struct Gemv;
-
 /// `x`, `W` and `(m, k, n)` of a product `x (m, k) . W (n, k)^T`.
 type Operands<'a> = (&'a [f32], &'a [f32], (usize, usize, usize));
 
@@ -92,46 +88,14 @@ fn product_operands<'a>(
     Ok((x, w, shape))
 }
 
-/// `(m, k, n)` of a product `x (m, k) . W (n, k)^T`: `m > 0`, the same `k`, and (for the
-/// matrix-vector kernel, `op` "mimi-gemv") `m <=` [`GEMV_MAX_ROWS`].
+/// `(m, k, n)` of a product `x (m, k) . W (n, k)^T`: `m > 0` and the same `k`.
 fn product_shape(op: &str, l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize)> {
     let (m, k) = l1.shape().dims2()?;
     let (n, k2) = l2.shape().dims2()?;
     if k != k2 || m == 0 {
         candle::bail!("{op}: bad shapes {:?} {:?}", l1.shape(), l2.shape())
     }
-    if op == "mimi-gemv" && m > GEMV_MAX_ROWS {
-        candle::bail!("{op}: {m} rows, at most {GEMV_MAX_ROWS}")
-    }
     Ok((m, k, n))
-}
-
-impl CustomOp2 for Gemv {
-    fn name(&self) -> &'static str {
-        "mimi-gemv"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        if let CpuStorage::BF16(w) = s2 {
-            let (m, k, n) = product_shape(self.name(), l1, l2)?;
-            let (CpuStorage::F32(x), Some((xa, xb)), Some((wa, wb))) =
-                (s1, l1.contiguous_offsets(), l2.contiguous_offsets())
-            else {
-                candle::bail!("mimi-gemv: f32 contiguous input, contiguous weight only")
-            };
-            let y = gemv(&x[xa..xb], &w[wa..wb], m, k, n);
-            return Ok((CpuStorage::F32(y), Shape::from((m, n))));
-        }
-        let (x, w, (m, k, n)) = product_operands(self.name(), (s1, l1), (s2, l2))?;
-        let y = gemv(x, w, m, k, n);
-        Ok((CpuStorage::F32(y), Shape::from((m, n))))
-    }
 }
 
 /// `y = x W^T` for many rows of a widening layer (`W: (n, k)`, n >= 2k), computed as
@@ -194,8 +158,7 @@ impl CustomOp2 for WideGemm {
 #[derive(Clone, Debug)]
 pub struct Linear {
     inner: candle_nn::Linear,
-    fast: bool,
-    /// The weight packed for a few rows (on the CPU, f32 or bf16).
+    /// The weight packed for a few rows: the fast path, for an f32 or bf16 weight on the CPU.
     packed: Option<Arc<PackedLinear>>,
     /// For a bf16 weight computing in f32: the bias in f32 (converted once).
     bias32: Option<Tensor>,
@@ -211,13 +174,12 @@ impl Linear {
             (Some(b), DType::BF16) => Some(b.to_dtype(DType::F32)?),
             _ => None,
         };
-        let packed = match fast && weight.rank() == 2 {
+        let packed = match fast {
             true => Some(Arc::new(PackedLinear::new(&weight, bias.as_ref())?)),
             false => None,
         };
         Ok(Self {
             inner: candle_nn::Linear::new(weight, bias),
-            fast,
             packed,
             bias32,
         })
@@ -233,7 +195,7 @@ impl Linear {
         self.inner.weight().dtype()
     }
 
-    /// `x (rows, k) W^T` in f32 for rows beyond the matrix-vector kernel, the weight `w`
+    /// `x (rows, k) W^T` in f32 for rows beyond the packed product, the weight `w`
     /// in f32: transposed on `gemm` for a widening layer, candle's matmul otherwise.
     fn many_rows(x2: &Tensor, w: &Tensor, k: usize) -> Result<Tensor> {
         if w.dim(0)? >= 2 * k {
@@ -251,36 +213,33 @@ impl Module for Linear {
         let rows = x.elem_count() / k.max(1);
         let w = self.inner.weight();
         let mixed = w.dtype() == DType::BF16 && x.dtype() == DType::F32;
-        if !self.fast || rows == 0 || (x.dtype() != DType::F32 && !mixed) {
+        let Some(packed) = &self.packed else {
+            return self.inner.forward(x);
+        };
+        if rows == 0 || (x.dtype() != DType::F32 && !mixed) {
             return self.inner.forward(x);
         }
         let n = w.dim(0)?;
-        if let (Some(packed), true) = (&self.packed, rows <= PACKED_MAX_ROWS) {
-            let y = x.contiguous()?.reshape((rows, k))?;
-            let y = y.apply_op1_no_bwd(packed.as_ref())?;
-            let mut out_dims = dims.to_vec();
-            *out_dims.last_mut().expect("rank >= 1") = n;
-            return y.reshape(out_dims);
-        }
-        if rows > GEMV_MAX_ROWS && n < 2 * k && !mixed {
+        if rows > PACKED_MAX_ROWS && n < 2 * k && !mixed {
             return self.inner.forward(x);
         }
         let x2 = x.contiguous()?.reshape((rows, k))?;
-        let y = if rows <= GEMV_MAX_ROWS {
-            x2.apply_op2_no_bwd(w, &Gemv)?
-        } else if mixed {
-            Self::many_rows(&x2, &w.to_dtype(DType::F32)?, k)?
+        let y = if rows <= PACKED_MAX_ROWS {
+            // The bias is added in the product's store.
+            x2.apply_op1_no_bwd(packed.as_ref())?
         } else {
-            x2.apply_op2_no_bwd(w, &WideGemm)?
-        };
-        let bias = if mixed {
-            self.bias32.as_ref()
-        } else {
-            self.inner.bias()
-        };
-        let y = match bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
+            let y = match mixed {
+                true => Self::many_rows(&x2, &w.to_dtype(DType::F32)?, k)?,
+                false => x2.apply_op2_no_bwd(w, &WideGemm)?,
+            };
+            match if mixed {
+                self.bias32.as_ref()
+            } else {
+                self.inner.bias()
+            } {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            }
         };
         let mut out_dims = dims.to_vec();
         *out_dims.last_mut().expect("rank >= 1") = n;
@@ -357,7 +316,7 @@ mod tests {
             let got = ours.forward(&x).unwrap();
             assert_eq!(got.dtype(), DType::F32);
             let d = crate::testutil::max_abs_diff(&got, &reference.forward(&x).unwrap());
-            // vdpbf16ps keeps 16 bits of each activation (two bf16 parts).
+            // The packed product widens the bf16 weight exactly and multiplies in f32.
             assert!(
                 d < 1e-4 * (k as f32).sqrt(),
                 "m={m} k={k} n={n}: max diff {d}"
