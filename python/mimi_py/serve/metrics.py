@@ -14,6 +14,8 @@ import statistics
 import time
 from collections import Counter, deque
 
+from .protocol import serve_extra
+
 __all__ = ["STEP_BUCKETS", "Stats", "metrics_text"]
 
 log = logging.getLogger("mimi_py.serve")
@@ -23,13 +25,8 @@ STEP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.056, 0.06, 0.07, 0.08, 0.
 
 
 def prometheus():
-    """prometheus_client (the serve extra), imported when first used."""
-    try:
-        import prometheus_client
-        import prometheus_client.core  # noqa: F401  (the collector's metric families)
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("mimi_py.serve needs prometheus_client: pip install 'mimi_py[serve]'") from e
-    return prometheus_client
+    """prometheus_client, with ``core`` (the collector's metric families): see ``serve_extra``."""
+    return serve_extra("prometheus_client", "core")
 
 
 class Stats:

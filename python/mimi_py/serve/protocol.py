@@ -7,6 +7,7 @@ that document against the tables here. Nothing in this module needs websockets o
 from __future__ import annotations
 
 import enum
+import importlib
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
@@ -33,6 +34,7 @@ __all__ = [
     "Refusal",
     "Route",
     "parse_route",
+    "serve_extra",
 ]
 
 # The one text message a client sends: the end of its stream.
@@ -173,3 +175,15 @@ def parse_route(path: str) -> Route | str:
     if len(names) != 1 or names[0] not in FORMATS:
         return f"format={','.join(names)!r} is not one of {', '.join(FORMATS)}"
     return Route(base[1:], FORMATS[names[0]])
+
+
+def serve_extra(name: str, *submodules: str):
+    """The serve extra's module ``name`` (with its ``submodules``), imported when first used so
+    that ``mimi_py.serve`` imports without the extra; a missing one names the install command."""
+    try:
+        module = importlib.import_module(name)
+        for sub in submodules:
+            importlib.import_module(f"{name}.{sub}")
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(f"mimi_py.serve needs {name}: pip install 'mimi_py[serve]'") from e
+    return module

@@ -27,7 +27,16 @@ from .access import Access, HandshakeGate
 from .capacity import Calibration, Lateness
 from .client import Client, Shape
 from .metrics import ServerCollector, Stats, prometheus
-from .protocol import HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, REFUSALS, Close, ProtocolError, Refusal, Route
+from .protocol import (
+    HANDSHAKE_TIMEOUT,
+    MAX_HANDSHAKES,
+    REFUSALS,
+    Close,
+    ProtocolError,
+    Refusal,
+    Route,
+    serve_extra,
+)
 
 __all__ = ["Server", "Stats"]
 
@@ -38,13 +47,8 @@ SEND_BUFFER_BYTES = 64 * 1024
 
 
 def websockets_module():
-    """websockets (the serve extra), imported when first used so that the module imports without it."""
-    try:
-        import websockets
-        import websockets.asyncio.server  # noqa: F401  (the asyncio implementation, websockets >= 14)
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("mimi_py.serve needs websockets: pip install 'mimi_py[serve]'") from e
-    return websockets
+    """websockets, with its asyncio implementation (websockets >= 14): see ``serve_extra``."""
+    return serve_extra("websockets", "asyncio.server")
 
 
 class Server:
