@@ -53,7 +53,6 @@ fn build(
     (dtype, weights_dtype): (DType, WeightsDType),
 ) -> Result<(Codec, String, Option<CheckpointLayout>)> {
     let (device, device_name) = device::parse_device(device_spec)?;
-    weights_dtype.check_engine(&device, dtype)?;
     let in_memory = |cfg: Option<CodecConfig>| {
         let mut cfg = cfg.unwrap_or_default();
         if let Some(n) = num_codebooks {

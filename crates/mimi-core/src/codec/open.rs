@@ -83,7 +83,6 @@ impl Codec {
         options
             .weights_dtype
             .check_engine(&options.device, options.dtype)?;
-        cfg.transformer.check_supported()?;
         let checkpoint = Checkpoint::read(&resolved.weights, cfg)?;
         let engine = options
             .engine
