@@ -284,7 +284,7 @@ impl PyStreamingTransformer {
         let model = self.model.clone();
         let tensors = guard::detached(py, move |_| {
             model
-                .weights()
+                .weights()?
                 .iter()
                 .map(|(k, t)| {
                     let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;

@@ -144,28 +144,56 @@ impl Attention {
     /// the matrices from `vbw` (their storage dtype), the biases from `vb`.
     fn load(cfg: &TransformerConfig, vb: &VarBuilder, vbw: &VarBuilder) -> Result<Self> {
         let d = cfg.d_model;
-        let stacked = |vb: &VarBuilder, suffix: &str, shape: &[usize]| -> Result<Tensor> {
-            let parts = ["q_proj", "k_proj", "v_proj"]
+        let parts = |vb: &VarBuilder, suffix: &str, shape: &[usize]| -> Result<Vec<Tensor>> {
+            Ok(["q_proj", "k_proj", "v_proj"]
                 .iter()
                 .map(|p| vb.get(shape, &format!("{p}.{suffix}")))
-                .collect::<candle::Result<Vec<_>>>()?;
-            Ok(Tensor::cat(&parts, 0)?)
+                .collect::<candle::Result<Vec<_>>>()?)
         };
         let (qkv_b, out_b) = match cfg.bias_attn {
             true => (
-                Some(stacked(vb, "bias", &[d])?),
+                Some(Tensor::cat(&parts(vb, "bias", &[d])?, 0)?),
                 Some(vb.get(d, "o_proj.bias")?),
             ),
             false => (None, None),
         };
         Ok(Self {
-            qkv: Linear::new(stacked(vbw, "weight", &[d, d])?, qkv_b)?,
+            qkv: Linear::stacked(parts(vbw, "weight", &[d, d])?, qkv_b)?,
             out: Linear::new(vbw.get((d, d), "o_proj.weight")?, out_b)?,
         })
     }
 }
 
 impl Layer {
+    /// The layer's linear layers, each with the names of the matrices it holds (q, k and v
+    /// stacked in one, in that order).
+    fn linears(&self) -> Vec<(&Linear, &'static [&'static str])> {
+        let mut out: Vec<(&Linear, &'static [&'static str])> = vec![
+            (
+                &self.attn.qkv,
+                &[
+                    "self_attn.q_proj.weight",
+                    "self_attn.k_proj.weight",
+                    "self_attn.v_proj.weight",
+                ],
+            ),
+            (&self.attn.out, &["self_attn.o_proj.weight"]),
+        ];
+        match &self.mlp {
+            FeedForward::Plain { fc1, fc2 } => {
+                out.push((fc1, &["mlp.fc1.weight"]));
+                out.push((fc2, &["mlp.fc2.weight"]));
+            }
+            FeedForward::Gated {
+                lin_in, lin_out, ..
+            } => {
+                out.push((lin_in, &["gating.linear_in.weight"]));
+                out.push((lin_out, &["gating.linear_out.weight"]));
+            }
+        }
+        out
+    }
+
     /// Layer `vb` (`layers.{i}`) with candle's names; its matrices from `vbw`.
     fn load(cfg: &TransformerConfig, vb: VarBuilder, vbw: VarBuilder) -> Result<Self> {
         let ccfg = cfg.to_candle();
@@ -195,6 +223,8 @@ pub struct Transformer {
     layers: Vec<Layer>,
     device: Device,
     dtype: DType,
+    /// The weights the layers do not hold packed (norms, biases, layer scales; every matrix
+    /// off the CPU), under their checkpoint names.
     weights: BTreeMap<String, Tensor>,
 }
 
@@ -301,7 +331,10 @@ impl Transformer {
         spec: &crate::weights::LoadSpec,
     ) -> crate::error::Result<Self> {
         let w = crate::weights::load_transformer_only(cfg, src, spec)?;
-        Self::new(cfg, w, spec.device, spec.dtype)
+        let model = Self::new(cfg, w, spec.device, spec.dtype);
+        // Loading freed every matrix it packed: give those pages back.
+        crate::runtime::memory::trim_heap();
+        model
     }
 
     /// Builds the model from checked weights (names without prefix, interleaved q/k layout,
@@ -328,6 +361,19 @@ impl Transformer {
         let layers = (0..cfg.num_layers)
             .map(|i| Layer::load(cfg, vb.pp("layers").pp(i), vbw.pp("layers").pp(i)))
             .collect::<Result<Vec<_>>>()?;
+        drop(vb);
+        drop(vbw);
+        // A packed matrix is the layer's only copy: the row-major one is let go.
+        let mut weights = weights;
+        for (i, layer) in layers.iter().enumerate() {
+            for (linear, names) in layer.linears() {
+                if linear.is_packed() {
+                    names
+                        .iter()
+                        .for_each(|n| _ = weights.remove(&format!("layers.{i}.{n}")));
+                }
+            }
+        }
         Ok(Self {
             cfg: cfg.clone(),
             layers,
@@ -357,16 +403,32 @@ impl Transformer {
         }
     }
 
-    /// The weights under their checkpoint names (no prefix, interleaved q/k layout).
-    pub fn weights(&self) -> &BTreeMap<String, Tensor> {
-        &self.weights
+    /// The weights under their checkpoint names (no prefix, interleaved q/k layout), in their
+    /// stored dtypes; the packed matrices are unpacked (a copy).
+    pub fn weights(&self) -> Result<BTreeMap<String, Tensor>> {
+        let mut out = self.weights.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (linear, names) in layer.linears().into_iter().filter(|(l, _)| l.is_packed()) {
+                let w = linear.weight()?;
+                let rows = w.dim(0)? / names.len();
+                for (j, n) in names.iter().enumerate() {
+                    out.insert(format!("layers.{i}.{n}"), w.narrow(0, j * rows, rows)?);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Bytes of the weights one step reads, as stored (the matrices in their weights dtype).
     pub fn weights_nbytes(&self) -> usize {
-        (self.weights.values())
+        let held: usize = (self.weights.values())
             .map(|t| t.elem_count() * t.dtype().size_in_bytes())
-            .sum()
+            .sum();
+        let packed: usize = (self.layers.iter().flat_map(Layer::linears))
+            .filter(|(l, _)| l.is_packed())
+            .map(|(l, _)| l.weight_nbytes())
+            .sum();
+        held + packed
     }
 
     pub fn num_layers(&self) -> usize {

@@ -58,8 +58,8 @@ fn main() -> mimi_core::Result<()> {
         Transformer::load(&cfg, &seeded, &spec).map_err(|e| candle::Error::Msg(e.to_string()))?;
     let map: HashMap<String, Tensor> = model
         .weights()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map_err(|e| candle::Error::Msg(e.to_string()))?
+        .into_iter()
         .collect();
     let vb = candle_nn::VarBuilder::from_tensors(map, DType::F32, &dev);
     let mut reference = candle_transformers::models::mimi::transformer::StreamingTransformer::new(

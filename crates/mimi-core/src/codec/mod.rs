@@ -177,6 +177,8 @@ impl Codec {
             device: device.clone(),
             dtype,
         };
+        // Loading freed every weight it read once packed or converted: give those pages back.
+        crate::runtime::memory::trim_heap();
         Ok(Self {
             parts,
             engine,

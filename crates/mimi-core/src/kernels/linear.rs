@@ -1,41 +1,102 @@
-//! [`Linear`]: a linear layer that, for a few input rows on the CPU in f32 (a streaming step:
-//! batch x time <= [`PACKED_MAX_ROWS`]), runs on its weight packed once at load
-//! ([`Packed`]) instead of candle's general matmul. Otherwise (more rows, other dtypes, GPUs)
-//! it is candle's `Linear`, except that a widening layer with many rows runs its product
-//! transposed (`WideGemm`). Both products are candle custom ops on the CPU storage.
+//! [`Linear`]: a linear layer whose weight, on the CPU in f32 or bf16, is packed once at load
+//! ([`Packed`]) and multiplied by the packed product for any number of rows: a streaming
+//! step's few rows and an offline block's hundreds alike (measured against candle's and
+//! `gemm`'s products, offline encode + decode of 10 s: 0.97x the time in f32, 0.94x with bf16
+//! weights). The packed weight replaces the row-major one, so the weights are held once.
+//! Elsewhere (GPUs, f16 weights) it is candle's `Linear`.
 //!
 //! Its weight may be stored in bf16 while it computes in f32 (`weights_dtype="bfloat16"`):
-//! the packed product then reads the bf16 weights as they are (half the bytes a streaming
-//! step reads); a call with more rows widens the weight to f32 for that call.
-use super::elementwise::{f32_slices, CpuOperand};
-use super::packed::{Packed, PACKED_MAX_ROWS};
-use candle::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Module, Result, Shape, Tensor};
+//! the packed product reads the bf16 weights as they are (half the bytes a step reads) and
+//! widens them in registers. A model computing in bf16 on the CPU gets its input widened to
+//! f32 and its output rounded back.
+use super::packed::Packed;
+use candle::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Tensor};
 use half::bf16;
 use std::sync::Arc;
 
-/// A weight packed once at load ([`Packed`]), in its stored type, with its bias in f32:
-/// the product of a streaming step's rows (up to [`PACKED_MAX_ROWS`]), bias fused.
+/// A weight packed once at load ([`Packed`]), in its stored type, with its bias in f32; the
+/// bias is added in the product's store.
 #[derive(Debug)]
 enum PackedLinear {
     F32(Packed<f32>, Option<Vec<f32>>),
     BF16(Packed<bf16>, Option<Vec<f32>>),
 }
 
+/// The data of contiguous CPU tensors of dtype `W`, if they all are (`guards`: their storage
+/// and layout, as `Tensor::storage_and_layout` gives them).
+fn slices<'a, W: 'static, G: std::ops::Deref<Target = candle::Storage>>(
+    guards: &'a [(G, &Layout)],
+    data: impl Fn(&CpuStorage) -> Option<&[W]>,
+) -> Option<Vec<&'a [W]>> {
+    let one = |(s, l): &'a (G, &Layout)| {
+        let (a, b) = l.contiguous_offsets()?;
+        match &**s {
+            candle::Storage::Cpu(c) => data(c)?.get(a..b),
+            _ => None,
+        }
+    };
+    guards.iter().map(one).collect()
+}
+
 impl PackedLinear {
-    /// Packs a contiguous CPU `weight` (n, k) in f32 or bf16.
-    fn new(weight: &Tensor, bias: Option<&Tensor>) -> Result<Self> {
-        let (n, k) = weight.dims2()?;
+    /// Packs CPU weights `(rows, k)` in f32 or bf16, stacked in order, read in place.
+    fn new(parts: &[Tensor], bias: Option<&Tensor>) -> Result<Self> {
+        let k = parts.first().map_or(Ok(0), |t| t.dim(1))?;
         let bias = bias
             .map(|b| b.to_dtype(DType::F32)?.to_vec1::<f32>())
             .transpose()?;
-        let flat = weight.flatten_all()?;
-        Ok(match weight.dtype() {
-            DType::BF16 => Self::BF16(Packed::pack(&flat.to_vec1::<bf16>()?, n, k), bias),
-            _ => Self::F32(
-                Packed::pack(&flat.to_dtype(DType::F32)?.to_vec1::<f32>()?, n, k),
-                bias,
-            ),
-        })
+        let parts = parts
+            .iter()
+            .map(Tensor::contiguous)
+            .collect::<Result<Vec<_>>>()?;
+        let guards: Vec<_> = parts.iter().map(Tensor::storage_and_layout).collect();
+        let f32s = slices(&guards, |c| match c {
+            CpuStorage::F32(v) => Some(v.as_slice()),
+            _ => None,
+        });
+        let bf16s = slices(&guards, |c| match c {
+            CpuStorage::BF16(v) => Some(v.as_slice()),
+            _ => None,
+        });
+        match (f32s, bf16s) {
+            (Some(w), _) => Ok(Self::F32(Packed::pack(&w, k), bias)),
+            (None, Some(w)) => Ok(Self::BF16(Packed::pack(&w, k), bias)),
+            _ => candle::bail!("mimi-packed-linear: f32 or bf16 CPU weights of one dtype only"),
+        }
+    }
+
+    fn run<W: super::Weight + Default>(
+        w: &Packed<W>,
+        x: &[f32],
+        m: usize,
+        bias: &Option<Vec<f32>>,
+    ) -> Vec<f32> {
+        let mut y = vec![0f32; m * w.n()];
+        w.matmul(x, m, bias.as_deref(), &mut y);
+        y
+    }
+
+    /// The weight `(n, k)` row-major, in its stored dtype, on the CPU.
+    fn weight(&self) -> Result<Tensor> {
+        match self {
+            Self::F32(w, _) => Tensor::from_vec(w.unpack(), (w.n(), w.k()), &Device::Cpu),
+            Self::BF16(w, _) => Tensor::from_vec(w.unpack(), (w.n(), w.k()), &Device::Cpu),
+        }
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            Self::F32(..) => DType::F32,
+            Self::BF16(..) => DType::BF16,
+        }
+    }
+
+    /// Bytes of the weight as stored (without the panels' padding).
+    fn nbytes(&self) -> usize {
+        match self {
+            Self::F32(w, _) => 4 * w.n() * w.k(),
+            Self::BF16(w, _) => 2 * w.n() * w.k(),
+        }
     }
 }
 
@@ -49,201 +110,101 @@ impl CustomOp1 for PackedLinear {
         let (CpuStorage::F32(x), Some((a, b))) = (s, l.contiguous_offsets()) else {
             candle::bail!("mimi-packed-linear: an f32 contiguous input only")
         };
-        if m > PACKED_MAX_ROWS || b - a != m * k {
-            candle::bail!("mimi-packed-linear: bad input shape {:?}", l.shape())
-        }
-        let x = &x[a..b];
         let (n, y) = match self {
-            Self::F32(w, bias) => (w.n(), Self::run(w, x, m, bias)),
-            Self::BF16(w, bias) => (w.n(), Self::run(w, x, m, bias)),
+            Self::F32(w, bias) if w.k() == k && b - a == m * k => {
+                (w.n(), Self::run(w, &x[a..b], m, bias))
+            }
+            Self::BF16(w, bias) if w.k() == k && b - a == m * k => {
+                (w.n(), Self::run(w, &x[a..b], m, bias))
+            }
+            _ => candle::bail!("mimi-packed-linear: bad input shape {:?}", l.shape()),
         };
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
     }
 }
 
-impl PackedLinear {
-    fn run<W: super::Weight + Default>(
-        w: &Packed<W>,
-        x: &[f32],
-        m: usize,
-        bias: &Option<Vec<f32>>,
-    ) -> Vec<f32> {
-        let mut y = vec![0f32; m * w.n()];
-        w.matmul(x, m, bias.as_deref(), &mut y);
-        y
-    }
-}
-
-/// `x`, `W` and `(m, k, n)` of a product `x (m, k) . W (n, k)^T`.
-type Operands<'a> = (&'a [f32], &'a [f32], (usize, usize, usize));
-
-/// The operands of a product op: both f32, contiguous, `m > 0`, the same `k`.
-fn product_operands<'a>(
-    op: &str,
-    (s1, l1): CpuOperand<'a, '_>,
-    (s2, l2): CpuOperand<'a, '_>,
-) -> Result<Operands<'a>> {
-    let shape = product_shape(op, l1, l2)?;
-    let (x, w) = f32_slices(op, (s1, l1), (s2, l2))?;
-    Ok((x, w, shape))
-}
-
-/// `(m, k, n)` of a product `x (m, k) . W (n, k)^T`: `m > 0` and the same `k`.
-fn product_shape(op: &str, l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize)> {
-    let (m, k) = l1.shape().dims2()?;
-    let (n, k2) = l2.shape().dims2()?;
-    if k != k2 || m == 0 {
-        candle::bail!("{op}: bad shapes {:?} {:?}", l1.shape(), l2.shape())
-    }
-    Ok((m, k, n))
-}
-
-/// `y = x W^T` for many rows of a widening layer (`W: (n, k)`, n >= 2k), computed as
-/// `y^T = W x^T` with `gemm` on the pool: the weight is the left operand in its stored order.
-/// candle's matmul takes it as `W^T` on the right. Isolated products, 250 rows, best of 30:
-/// (1536, 512) 2.11 -> 1.65 ms at 2 threads and 3.86 -> 2.95 ms at 1; (2048, 512) 2.62 ->
-/// 2.09 ms at 2 threads, the same at 1. The narrowing layers ((512, 512), (512, 2048)) were
-/// slower this way and stay with candle.
-struct WideGemm;
-
-impl CustomOp2 for WideGemm {
-    fn name(&self) -> &'static str {
-        "mimi-wide-gemm"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (x, w, (m, k, n)) = product_operands(self.name(), (s1, l1), (s2, l2))?;
-        let mut y = vec![0f32; m * n];
-        let par = match rayon::current_num_threads() {
-            1 => gemm::Parallelism::None,
-            t => gemm::Parallelism::Rayon(t),
-        };
-        let (k_, n_) = (k as isize, n as isize);
-        // SAFETY: y^T (n, m) column-major is y (m, n); W (n, k) row-major; x^T (k, m) is
-        // x (m, k) row-major: all inside their slices.
-        unsafe {
-            gemm::gemm(
-                n,
-                m,
-                k,
-                y.as_mut_ptr(),
-                n_,
-                1,
-                false,
-                w.as_ptr(),
-                1,
-                k_,
-                x.as_ptr(),
-                k_,
-                1,
-                0f32,
-                1f32,
-                false,
-                false,
-                false,
-                par,
-            )
-        }
-        Ok((CpuStorage::F32(y), Shape::from((m, n))))
-    }
-}
-
-/// A linear layer (`y = x W^T + b`) with the fast path described in the module docs.
+/// A linear layer (`y = x W^T + b`): packed on the CPU, candle's elsewhere (module doc).
 #[derive(Clone, Debug)]
-pub struct Linear {
-    inner: candle_nn::Linear,
-    /// The weight packed for a few rows: the fast path, for an f32 or bf16 weight on the CPU.
-    packed: Option<Arc<PackedLinear>>,
-    /// For a bf16 weight computing in f32: the bias in f32 (converted once).
-    bias32: Option<Tensor>,
+pub struct Linear(Imp);
+
+#[derive(Clone, Debug)]
+enum Imp {
+    Packed(Arc<PackedLinear>),
+    Candle(candle_nn::Linear),
 }
 
 impl Linear {
-    /// A layer of `weight` `(out, in)` and an optional `bias` `(out)`; the fast path is taken
-    /// when the weight is f32 or bf16 on the CPU (made contiguous here, once).
+    /// A layer of `weight` `(out, in)` and an optional `bias` `(out)`, packed when the weight
+    /// is f32 or bf16 on the CPU.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        let fast = weight.device().is_cpu() && matches!(weight.dtype(), DType::F32 | DType::BF16);
-        let weight = if fast { weight.contiguous()? } else { weight };
-        let bias32 = match (&bias, weight.dtype()) {
-            (Some(b), DType::BF16) => Some(b.to_dtype(DType::F32)?),
-            _ => None,
-        };
-        let packed = match fast {
-            true => Some(Arc::new(PackedLinear::new(&weight, bias.as_ref())?)),
-            false => None,
-        };
-        Ok(Self {
-            inner: candle_nn::Linear::new(weight, bias),
-            packed,
-            bias32,
-        })
+        Self::stacked(vec![weight], bias)
     }
 
-    /// The same layer as candle's `l` (its weight and bias shared, not copied).
+    /// A layer whose weight is `parts` stacked along the output features (q, k and v as one
+    /// product); packed from the parts in place on the CPU, concatenated for candle elsewhere.
+    pub fn stacked(parts: Vec<Tensor>, bias: Option<Tensor>) -> Result<Self> {
+        let packable =
+            |t: &Tensor| t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::BF16);
+        if parts.iter().all(packable) {
+            let packed = PackedLinear::new(&parts, bias.as_ref())?;
+            return Ok(Self(Imp::Packed(Arc::new(packed))));
+        }
+        let weight = match parts.len() {
+            1 => parts.into_iter().next().expect("one part"),
+            _ => Tensor::cat(&parts, 0)?,
+        };
+        Ok(Self(Imp::Candle(candle_nn::Linear::new(weight, bias))))
+    }
+
+    /// The same layer as candle's `l`.
     pub fn from_candle(l: &candle_nn::Linear) -> Result<Self> {
         Self::new(l.weight().clone(), l.bias().cloned())
     }
 
     /// The dtype the weight is stored in.
     pub fn weight_dtype(&self) -> DType {
-        self.inner.weight().dtype()
+        match &self.0 {
+            Imp::Packed(p) => p.dtype(),
+            Imp::Candle(l) => l.weight().dtype(),
+        }
     }
 
-    /// `x (rows, k) W^T` in f32 for rows beyond the packed product, the weight `w`
-    /// in f32: transposed on `gemm` for a widening layer, candle's matmul otherwise.
-    fn many_rows(x2: &Tensor, w: &Tensor, k: usize) -> Result<Tensor> {
-        if w.dim(0)? >= 2 * k {
-            x2.apply_op2_no_bwd(w, &WideGemm)
-        } else {
-            x2.matmul(&w.t()?)
+    /// Whether the weight is held packed (then [`Self::weight`] rebuilds the row-major one).
+    pub fn is_packed(&self) -> bool {
+        matches!(self.0, Imp::Packed(_))
+    }
+
+    /// The weight `(out, in)` in its stored dtype: candle's, or unpacked (a copy).
+    pub fn weight(&self) -> Result<Tensor> {
+        match &self.0 {
+            Imp::Packed(p) => p.weight(),
+            Imp::Candle(l) => Ok(l.weight().clone()),
+        }
+    }
+
+    /// Bytes of the weight matrix as stored.
+    pub fn weight_nbytes(&self) -> usize {
+        match &self.0 {
+            Imp::Packed(p) => p.nbytes(),
+            Imp::Candle(l) => l.weight().elem_count() * l.weight().dtype().size_in_bytes(),
         }
     }
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let packed = match &self.0 {
+            Imp::Packed(p) => p,
+            Imp::Candle(l) => return l.forward(x),
+        };
         let dims = x.dims();
         let k = *dims.last().unwrap_or(&0);
         let rows = x.elem_count() / k.max(1);
-        let w = self.inner.weight();
-        let mixed = w.dtype() == DType::BF16 && x.dtype() == DType::F32;
-        let Some(packed) = &self.packed else {
-            return self.inner.forward(x);
-        };
-        if rows == 0 || (x.dtype() != DType::F32 && !mixed) {
-            return self.inner.forward(x);
-        }
-        let n = w.dim(0)?;
-        if rows > PACKED_MAX_ROWS && n < 2 * k && !mixed {
-            return self.inner.forward(x);
-        }
-        let x2 = x.contiguous()?.reshape((rows, k))?;
-        let y = if rows <= PACKED_MAX_ROWS {
-            // The bias is added in the product's store.
-            x2.apply_op1_no_bwd(packed.as_ref())?
-        } else {
-            let y = match mixed {
-                true => Self::many_rows(&x2, &w.to_dtype(DType::F32)?, k)?,
-                false => x2.apply_op2_no_bwd(w, &WideGemm)?,
-            };
-            match if mixed {
-                self.bias32.as_ref()
-            } else {
-                self.inner.bias()
-            } {
-                Some(b) => y.broadcast_add(b)?,
-                None => y,
-            }
-        };
+        let x2 = x.to_dtype(DType::F32)?.contiguous()?.reshape((rows, k))?;
+        let y = x2.apply_op1_no_bwd(packed.as_ref())?;
         let mut out_dims = dims.to_vec();
-        *out_dims.last_mut().expect("rank >= 1") = n;
-        y.reshape(out_dims)
+        *out_dims.last_mut().expect("rank >= 1") = y.dim(1)?;
+        y.reshape(out_dims)?.to_dtype(x.dtype())
     }
 }
 

@@ -11,10 +11,9 @@
 //!   weight rows x input rows, prefetching the next tile; f32 or bf16 weights), used up to
 //!   [`GEMV_MAX_ROWS`] rows;
 //! * `packed.rs`: [`Packed`], a weight packed once into panels of [`PANEL`] output
-//!   features, and the register-tiled product of a few rows over it (bias fused);
-//! * `linear.rs`: [`Linear`], a linear layer on [`Packed`] for a few rows (up to
-//!   [`PACKED_MAX_ROWS`]), on a transposed `gemm` product for a widening layer's many rows,
-//!   on candle's otherwise;
+//!   features, and the register-tiled product over it (bias fused);
+//! * `linear.rs`: [`Linear`], a linear layer held packed on the CPU (its only copy of the
+//!   weight), candle's elsewhere;
 //! * `attention.rs`: [`WindowAttention`], an offline block's sliding-window attention over
 //!   exactly the keys each query sees, reading the key/value rings in place;
 //! * `elementwise.rs`: [`gelu_erf`], [`residual_add`] and the `e^x` they share with the
@@ -45,5 +44,5 @@ pub(crate) use elementwise::exp_nonpos;
 pub use elementwise::{gelu_erf, residual_add};
 pub use gemv::{gemv, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;
-pub use packed::{Packed, PACKED_MAX_ROWS, PANEL};
+pub use packed::{Packed, PANEL};
 pub use pool::{in_pool, spin};

@@ -1,7 +1,7 @@
 //! [`Packed`]: a linear layer's weight packed once, at load, into panels of [`PANEL`] output
-//! features, and the register-tiled product `y (m, n) = x (m, k) . W^T + b` over it for
-//! the few rows of a streaming step (`m <=` [`PACKED_MAX_ROWS`]: the transformer's q/k/v,
-//! out, fc1 and fc2 over batch x tokens).
+//! features, and the register-tiled product `y (m, n) = x (m, k) . W^T + b` over it: the
+//! transformer's q/k/v, out, fc1 and fc2 over a streaming step's batch x tokens, or an
+//! offline block's tokens (the register tiles walk the rows; a panel stays in cache).
 //!
 //! Panel `p` holds `W[16p .. 16p + 16, i]` for `i = 0..k` as `k` consecutive vectors of 16
 //! weights (zero past `n`), so a micro-kernel reads one aligned vector per panel and input
@@ -24,10 +24,6 @@ use rayon::prelude::*;
 
 /// Output features per panel.
 pub const PANEL: usize = 16;
-
-/// Input rows up to which the packed product is used (a streaming step of up to 32 rows
-/// of two tokens); more rows go to `gemm`.
-pub const PACKED_MAX_ROWS: usize = 64;
 
 /// Rows per register tile: AVX-512 8 rows x 2 panels (16 accumulators of its 32
 /// registers), AVX2 6 rows x 2 vectors (12 of its 16).
@@ -82,12 +78,13 @@ unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl<W: Weight + Default> Packed<W> {
-    /// Packs `w` `(n, k)` row-major.
-    pub fn pack(w: &[W], n: usize, k: usize) -> Self {
-        assert_eq!(w.len(), n * k, "packed weight shape");
-        let panels = n.div_ceil(PANEL);
-        let mut data = vec![W::default(); panels * k * PANEL];
-        for (o, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+    /// Packs the rows of `parts`, one after the other, each `(rows, k)` row-major: one
+    /// weight, or several stacked (q, k and v) without a copy of the stack.
+    pub fn pack(parts: &[&[W]], k: usize) -> Self {
+        let n = parts.iter().map(|p| p.len()).sum::<usize>() / k.max(1);
+        let rows = parts.iter().flat_map(|p| p.chunks_exact(k.max(1)));
+        let mut data = vec![W::default(); n.div_ceil(PANEL) * k * PANEL];
+        for (o, row) in rows.enumerate() {
             let (p, lane) = (o / PANEL, o % PANEL);
             for (i, &v) in row.iter().enumerate() {
                 data[(p * k + i) * PANEL + lane] = v;
@@ -101,7 +98,23 @@ impl<W: Weight + Default> Packed<W> {
         self.n
     }
 
-    /// `y (m, n) = x (m, k) . W^T + bias`; `m <=` [`PACKED_MAX_ROWS`].
+    /// Input features.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The weight `(n, k)` row-major again (packing is exact).
+    pub fn unpack(&self) -> Vec<W> {
+        let k = self.k;
+        let mut w = Vec::with_capacity(self.n * k);
+        for o in 0..self.n {
+            let (p, lane) = (o / PANEL, o % PANEL);
+            w.extend((0..k).map(|i| self.data[(p * k + i) * PANEL + lane]));
+        }
+        w
+    }
+
+    /// `y (m, n) = x (m, k) . W^T + bias`.
     pub fn matmul(&self, x: &[f32], m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
         self.matmul_on(simd(), x, m, bias, y)
     }
@@ -384,7 +397,7 @@ mod tests {
                 test_input(1, 1, n, 3),
             );
             let want = reference(&x, &w, &b, (m, k, n));
-            let packed = Packed::pack(&w, n, k);
+            let packed = Packed::pack(&[&w], k);
             for isa in isas() {
                 let mut y = vec![f32::NAN; m * n];
                 packed.matmul_on(isa, &x, m, Some(&b), &mut y);
@@ -405,15 +418,15 @@ mod tests {
     /// weights give the bits of the same weights widened to f32.
     #[test]
     fn rows_keep_their_bits_whatever_shares_the_call() {
-        let (m, k, n) = (PACKED_MAX_ROWS, 300, 70);
+        let (m, k, n) = (64, 300, 70);
         let x = test_input(1, m, k, 4);
         let w = test_input(1, n, k, 5);
         let w16: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
         let wide: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
         let (p32, p16, pw) = (
-            Packed::pack(&w, n, k),
-            Packed::pack(&w16, n, k),
-            Packed::pack(&wide, n, k),
+            Packed::pack(&[&w], k),
+            Packed::pack(&[&w16], k),
+            Packed::pack(&[&wide], k),
         );
         let simd: Vec<Simd> = isas()
             .into_iter()
