@@ -30,7 +30,7 @@ mod _core {
         Ok(m.add("candle_version", mimi_core::CANDLE_VERSION)?)
     }
 
-    /// The effective value of every environment switch (the README's settings table), as
+    /// The effective value of every environment switch (docs/settings.md's table), as
     /// strings: `{"MIMI_PY_SPIN": "1", "RAYON_NUM_THREADS": "2", ...}`. Each is read once, on
     /// first use, so set them before the process starts.
     #[pyfunction]

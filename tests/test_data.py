@@ -549,14 +549,14 @@ def test_short_clips_are_batched_and_each_gets_its_codes_alone():
         assert codes.dtype == np.uint16
 
 
-def test_the_readme_recipe_adds_a_codes_column_to_an_hf_audio_dataset(corpus, tmp_path, monkeypatch):
+def test_the_corpus_page_recipe_adds_a_codes_column_to_an_hf_audio_dataset(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     datasets = pytest.importorskip("datasets")
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    start = readme.index("**A Hugging Face `datasets` audio dataset into a codes column.**")
-    block = readme[readme.index("```python\n", start) + len("```python\n") : readme.index("```\n", start + 1)]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "corpus.md").read_text()
+    start = page.index("**A Hugging Face `datasets` audio dataset into a codes column.**")
+    block = page[page.index("```python\n", start) + len("```python\n") : page.index("```\n", start + 1)]
     # The recipe's model: the fixtures' small codec instead of the hub's (no network).
     block = block.replace(
         'mimi_py.MimiCodec.from_pretrained("kyutai/mimi", num_codebooks=8)', "small_codec()"
@@ -565,7 +565,7 @@ def test_the_readme_recipe_adds_a_codes_column_to_an_hf_audio_dataset(corpus, tm
     ds = datasets.Dataset.from_dict({"audio": [str(corpus / n) for n in names]})
     ds = ds.cast_column("audio", datasets.Audio(decode=False))
     scope = {"mimi_py": mimi_py, "ds": ds, "small_codec": small_codec}
-    exec(compile(block, "README.md", "exec"), scope)
+    exec(compile(block, "docs/corpus.md", "exec"), scope)
     out = scope["ds"]
     codec = small_codec()
     for name, codes in zip(names, out["codes"]):

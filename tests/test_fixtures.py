@@ -55,7 +55,7 @@ def test_one_call_matches_y_full(case):
 # Half precision: bfloat16 keeps 8 significant bits (relative step 2^-8 = 3.9e-3) and float16
 # 11 bits (4.9e-4). Weights, activations and every intermediate are rounded to that, through
 # num_layers residual blocks, so we bound the error relative to the output's scale:
-# max |y - y_ref| <= k * eps * max|y_ref| with k = 8 (measured: see the README).
+# max |y - y_ref| <= k * eps * max|y_ref| with k = 8 (measured: see docs/correctness.md).
 @pytest.mark.parametrize("dtype,eps", [("bfloat16", 2.0**-8), ("float16", 2.0**-11)])
 def test_half_precision(case, dtype, eps):
     name, meta, cfg, weights, arrays = case

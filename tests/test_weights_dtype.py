@@ -1,12 +1,12 @@
 """bfloat16 weights on the native CPU engine (``weights_dtype="bfloat16"``) against float32 weights.
 
 The engine stores the transformers' linear layers and the large frame-rate convolutions in bfloat16 and
-computes in float32; the quantizer keeps float32. Bounds (the README's table, "bfloat16
+computes in float32; the quantizer keeps float32. Bounds (docs/weights-dtype.md's table, "bfloat16
 weights"): codebook 0 at least 99% equal to float32's codes, all codebooks at least 95%,
 and the bf16 codec's decoding of float32's codes at least 30 dB SNR against float32's.
 Measured (AVX-512 BF16 and AVX2 alike): fixture codec 100% / 100% / 61.9 dB, its bf16
-checkpoint 100% / 100% / 44.9 dB; real-size seeded weights, 32 codebooks, 20 s: see the
-README. A code can flip where two centroids are nearly tied, and a flip in one codebook
+checkpoint 100% / 100% / 44.9 dB; real-size seeded weights, 32 codebooks, 20 s: see that
+page. A code can flip where two centroids are nearly tied, and a flip in one codebook
 changes the residual the next ones see, hence agreement, not equality.
 """
 

@@ -337,7 +337,7 @@ def _poison_for_tests(obj: StreamingTransformer | MimiCodec) -> None:
     """Test hook: a panic while holding obj's stream lock (the next call resets it)."""
 
 def settings() -> dict[str, str]:
-    """The effective value of every environment switch (the README's settings table).
+    """The effective value of every environment switch (docs/settings.md's table).
 
     Each switch is read once, on first use: set it before the process starts.
     """

@@ -18,5 +18,5 @@ def add_weights_dtype(p: argparse.ArgumentParser) -> None:
         choices=WEIGHTS_DTYPES,
         default="float32",
         help="how the weights are stored (bfloat16: half the memory and bytes read per step; the "
-        "codes may differ from float32's in a few frames; see the README)",
+        "codes may differ from float32's in a few frames; see docs/weights-dtype.md)",
     )

@@ -14,7 +14,8 @@ fn readme_example(path: &Path, pcm: &Tensor, chunk: &Tensor) -> mimi_core::Resul
     let codes = codec.encode(pcm, None)?; // (batch, codebooks, frames) u32
     let mut stream = codec.encode_stream();
     let frames = codec.encode_step(&mut stream, chunk)?; // Some(codes) once a frame completes
-                                                         // README end
+
+    // README end
     Ok([Some(codes), frames].into_iter().flatten().collect())
 }
 

@@ -1,6 +1,6 @@
 //! The process-wide switches, declared once: every environment variable mimi_py reads is in
 //! [`TABLE`], and this is the only module that reads one (`mimi_py.settings()` in Python shows
-//! the effective values; the README's settings table is checked against [`TABLE`]).
+//! the effective values; docs/settings.md's table is checked against [`TABLE`]).
 //!
 //! Each value is read once, on first use, so a switch must be set before the first call that
 //! needs it (in practice: before the process starts, or before `import mimi_py`).
@@ -12,13 +12,13 @@ use std::sync::OnceLock;
 pub struct Setting {
     /// The environment variable.
     pub name: &'static str,
-    /// The value in effect when the variable is unset, as written in the README.
+    /// The value in effect when the variable is unset, as written in docs/settings.md.
     pub default: &'static str,
     /// What it changes.
     pub doc: &'static str,
 }
 
-/// Every switch, in the order the README lists them.
+/// Every switch, in the order docs/settings.md lists them.
 pub const TABLE: &[Setting] = &[
     Setting {
         name: "RAYON_NUM_THREADS",
