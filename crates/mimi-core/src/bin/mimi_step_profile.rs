@@ -4,7 +4,7 @@
 //! [`mimi_core::runtime::profile`]'s timers on.
 //!
 //! `cargo run --release -p mimi-core --bin mimi_step_profile -- [batches] [frames] [weights]`
-//! (defaults `1,4,8,16`, 20, `float32`) prints one JSON line per B: the median frame time
+//! (defaults `1,4,8,16`, 20, `float32`; B = 0 is the offline path, below) prints one JSON line per B: the median frame time
 //! and, per layer, milliseconds per frame (all rows) and calls per frame. `benches/run.py
 //! --suites layers` runs it and writes the table into its report.
 
@@ -79,6 +79,33 @@ fn profile_batch(codec: &Codec, batch: usize, frames: usize, seed: &mut u64) -> 
     ))
 }
 
+/// Batch size 0 profiles the offline path instead: `frames` frames of one row, one `encode`
+/// then one `decode`, each layer's time divided by the frames (ms per frame).
+fn profile_offline(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
+    let n = frames * codec.config().frame_size();
+    let pcm = Tensor::from_vec(noise(n, seed), (1, 1, n), &Device::Cpu)?;
+    codec.decode(&codec.encode(&pcm, None)?, None)?; // warm-up
+    profile::take();
+    profile::enable(true);
+    let t0 = Instant::now();
+    codec.decode(&codec.encode(&pcm, None)?, None)?;
+    let dt = t0.elapsed().as_secs_f64() * 1e3 / frames as f64;
+    profile::enable(false);
+    let layers: Vec<String> = (profile::take().iter())
+        .map(|e| {
+            let ms = e.total.as_secs_f64() * 1e3 / frames as f64;
+            format!(
+                "{{\"layer\": \"{}\", \"ms\": {ms:.3}, \"calls\": {}}}",
+                e.label, e.calls
+            )
+        })
+        .collect();
+    Ok(format!(
+        "{{\"batch\": 0, \"frames\": {frames}, \"frame_median_ms\": {dt:.3}, \"layers\": [{}]}}",
+        layers.join(", ")
+    ))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let batches: Vec<usize> = args
@@ -94,7 +121,11 @@ fn main() -> Result<()> {
     let codec = Codec::with_weights_dtype(&cfg, source, &Device::Cpu, DType::F32, wd)?;
     let mut seed = 1u64;
     for b in batches {
-        println!("{}", profile_batch(&codec, b, frames.max(1), &mut seed)?);
+        let line = match b {
+            0 => profile_offline(&codec, frames.max(1), &mut seed)?,
+            _ => profile_batch(&codec, b, frames.max(1), &mut seed)?,
+        };
+        println!("{line}");
     }
     Ok(())
 }

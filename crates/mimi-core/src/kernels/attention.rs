@@ -108,6 +108,12 @@ fn softmax_span(op: &WindowAttention, i: usize, lo: usize, s: &mut [f32]) -> f32
             *sj = f32::NEG_INFINITY;
         }
     }
+    softmax_in_place(s)
+}
+
+/// `s` exponentiated in place after subtracting its maximum; returns 1 / their sum.
+#[inline(always)]
+fn softmax_in_place(s: &mut [f32]) -> f32 {
     let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     s.iter_mut().for_each(|x| *x = exp_nonpos(*x - max));
     let mut lanes = [0f32; 8];
@@ -117,6 +123,49 @@ fn softmax_span(op: &WindowAttention, i: usize, lo: usize, s: &mut [f32]) -> f32
         }
     }
     1.0 / lanes.iter().sum::<f32>()
+}
+
+/// One query `q` (hd, already scaled) over every row of one head's keys `k` and values `v`
+/// (n rows of hd each, all visible: a streaming step's ring slots), into `out` (hd):
+/// `softmax(q k^T) v`. `scores` holds at least n values. The sums run in a fixed order, so
+/// a query's bits depend only on its own row's keys.
+pub(crate) fn attend_visible(q: &[f32], k: &[f32], v: &[f32], scores: &mut [f32], out: &mut [f32]) {
+    let hd = q.len();
+    let n = k.len() / hd;
+    let rows = |x| Rows {
+        old: x,
+        new: &[],
+        hd,
+    };
+    let s = &mut scores[..n];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the functions were compiled for.
+            unsafe { scores_by_rows_avx2(q, rows(k), (0, n), s) };
+            let inv = softmax_in_place(s);
+            let w = Weights { lo: 0, s, inv };
+            // SAFETY: as above.
+            return unsafe { weighted_values_avx2(w, rows(v), out) };
+        }
+    }
+    for (sj, kj) in s.iter_mut().zip(k.chunks_exact(hd)) {
+        let mut lanes = [0f32; 8];
+        for (qc, kc) in q.chunks(8).zip(kj.chunks(8)) {
+            for ((l, &a), &b) in lanes.iter_mut().zip(qc).zip(kc) {
+                *l += a * b;
+            }
+        }
+        *sj = lanes.iter().sum();
+    }
+    let inv = softmax_in_place(s);
+    out.fill(0.0);
+    for (&w, vj) in s.iter().zip(v.chunks_exact(hd)) {
+        for (o, &x) in out.iter_mut().zip(vj) {
+            *o += w * x;
+        }
+    }
+    out.iter_mut().for_each(|o| *o *= inv);
 }
 
 /// One head's inputs for [`attend_head`]: its queries `q` (t, hd), keys and values.

@@ -76,7 +76,7 @@ unsafe fn gelu_erf_slice_avx2(src: &[f32], dst: &mut [f32]) {
     gelu_erf_slice_generic(src, dst)
 }
 
-fn gelu_erf_slice(src: &[f32], dst: &mut [f32]) {
+pub(crate) fn gelu_erf_slice(src: &[f32], dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {

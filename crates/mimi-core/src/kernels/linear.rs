@@ -182,6 +182,21 @@ impl Linear {
         }
     }
 
+    /// `y (m, out) = x (m, in) . W^T + b` on host slices, with the packed product; `false`
+    /// (nothing written) when the weight is not packed.
+    pub fn matmul_into(&self, x: &[f32], m: usize, y: &mut [f32]) -> bool {
+        match &self.0 {
+            Imp::Packed(p) => {
+                match p.as_ref() {
+                    PackedLinear::F32(w, b) => w.matmul(x, m, b.as_deref(), y),
+                    PackedLinear::BF16(w, b) => w.matmul(x, m, b.as_deref(), y),
+                }
+                true
+            }
+            Imp::Candle(_) => false,
+        }
+    }
+
     /// Bytes of the weight matrix as stored.
     pub fn weight_nbytes(&self) -> usize {
         match &self.0 {

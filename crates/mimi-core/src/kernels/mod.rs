@@ -39,8 +39,9 @@ mod linear;
 mod packed;
 mod pool;
 
+pub(crate) use attention::attend_visible;
 pub use attention::WindowAttention;
-pub(crate) use elementwise::exp_nonpos;
+pub(crate) use elementwise::{exp_nonpos, gelu_erf_slice};
 pub use elementwise::{gelu_erf, residual_add};
 pub use gemv::{gemv, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;

@@ -84,6 +84,88 @@ pub(super) struct Layer {
     /// Layer scales (candle's `LayerScale` weights, one value per feature).
     pub(super) ls1: Option<Tensor>,
     pub(super) ls2: Option<Tensor>,
+    /// The norms and scales as host values, for the planned step (f32 on the CPU only).
+    pub(super) host: Option<HostParams>,
+}
+
+/// A norm's parameters as host values, applied as candle's CPU kernels compute it (the same
+/// sums in the same order, so the same bits).
+pub(super) struct HostNorm {
+    weight: Vec<f32>,
+    /// The layer norm's bias; `None` for an RMS norm.
+    bias: Option<Vec<f32>>,
+    eps: f32,
+}
+
+impl HostNorm {
+    fn load(kind: NormKind, d: usize, vb: &VarBuilder) -> Result<Self> {
+        let host = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        Ok(match kind {
+            NormKind::LayerNorm => Self {
+                weight: host(vb.get(d, "weight")?)?,
+                bias: Some(host(vb.get(d, "bias")?)?),
+                eps: 1e-5,
+            },
+            NormKind::RmsNorm => Self {
+                weight: host(vb.get((1, 1, d), "alpha")?)?,
+                bias: None,
+                eps: 1e-8,
+            },
+        })
+    }
+
+    /// `y` = the norm of each row of `x` (rows of the norm's width).
+    pub(super) fn apply(&self, x: &[f32], y: &mut [f32]) {
+        let d = self.weight.len();
+        for (xr, yr) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+            match &self.bias {
+                Some(bias) => {
+                    let (mut sum, mut sum2) = (0f32, 0f32);
+                    for &v in xr {
+                        sum += v;
+                        sum2 += v * v;
+                    }
+                    let mean = sum / d as f32;
+                    let inv_std = (sum2 / d as f32 - mean * mean + self.eps).sqrt().recip();
+                    for ((o, &v), (&a, &b)) in
+                        yr.iter_mut().zip(xr).zip(self.weight.iter().zip(bias))
+                    {
+                        *o = (v - mean) * inv_std * a + b;
+                    }
+                }
+                None => {
+                    let sum2 = xr.iter().map(|&v| v * v).sum::<f32>();
+                    let m = (sum2 / d as f32 + self.eps).sqrt();
+                    for ((o, &v), &a) in yr.iter_mut().zip(xr).zip(&self.weight) {
+                        *o = v / m * a;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A layer's norms and layer scales as host values (see [`Layer::host`]).
+pub(super) struct HostParams {
+    pub(super) norm1: HostNorm,
+    pub(super) norm2: HostNorm,
+    pub(super) ls1: Option<Vec<f32>>,
+    pub(super) ls2: Option<Vec<f32>>,
+}
+
+/// `x += y * scale` (per feature, over rows of the scale's width), or `x += y`: candle's
+/// residual sum, element by element.
+pub(super) fn add_scaled(x: &mut [f32], y: &[f32], scale: Option<&[f32]>) {
+    match scale {
+        Some(s) => {
+            for (xr, yr) in x.chunks_exact_mut(s.len()).zip(y.chunks_exact(s.len())) {
+                for ((a, &b), &c) in xr.iter_mut().zip(yr).zip(s) {
+                    *a += b * c;
+                }
+            }
+        }
+        None => x.iter_mut().zip(y).for_each(|(a, &b)| *a += b),
+    }
 }
 
 impl Attention {
@@ -153,13 +235,33 @@ impl Layer {
             Some(_) => vb.pp(name).get(d, "scale").map(Some),
             None => Ok(None),
         };
+        let attn = Attention::load(cfg, &vb.pp("self_attn"), &vbw.pp("self_attn"))?;
+        let mlp = FeedForward::load(cfg, &vb, &vbw)?;
+        let (ls1, ls2) = (scale("self_attn_layer_scale")?, scale("mlp_layer_scale")?);
+        // The planned step: an f32 model on the CPU whose matrices are all packed, with the
+        // plain feed-forward block (the gated one runs candle's ops).
+        let packed = attn.qkv.is_packed() && attn.out.is_packed();
+        let plain =
+            matches!(&mlp, FeedForward::Plain { fc1, fc2 } if fc1.is_packed() && fc2.is_packed());
+        let host = (packed && plain && vb.dtype() == candle::DType::F32 && vb.device().is_cpu())
+            .then(|| -> Result<HostParams> {
+                let host = |t: &Option<Tensor>| t.as_ref().map(|t| t.to_vec1::<f32>()).transpose();
+                Ok(HostParams {
+                    norm1: HostNorm::load(cfg.norm, d, &vb.pp(n1))?,
+                    norm2: HostNorm::load(cfg.norm, d, &vb.pp(n2))?,
+                    ls1: host(&ls1)?,
+                    ls2: host(&ls2)?,
+                })
+            })
+            .transpose()?;
         Ok(Self {
+            host,
             norm1: Norm::new(d, &ccfg, vb.pp(n1))?,
             norm2: Norm::new(d, &ccfg, vb.pp(n2))?,
-            attn: Attention::load(cfg, &vb.pp("self_attn"), &vbw.pp("self_attn"))?,
-            mlp: FeedForward::load(cfg, &vb, &vbw)?,
-            ls1: scale("self_attn_layer_scale")?,
-            ls2: scale("mlp_layer_scale")?,
+            attn,
+            mlp,
+            ls1,
+            ls2,
         })
     }
 }

@@ -1,0 +1,329 @@
+//! The planned step: an f32 transformer on the CPU, computed on host slices for a set of
+//! rows, each a few tokens from its own position. Every product runs once over all the
+//! rows' tokens (the packed weights); each row's norms, rotary angles and attention are its
+//! own, so a row's bits do not depend on which other rows step or how many tokens a call
+//! holds. The buffers are the stream's ([`Scratch`]), sized at the first call of a shape
+//! and reused: a step allocates only its output.
+//!
+//! Attention writes each token's key and value into its ring slot (`position % context`)
+//! and then reads the slots its window holds, token by token, so a call of any length
+//! keeps the exact window (docs/correctness.md).
+
+use super::layer::{add_scaled, FeedForward, HostParams, Layer};
+use super::{LayerCache, State, Transformer};
+use crate::config::PositionalEmbedding;
+use crate::error::{Error, Result};
+use crate::kernels::{attend_visible, gelu_erf_slice};
+use candle::{CpuStorage, InplaceOp1, Layout, Tensor};
+use rayon::prelude::*;
+
+/// A stream's buffers for the planned step, grown to the largest call seen.
+#[derive(Clone, Default)]
+pub(super) struct Scratch {
+    /// The residual stream (tokens, d), and a second (tokens, d) for norms and outputs.
+    x: Vec<f32>,
+    h: Vec<f32>,
+    /// q, k and v of every token (tokens, 3d), q rotated and scaled, k rotated.
+    qkv: Vec<f32>,
+    /// Attention output (tokens, d), the feed-forward's hidden (tokens, ff).
+    attn: Vec<f32>,
+    ff: Vec<f32>,
+    /// Rotary cos and sin per token (tokens, hd/2 each).
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// Softmax scores, one ring's worth per (row, head).
+    scores: Vec<f32>,
+    /// Each token's position.
+    pos: Vec<u64>,
+}
+
+/// Grows `v` to at least `n` values (never shrinks: after the first call of a shape, no
+/// allocation) and returns its first `n`.
+fn take(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// A raw pointer that tasks writing disjoint parts of one buffer may share.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: every task writes a part no other task touches (see `attend_rows`).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// `len` values from `offset` (a method, so that closures capture the whole `Shared`).
+    ///
+    /// # Safety
+    /// The range lies in the buffer, and no one else uses it while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, offset: usize, len: usize) -> &mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(offset), len)
+    }
+}
+
+/// Runs `f` on a CPU f32 tensor's values, writable in place.
+struct WithValues<F>(F);
+
+impl<F: Fn(&mut [f32]) -> Result<()>> InplaceOp1 for WithValues<F> {
+    fn name(&self) -> &'static str {
+        "mimi-ring-values"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> candle::Result<()> {
+        match (s, l.contiguous_offsets()) {
+            (CpuStorage::F32(v), Some((a, b))) => {
+                (self.0)(&mut v[a..b]).map_err(|e| candle::Error::Msg(e.to_string()))
+            }
+            _ => candle::bail!("mimi-ring-values: a contiguous f32 ring only"),
+        }
+    }
+}
+
+impl Transformer {
+    /// Whether calls take the planned step: an f32 model on the CPU whose layers all have
+    /// host parameters, with rotary, sinusoidal or no positional embedding.
+    pub(super) fn planned(&self) -> bool {
+        self.layers.iter().all(|l| l.host.is_some())
+    }
+
+    /// `xs` (n, t, d) for the batch rows `rows` (n of them, sorted, distinct), each from its
+    /// own position, through every layer; advances those rows.
+    pub(super) fn step_rows(
+        &self,
+        state: &mut State,
+        xs: &Tensor,
+        rows: &[usize],
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Tensor> {
+        let (n, t, d) = xs.dims3()?;
+        let xs = xs.contiguous()?;
+        let (storage, layout) = xs.storage_and_layout();
+        let (candle::Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        else {
+            return Err(Error::Internal(
+                "the planned step takes f32 CPU input".into(),
+            ));
+        };
+        let input = &v[a..b];
+        let mut out = vec![0f32; n * t * d];
+        let block = super::block_len(self.cfg.context);
+        let mut start = 0;
+        while start < t {
+            crate::error::check_cancel(cancel)?;
+            let len = block.min(t - start);
+            let x = take(&mut state.scratch.x, n * len * d);
+            for i in 0..n {
+                let src = &input[(i * t + start) * d..][..len * d];
+                x[i * len * d..][..len * d].copy_from_slice(src);
+            }
+            self.step_block(state, rows, len)?;
+            let x = &state.scratch.x;
+            for i in 0..n {
+                let dst = &mut out[(i * t + start) * d..][..len * d];
+                dst.copy_from_slice(&x[i * len * d..][..len * d]);
+            }
+            rows.iter().for_each(|&r| state.pos[r] += len as u64);
+            start += len;
+        }
+        Ok(Tensor::from_vec(out, (n, t, d), &self.device)?)
+    }
+
+    /// One block of `t` tokens per row, from `state.scratch.x` (rows × t, d) into itself.
+    fn step_block(&self, state: &mut State, rows: &[usize], t: usize) -> Result<()> {
+        let (d, m) = (self.cfg.d_model, rows.len() * t);
+        let State {
+            pos,
+            caches,
+            scratch,
+        } = state;
+        scratch.pos.clear();
+        for &r in rows {
+            scratch.pos.extend((0..t as u64).map(|i| pos[r] + i));
+        }
+        self.positions(scratch, m)?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter()) {
+            let host = layer.host.as_ref().ok_or_else(not_planned)?;
+            host.norm1
+                .apply(&scratch.x[..m * d], take(&mut scratch.h, m * d));
+            let qkv = take(&mut scratch.qkv, m * 3 * d);
+            product(&layer.attn.qkv, &scratch.h[..m * d], m, qkv)?;
+            self.rotate(scratch, m);
+            self.attend_rows(cache, scratch, rows, t)?;
+            let h = take(&mut scratch.h, m * d);
+            product(&layer.attn.out, &scratch.attn[..m * d], m, h)?;
+            add_scaled(&mut scratch.x[..m * d], h, host.ls1.as_deref());
+            self.feed_forward(layer, host, scratch, m)?;
+        }
+        Ok(())
+    }
+
+    /// The feed-forward block with its residual: `x += ls2 * fc2(gelu(fc1(norm2(x))))`.
+    fn feed_forward(
+        &self,
+        layer: &Layer,
+        host: &HostParams,
+        scratch: &mut Scratch,
+        m: usize,
+    ) -> Result<()> {
+        let (d, f) = (self.cfg.d_model, self.cfg.dim_feedforward);
+        let FeedForward::Plain { fc1, fc2 } = &layer.mlp else {
+            return Err(not_planned());
+        };
+        host.norm2
+            .apply(&scratch.x[..m * d], take(&mut scratch.h, m * d));
+        let ff = take(&mut scratch.ff, m * f);
+        product(fc1, &scratch.h[..m * d], m, ff)?;
+        let hidden = take(&mut scratch.attn, m * f);
+        gelu_erf_slice(ff, hidden);
+        let h = take(&mut scratch.h, m * d);
+        product(fc2, &scratch.attn[..m * f], m, h)?;
+        add_scaled(&mut scratch.x[..m * d], h, host.ls2.as_deref());
+        Ok(())
+    }
+
+    /// Per token: the rotary cos/sin of its position, or its sinusoidal embedding added to
+    /// `x` (the angles in f64 from the absolute position, as the block path computes them).
+    fn positions(&self, scratch: &mut Scratch, m: usize) -> Result<()> {
+        let theta = self.cfg.max_period as f64;
+        match self.cfg.positional_embedding {
+            PositionalEmbedding::Rope => {
+                let hd = self.cfg.head_dim();
+                let half = hd / 2;
+                let (cos, sin) = (
+                    take(&mut scratch.cos, m * half),
+                    take(&mut scratch.sin, m * half),
+                );
+                for (i, &p) in scratch.pos.iter().enumerate() {
+                    for j in 0..half {
+                        let a = p as f64 * (1.0 / theta.powf((2 * j) as f64 / hd as f64));
+                        cos[i * half + j] = a.cos() as f32;
+                        sin[i * half + j] = a.sin() as f32;
+                    }
+                }
+            }
+            PositionalEmbedding::Sin => {
+                let d = self.cfg.d_model;
+                let half = d / 2;
+                for (xr, &p) in scratch.x.chunks_exact_mut(d).zip(&scratch.pos) {
+                    for j in 0..half {
+                        let a = p as f64 * (1.0 / theta.powf(j as f64 / (half - 1) as f64));
+                        xr[j] += a.cos() as f32;
+                        xr[half + j] += a.sin() as f32;
+                    }
+                }
+            }
+            PositionalEmbedding::None => {}
+        }
+        Ok(())
+    }
+
+    /// Rotates q and k of every token by its angles (interleaved pairs, candle's `rope_i`)
+    /// and scales q by `head_dim^-1/2`.
+    fn rotate(&self, scratch: &mut Scratch, m: usize) {
+        let (d, hd) = (self.cfg.d_model, self.cfg.head_dim());
+        let half = hd / 2;
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let rope = self.cfg.positional_embedding == PositionalEmbedding::Rope;
+        for (i, tok) in scratch.qkv[..m * 3 * d].chunks_exact_mut(3 * d).enumerate() {
+            let (q, kv) = tok.split_at_mut(d);
+            if rope {
+                let (cos, sin) = (
+                    &scratch.cos[i * half..][..half],
+                    &scratch.sin[i * half..][..half],
+                );
+                for head in q.chunks_exact_mut(hd).chain(kv[..d].chunks_exact_mut(hd)) {
+                    for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
+                        let (x0, x1) = (pair[0], pair[1]);
+                        pair[0] = x0 * c - x1 * s;
+                        pair[1] = x0 * s + x1 * c;
+                    }
+                }
+            }
+            q.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+
+    /// Each (row, head) in parallel: for each of the row's `t` tokens in order, its key and
+    /// value into their ring slot, then its query over the slots its window holds.
+    fn attend_rows(
+        &self,
+        cache: &LayerCache,
+        scratch: &mut Scratch,
+        rows: &[usize],
+        t: usize,
+    ) -> Result<()> {
+        let (d, hd, heads, c) = (
+            self.cfg.d_model,
+            self.cfg.head_dim(),
+            self.cfg.num_heads,
+            self.cfg.context,
+        );
+        let m = rows.len() * t;
+        let attn = Shared(take(&mut scratch.attn, m * d).as_mut_ptr());
+        let scores = Shared(take(&mut scratch.scores, rows.len() * heads * c).as_mut_ptr());
+        let (qkv, pos) = (&scratch.qkv[..m * 3 * d], &scratch.pos[..m]);
+        let run = |kp: Shared, vp: Shared, len: usize| -> Result<()> {
+            if len < (rows.iter().max().map_or(0, |r| r + 1)) * heads * c * hd {
+                return Err(Error::Internal("the key/value rings are too small".into()));
+            }
+            let task = |task: usize| {
+                let (i, h) = (task / heads, task % heads);
+                let ring = (rows[i] * heads + h) * c * hd;
+                // SAFETY: rows are distinct, so each task's ring region, score region and
+                // output columns (its row's tokens, its head's hd) are its own; all lie
+                // within the buffers checked or sized above.
+                let (kr, vr, s) = unsafe {
+                    (
+                        kp.slice(ring, c * hd),
+                        vp.slice(ring, c * hd),
+                        scores.slice(task * c, c),
+                    )
+                };
+                for j in 0..t {
+                    let tok = i * t + j;
+                    let p = pos[tok];
+                    let slot = (p % c as u64) as usize * hd;
+                    let new = &qkv[tok * 3 * d..][..3 * d];
+                    kr[slot..slot + hd].copy_from_slice(&new[d + h * hd..][..hd]);
+                    vr[slot..slot + hd].copy_from_slice(&new[2 * d + h * hd..][..hd]);
+                    let n = (p + 1).min(c as u64) as usize;
+                    // SAFETY: as above.
+                    let out = unsafe { attn.slice(tok * d + h * hd, hd) };
+                    attend_visible(&new[h * hd..][..hd], &kr[..n * hd], &vr[..n * hd], s, out);
+                }
+            };
+            let tasks = rows.len() * heads;
+            if tasks > 1 && rayon::current_num_threads() > 1 {
+                (0..tasks).into_par_iter().for_each(task);
+            } else {
+                (0..tasks).for_each(task);
+            }
+            Ok(())
+        };
+        cache.k.inplace_op1(&WithValues(|kr: &mut [f32]| {
+            let (kp, len) = (Shared(kr.as_mut_ptr()), kr.len());
+            let on_values = WithValues(|vr: &mut [f32]| match vr.len() == len {
+                true => run(kp, Shared(vr.as_mut_ptr()), len),
+                false => Err(Error::Internal("key and value rings differ".into())),
+            });
+            cache.v.inplace_op1(&on_values).map_err(Error::from)
+        }))?;
+        Ok(())
+    }
+}
+
+fn not_planned() -> Error {
+    Error::Internal("the planned step needs host parameters in every layer".into())
+}
+
+/// `y = x W^T + b` with the packed product.
+fn product(l: &crate::kernels::Linear, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
+    match l.matmul_into(x, m, y) {
+        true => Ok(()),
+        false => Err(not_planned()),
+    }
+}
