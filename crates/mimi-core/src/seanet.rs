@@ -209,6 +209,15 @@ impl Encoder {
         }
     }
 
+    /// Packs the frame-rate layers' large weights (those [`Self::store_bf16`] takes) for
+    /// the packed product.
+    pub fn pack(&mut self) {
+        self.last.pack();
+        if let Some((_, down)) = self.layers.last_mut() {
+            down.pack();
+        }
+    }
+
     /// Samples per output frame.
     pub fn hop(&self) -> usize {
         self.layers.iter().map(|(_, down)| down.stride).product()
@@ -393,6 +402,15 @@ impl Decoder {
         self.init.store_bf16();
         if let Some((up, _)) = self.layers.first_mut() {
             up.store_bf16();
+        }
+    }
+
+    /// Packs the frame-rate layers' large weights (those [`Self::store_bf16`] takes) for
+    /// the packed product.
+    pub fn pack(&mut self) {
+        self.init.pack();
+        if let Some((up, _)) = self.layers.first_mut() {
+            up.pack();
         }
     }
 

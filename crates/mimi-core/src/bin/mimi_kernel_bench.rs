@@ -21,7 +21,7 @@
 use candle::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use mimi_core::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
-use mimi_core::kernels::{gemv, Isa, Weight};
+use mimi_core::kernels::{gemv, Isa, Packed, Weight};
 use std::time::Instant;
 
 /// (name, cin, cout, k, stride, input frames per second of audio, transposed)
@@ -56,6 +56,68 @@ fn time_gemv<W: Weight>(ws: &[Vec<W>], m: usize, k: usize, n: usize) -> f64 {
         best = best.min(t.elapsed().as_secs_f64());
     }
     best
+}
+
+/// Best time of 9 passes of the packed product over every matrix of `ws`, `m` input rows.
+fn time_packed<W: Weight + Default>(ws: &[Packed<W>], m: usize) -> f64 {
+    let (n, k) = (ws[0].n(), ws[0].k());
+    let x: Vec<f32> = (0..m * k).map(|j| (j % 5) as f32).collect();
+    let mut y = vec![0f32; m * n];
+    let mut best = f64::MAX;
+    for _ in 0..9 {
+        let t = Instant::now();
+        for w in ws {
+            w.matmul(&x, m, None, &mut y);
+            std::hint::black_box(&y);
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// The packed product (`... -- packed [megabytes]`) on the transformer's shapes and the
+/// largest frame-rate convolution's (1024 x 8192), 1 to 256 rows, f32 and bf16 weights,
+/// cycling through `megabytes` of distinct matrices: GFLOP/s and weight GB/s.
+fn bench_packed(megabytes: usize) {
+    for (n, k) in [
+        (1536usize, 512usize),
+        (2048, 512),
+        (512, 2048),
+        (1024, 8192),
+    ] {
+        let mats = (megabytes * 1_000_000 / (n * k * 4)).max(1);
+        let raw: Vec<Vec<f32>> = (0..mats)
+            .map(|i| {
+                (0..n * k)
+                    .map(|j| ((i * 7 + j) % 13) as f32 * 0.01)
+                    .collect()
+            })
+            .collect();
+        let ws: Vec<Packed<f32>> = raw.iter().map(|w| Packed::pack(&[w], k)).collect();
+        let ws16: Vec<Packed<half::bf16>> = (raw.iter())
+            .map(|w| {
+                let w16: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                Packed::pack(&[&w16], k)
+            })
+            .collect();
+        drop(raw);
+        for m in [1usize, 2, 4, 8, 16, 32, 64, 256] {
+            let (f32_s, bf16_s) = (time_packed(&ws, m), time_packed(&ws16, m));
+            let (gb, gflop) = (
+                (mats * n * k * 4) as f64 / 1e9,
+                (2 * mats * n * k * m) as f64 / 1e9,
+            );
+            println!(
+                "{{\"packed\": \"{n}x{k}\", \"rows\": {m}, \"f32_ms\": {:.2}, \"f32_gflops\": {:.1}, \
+                 \"f32_gb_per_s\": {:.1}, \"bf16_ms\": {:.2}, \"bf16_gflops\": {:.1}}}",
+                f32_s * 1e3,
+                gflop / f32_s,
+                gb / f32_s,
+                bf16_s * 1e3,
+                gflop / bf16_s,
+            );
+        }
+    }
 }
 
 /// The matrix-vector kernel on the transformer's shapes (see the module docs), with f32
@@ -94,6 +156,10 @@ fn main() -> mimi_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("gemv") {
         bench_gemv(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(400));
+        return Ok(());
+    }
+    if args.get(1).map(String::as_str) == Some("packed") {
+        bench_packed(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(400));
         return Ok(());
     }
     let repeats: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);

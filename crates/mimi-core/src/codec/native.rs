@@ -54,6 +54,11 @@ impl Native {
             decoder.store_bf16();
             upsample.store_bf16();
         }
+        // The frame-rate layers' weights, packed once (each converted to bf16 first).
+        encoder.pack();
+        downsample.pack();
+        decoder.pack();
+        upsample.pack();
         Ok(Self {
             encoder,
             decoder,

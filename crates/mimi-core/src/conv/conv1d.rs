@@ -127,6 +127,19 @@ impl Conv1d {
         self.w.store_bf16_from(0)
     }
 
+    /// Packs a large layer's weights for the packed product (see [`Matrix::pack`]).
+    pub(crate) fn pack(&mut self) {
+        let kk = self.w.len() / self.cout.max(1);
+        self.w.pack(kk)
+    }
+
+    /// Test hook: packed weights whatever the layer's size.
+    #[cfg(test)]
+    pub(crate) fn force_pack(&mut self) {
+        let kk = self.w.len() / self.cout.max(1);
+        self.w.pack_from(0, kk)
+    }
+
     fn keff(&self) -> usize {
         (self.k - 1) * self.dilation + 1
     }

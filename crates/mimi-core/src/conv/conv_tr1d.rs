@@ -144,6 +144,22 @@ impl ConvTr1d {
         self.w.store_bf16_from(0)
     }
 
+    /// Packs a large layer's weights for the packed product (see [`Matrix::pack`]); the
+    /// depthwise upsampling keeps its own loop.
+    pub(crate) fn pack(&mut self) {
+        if !self.depthwise {
+            self.w.pack(self.taps * self.cin)
+        }
+    }
+
+    /// Test hook: packed weights whatever the layer's size.
+    #[cfg(test)]
+    pub(crate) fn force_pack(&mut self) {
+        if !self.depthwise {
+            self.w.pack_from(0, self.taps * self.cin)
+        }
+    }
+
     pub(crate) fn stride(&self) -> usize {
         self.stride
     }

@@ -4,6 +4,9 @@
 
 use candle::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
+use std::sync::Arc;
+
+use crate::kernels::Packed;
 
 use super::frames::Frames;
 use crate::config::PadMode;
@@ -102,19 +105,22 @@ pub(super) fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
 /// f32 (and the last decoder layers, next to the audio, keep full precision).
 pub(crate) const BF16_MIN_WEIGHTS: usize = 1 << 20;
 
-/// A convolution's weight matrix, in f32 or bf16 (see [`BF16_MIN_WEIGHTS`]).
+/// A convolution's weight matrix `(n, k)`, in f32 or bf16 (see [`BF16_MIN_WEIGHTS`]); row-major,
+/// or packed once at load for the packed product ([`Packed`]: the frame-rate layers).
 #[derive(Clone, Debug)]
 pub(crate) enum Matrix {
     F32(Vec<f32>),
     BF16(Vec<half::bf16>),
+    PackedF32(Arc<Packed<f32>>),
+    PackedBF16(Arc<Packed<half::bf16>>),
 }
 
 impl Matrix {
     /// Bytes held.
     pub(crate) fn nbytes(&self) -> usize {
         match self {
-            Self::F32(w) => 4 * w.len(),
-            Self::BF16(w) => 2 * w.len(),
+            Self::F32(_) | Self::PackedF32(_) => 4 * self.len(),
+            Self::BF16(_) | Self::PackedBF16(_) => 2 * self.len(),
         }
     }
 
@@ -123,15 +129,41 @@ impl Matrix {
         match self {
             Self::F32(w) => w.len(),
             Self::BF16(w) => w.len(),
+            Self::PackedF32(w) => w.n() * w.k(),
+            Self::PackedBF16(w) => w.n() * w.k(),
         }
     }
 
-    /// The values in f32: borrowed, or widened for this call (a bf16 layer off the
-    /// matrix-vector kernel: an offline call, whose many frames amortise it).
+    /// The values in f32, row-major: borrowed, or widened or unpacked for this call (a
+    /// strategy other than the product's; no packed layer takes one, see
+    /// [`Self::gemv_frames`]).
     pub(crate) fn f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        let widen = |w: &[half::bf16]| w.iter().map(|v| v.to_f32()).collect();
         match self {
             Self::F32(w) => std::borrow::Cow::Borrowed(w),
-            Self::BF16(w) => w.iter().map(|v| v.to_f32()).collect(),
+            Self::BF16(w) => widen(w),
+            Self::PackedF32(w) => std::borrow::Cow::Owned(w.unpack()),
+            Self::PackedBF16(w) => widen(&w.unpack()),
+        }
+    }
+
+    /// Packs a matrix of rows of `k` values if it holds at least [`BF16_MIN_WEIGHTS`] (the
+    /// frame-rate layers, whose weights every step reads): every call of the layer then
+    /// takes the packed product, which reads the weights once for all of a step's rows and
+    /// gives a row the same bits whatever its neighbours.
+    pub(crate) fn pack(&mut self, k: usize) {
+        self.pack_from(BF16_MIN_WEIGHTS, k)
+    }
+
+    /// [`Self::pack`] for matrices of at least `min` values.
+    pub(crate) fn pack_from(&mut self, min: usize, k: usize) {
+        if self.len() < min || k == 0 || !self.len().is_multiple_of(k) {
+            return;
+        }
+        match self {
+            Self::F32(w) => *self = Self::PackedF32(Arc::new(Packed::pack(&[w], k))),
+            Self::BF16(w) => *self = Self::PackedBF16(Arc::new(Packed::pack(&[w], k))),
+            Self::PackedF32(_) | Self::PackedBF16(_) => {}
         }
     }
 
@@ -142,18 +174,41 @@ impl Matrix {
 
     /// The same values in bf16 if there are at least `min` of them.
     pub(crate) fn store_bf16_from(&mut self, min: usize) {
-        if let Self::F32(w) = self {
-            if w.len() >= min {
-                *self = Self::BF16(w.iter().map(|&v| half::bf16::from_f32(v)).collect());
+        let narrow =
+            |w: &[f32]| -> Vec<half::bf16> { w.iter().map(|&v| half::bf16::from_f32(v)).collect() };
+        match self {
+            Self::F32(w) if w.len() >= min => *self = Self::BF16(narrow(w)),
+            Self::PackedF32(w) if w.n() * w.k() >= min => {
+                let k = w.k();
+                *self = Self::PackedBF16(Arc::new(Packed::pack(&[&narrow(&w.unpack())], k)));
+            }
+            _ => {}
+        }
+    }
+
+    /// `x (m, k) . self (n, k)^T`: the matrix-vector kernel, or the packed product.
+    pub(crate) fn gemv(&self, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let packed = |y: &mut Vec<f32>| match self {
+            Self::PackedF32(w) => w.matmul(x, m, None, y),
+            Self::PackedBF16(w) => w.matmul(x, m, None, y),
+            _ => {}
+        };
+        match self {
+            Self::F32(w) => crate::kernels::gemv(x, w, m, k, n),
+            Self::BF16(w) => crate::kernels::gemv(x, w, m, k, n),
+            Self::PackedF32(_) | Self::PackedBF16(_) => {
+                let mut y = vec![0f32; m * n];
+                packed(&mut y);
+                y
             }
         }
     }
 
-    /// `x (m, k) . self (n, k)^T` with the matrix-vector kernel.
-    pub(crate) fn gemv(&self, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    /// Rows one product call takes: the matrix-vector kernel's limit, or all of them.
+    fn max_rows(&self) -> usize {
         match self {
-            Self::F32(w) => crate::kernels::gemv(x, w, m, k, n),
-            Self::BF16(w) => crate::kernels::gemv(x, w, m, k, n),
+            Self::F32(_) | Self::BF16(_) => crate::kernels::GEMV_MAX_ROWS,
+            Self::PackedF32(_) | Self::PackedBF16(_) => usize::MAX,
         }
     }
 
@@ -172,7 +227,7 @@ impl Matrix {
         let mut i = 0;
         while i < ns.len() {
             let (mut j, mut total) = (i + 1, ns[i]);
-            while j < ns.len() && total + ns[j] <= crate::kernels::GEMV_MAX_ROWS {
+            while j < ns.len() && total + ns[j] <= self.max_rows() {
                 total += ns[j];
                 j += 1;
             }
@@ -198,6 +253,8 @@ impl Matrix {
         match self {
             Self::F32(_) => super::STEP_FRAMES,
             Self::BF16(_) => crate::kernels::GEMV_MAX_ROWS,
+            // Offline calls too: the packed product is as fast as the tiled one there.
+            Self::PackedF32(_) | Self::PackedBF16(_) => usize::MAX,
         }
     }
 }

@@ -106,7 +106,9 @@ fn conv1d_matches_candle() -> Result<()> {
         (6, 4, 5, 2, 1, 5, true),
         (6, 4, 3, 1, 2, 3, false),
     ];
-    for (cin, cout, k, s, d, len, rep) in cases {
+    for ((cin, cout, k, s, d, len, rep), packed) in
+        cases.into_iter().flat_map(|c| [(c, false), (c, true)])
+    {
         let (_vm, vb) = random_vb(0);
         let pad = if rep {
             cconv::PadMode::Replicate
@@ -115,7 +117,7 @@ fn conv1d_matches_candle() -> Result<()> {
         };
         let theirs =
             cconv::StreamableConv1d::new(cin, cout, k, s, d, 1, true, true, None, pad, vb.clone())?;
-        let ours = Conv1d::load(
+        let mut ours = Conv1d::load(
             vb,
             ConvSpec::new(cin, cout, k)
                 .stride(s)
@@ -126,6 +128,9 @@ fn conv1d_matches_candle() -> Result<()> {
                     PadMode::Constant
                 }),
         )?;
+        if packed {
+            ours.force_pack();
+        }
         let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
         let want = theirs.forward(&x)?;
         let got = ours.forward(&frames_of(&x), None, None);
@@ -133,7 +138,7 @@ fn conv1d_matches_candle() -> Result<()> {
         let dd = max_diff(&got.data, &frames_of(&want).data);
         assert!(
             dd < 1e-4,
-            "offline {dd}: case {cin} {cout} {k} {s} {d} {len} {rep}"
+            "offline {dd}: case {cin} {cout} {k} {s} {d} {len} {rep} packed {packed}"
         );
         // Streaming, uneven chunks, against candle's streaming.
         let mut theirs = theirs;
@@ -162,12 +167,16 @@ fn conv1d_matches_candle() -> Result<()> {
 
 #[test]
 fn conv_tr1d_matches_candle() -> Result<()> {
-    for (cin, cout, k, s, len) in [
+    for (cin, cout, k, s, len, packed) in [
         (6, 4, 8, 4, 9),
         (16, 8, 16, 8, 40),
         (5, 3, 3, 2, 3),
         (32, 16, 4, 2, 700),
-    ] {
+    ]
+    .into_iter()
+    .flat_map(|c| [(c, false), (c, true)])
+    .map(|((cin, cout, k, s, len), p)| (cin, cout, k, s, len, p))
+    {
         let (_vm, vb) = random_vb(0);
         let theirs = cconv::StreamableConvTranspose1d::new(
             cin,
@@ -180,7 +189,10 @@ fn conv_tr1d_matches_candle() -> Result<()> {
             None,
             vb.clone(),
         )?;
-        let ours = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        let mut ours = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        if packed {
+            ours.force_pack();
+        }
         let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?;
         let want = theirs.forward(&x)?;
         let got = ours.forward(&frames_of(&x), None);
@@ -232,11 +244,12 @@ fn randn_vb(shape: (usize, usize, usize), bias: usize) -> Result<(VarMap, VarBui
 }
 
 /// Several rows stepped together share the matrix-vector kernel's calls: each row must get
-/// the bits of its own step (rows of different lengths, over chunks, f32 and bf16 weights).
+/// the bits of its own step (rows of different lengths, over chunks, f32 and bf16 weights,
+/// row-major or packed).
 #[test]
 fn rows_stepped_together_match_their_own_steps() -> Result<()> {
     let (cin, cout, k, s) = (16, 24, 4, 2);
-    for bf16 in [false, true] {
+    for (bf16, packed) in [(false, false), (true, false), (false, true), (true, true)] {
         let (_vm, vb) = randn_vb((cout, cin, k), cout)?;
         let mut conv = Conv1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
         let (_vm, vb) = randn_vb((cin, cout, k), cout)?;
@@ -244,6 +257,10 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
         if bf16 {
             conv.force_bf16();
             tr.force_bf16();
+        }
+        if packed {
+            conv.force_pack();
+            tr.force_pack();
         }
         let rows = 5;
         let (mut together, mut alone) = (
@@ -268,13 +285,13 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
                 assert_eq!(
                     (got[r].len, &got[r].data),
                     (want.len, &want.data),
-                    "bf16 {bf16} row {r}"
+                    "bf16 {bf16} packed {packed} row {r}"
                 );
                 let want = tr.step(&mut tr_alone[r], &xs[r], Some(1.0));
                 assert_eq!(
                     (got_tr[r].len, &got_tr[r].data),
                     (want.len, &want.data),
-                    "bf16 {bf16} row {r}"
+                    "bf16 {bf16} packed {packed} row {r}"
                 );
             }
         }

@@ -266,6 +266,9 @@ mod avx512 {
     use super::{Weight, PANEL};
     use std::arch::x86_64::*;
 
+    /// Steps of the depth loop between a weight's prefetch and its load.
+    const AHEAD: usize = 32;
+
     /// 16 weights from `p` as f32 lanes (bf16 widened: its bits become an f32's upper half).
     #[inline(always)]
     unsafe fn load16<W: Weight>(p: *const W) -> __m512 {
@@ -288,6 +291,12 @@ mod avx512 {
         let mut acc = [[_mm512_setzero_ps(); NP]; M];
         let wp = w.as_ptr();
         for i in 0..k {
+            // The weights stream from memory once per call: ask for them AHEAD steps early
+            // (a prefetch past the panel's end reads the next one, or nothing; it never faults).
+            for q in 0..NP {
+                let ahead = wp.wrapping_add((q * k + i + AHEAD) * PANEL);
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            }
             let wv: [__m512; NP] = std::array::from_fn(|q| load16(wp.add((q * k + i) * PANEL)));
             for r in 0..M {
                 let xv = _mm512_set1_ps(*xs[r].get_unchecked(i));
