@@ -69,7 +69,10 @@ def test_each_transformer_row_is_an_independent_stream(name, data, batch, seed):
             y = batched.step(x, active=active)
         for r in range(batch):
             if active[r]:
-                np.testing.assert_allclose(y[r : r + 1], alone[r].step(x[r : r + 1]), **TOL)
+                # float32 on the CPU without gating takes the planned step: bit-exact rows.
+                check = np.testing.assert_allclose if "gated" in name else np.testing.assert_array_equal
+                kw = TOL if "gated" in name else {}
+                check(y[r : r + 1], alone[r].step(x[r : r + 1]), **kw)
             else:
                 assert not y[r].any(), "an inactive row's output must be zeros"
         assert list(batched.positions) == [a.position for a in alone]
@@ -168,7 +171,8 @@ def test_each_codec_row_is_an_independent_stream(codecs, data, batch, seed):
                 assert ref is None
                 continue
             np.testing.assert_array_equal(codes[r : r + 1], ref)
-            np.testing.assert_allclose(audio[r : r + 1], alone[r].decode_step(ref), atol=1e-5, rtol=1e-5)
+            # Bit-exact: every stage keeps a row's bits, masked or not.
+            np.testing.assert_array_equal(audio[r : r + 1], alone[r].decode_step(ref))
     frames = [a.positions[0] if a.positions.size else 0 for a in alone]
     assert list(batched.positions) == frames or batched.positions.size == 0
 

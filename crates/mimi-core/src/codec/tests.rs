@@ -321,10 +321,10 @@ mod engines {
                 let got = codes.narrow(0, i, 1).unwrap();
                 assert_eq!(got.to_vec3::<u32>().unwrap(), one.to_vec3::<u32>().unwrap());
                 let y = codec.decode_step(d, &one).unwrap().unwrap();
-                // The SEANets and the quantizer keep each row's bits; the transformer's
-                // batched step rounds differently from its one-row step (~5e-7).
+                // Bit-exact: the SEANets, the quantizer and the transformer's planned step
+                // keep each row's bits, masked or not.
                 let d = diff(&audio.narrow(0, i, 1).unwrap(), &y);
-                assert!(d < 1e-5, "step {step} row {r}: {d}");
+                assert_eq!(d, 0.0, "step {step} row {r}: {d}");
             }
         }
     }
