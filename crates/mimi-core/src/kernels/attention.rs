@@ -292,7 +292,7 @@ unsafe fn scores_by_eights_avx2(q: &[f32], k: &[f32], scores: &mut [f32]) {
     let n = k.len() / hd;
     let (qp, kp) = (q.as_ptr(), k.as_ptr());
     let mut j0 = 0;
-    while hd % 8 == 0 && j0 + 8 <= n {
+    while hd.is_multiple_of(8) && j0 + 8 <= n {
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut d = 0;
         while d < hd {

@@ -13,6 +13,11 @@
 //!   `max_seq_len` table, so a stream never ends; memory is bounded by `context`.
 //!
 //! The model itself (weights) is immutable and shared between clones.
+//!
+//! An f32 model on the CPU with the plain feed-forward block computes every call with the
+//! planned step (`step.rs`: host buffers, packed products, each row's attention over its own
+//! ring); the block path below (candle's ops and the window kernel) serves the others: bf16
+//! or f16 compute, GPUs, the gated feed-forward.
 
 use crate::config::{PositionalEmbedding, TransformerConfig};
 use crate::error::{Error, Result};
@@ -102,7 +107,12 @@ impl LayerCache {
 #[derive(Clone, Default)]
 pub struct State {
     pos: Vec<u64>,
+    /// The block path's rings (candle tensors, any device and dtype).
     caches: Vec<LayerCache>,
+    /// The planned step's rings: host values, one per layer (one of `caches` and `rings`
+    /// is empty), and their `(batch, heads, context, head_dim)`.
+    rings: Vec<step::HostRing>,
+    ring_dims: Vec<usize>,
     /// The planned step's buffers (not part of the stream's contents).
     scratch: step::Scratch,
 }
@@ -121,15 +131,16 @@ impl State {
 
     /// The batch size of the current stream, if one was started.
     pub fn batch(&self) -> Option<usize> {
-        (!self.caches.is_empty()).then_some(self.pos.len())
+        (!self.caches.is_empty() || !self.rings.is_empty()).then_some(self.pos.len())
     }
 
     /// Bytes held by the key/value buffers.
     pub fn nbytes(&self) -> usize {
-        self.caches
-            .iter()
+        let rings: usize = self.rings.iter().map(step::HostRing::nbytes).sum();
+        let caches: usize = (self.caches.iter())
             .map(|c| (c.k.elem_count() + c.v.elem_count()) * c.k.dtype().size_in_bytes())
-            .sum()
+            .sum();
+        rings + caches
     }
 
     /// A fresh stream: any batch size may follow.
@@ -162,15 +173,18 @@ impl State {
         Ok(State {
             pos: self.pos.clone(),
             caches,
+            rings: self.rings.clone(),
+            ring_dims: self.ring_dims.clone(),
             scratch: step::Scratch::default(),
         })
     }
 
     /// `(num_layers, batch, heads, context, head_dim)` of the buffers, if allocated.
     pub fn layout(&self) -> Option<(usize, Vec<usize>)> {
-        self.caches
-            .first()
-            .map(|c| (self.caches.len(), c.k.dims().to_vec()))
+        match self.caches.first() {
+            Some(c) => Some((self.caches.len(), c.k.dims().to_vec())),
+            None => (!self.rings.is_empty()).then(|| (self.rings.len(), self.ring_dims.clone())),
+        }
     }
 }
 
@@ -293,10 +307,18 @@ impl Transformer {
             None => true,
             Some((n, dims)) => {
                 let c = &self.cfg;
+                let same = match state.caches.first() {
+                    Some(cache) => {
+                        !self.planned()
+                            && cache.k.dtype() == self.dtype
+                            && cache.k.device().same_device(&self.device)
+                    }
+                    // Host rings: the planned step's alone.
+                    None => self.planned(),
+                };
                 n == self.layers.len()
                     && dims[1..] == [c.num_heads, c.context, c.head_dim()]
-                    && state.caches[0].k.dtype() == self.dtype
-                    && state.caches[0].k.device().same_device(&self.device)
+                    && same
             }
         }
     }
@@ -400,10 +422,18 @@ impl Transformer {
 
     /// Allocates the buffers for batch size `b` at the first call (no-op afterwards).
     pub fn start(&self, state: &mut State, b: usize) -> Result<()> {
-        if !state.caches.is_empty() {
+        if state.batch().is_some() {
             return Ok(());
         }
         let c = &self.cfg;
+        if self.planned() {
+            let dims = vec![b, c.num_heads, c.context, c.head_dim()];
+            let ring = step::HostRing::zeros(dims.iter().product());
+            state.rings = vec![ring; self.layers.len()];
+            state.ring_dims = dims;
+            state.pos = vec![0; b];
+            return Ok(());
+        }
         let shape = (b, c.num_heads, c.context, c.head_dim());
         state.caches = (0..self.layers.len())
             .map(|_| {

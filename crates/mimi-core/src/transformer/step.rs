@@ -10,12 +10,33 @@
 //! keeps the exact window (docs/correctness.md).
 
 use super::layer::{add_scaled, FeedForward, HostParams, Layer};
-use super::{LayerCache, State, Transformer};
+use super::{State, Transformer};
 use crate::config::PositionalEmbedding;
 use crate::error::{Error, Result};
 use crate::kernels::{attend_visible, gelu_erf_slice};
-use candle::{CpuStorage, InplaceOp1, Layout, Tensor};
+use candle::{CpuStorage, Tensor};
 use rayon::prelude::*;
+
+/// One layer's key and value rings on the host, `(batch, heads, context, head_dim)` each:
+/// slot `p % context` of a row and head holds position `p`.
+#[derive(Clone, Default)]
+pub(super) struct HostRing {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl HostRing {
+    pub(super) fn zeros(n: usize) -> Self {
+        Self {
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+        }
+    }
+
+    pub(super) fn nbytes(&self) -> usize {
+        4 * (self.k.len() + self.v.len())
+    }
+}
 
 /// A stream's buffers for the planned step, grown to the largest call seen.
 #[derive(Clone, Default)]
@@ -64,24 +85,6 @@ impl Shared {
     }
 }
 
-/// Runs `f` on a CPU f32 tensor's values, writable in place.
-struct WithValues<F>(F);
-
-impl<F: Fn(&mut [f32]) -> Result<()>> InplaceOp1 for WithValues<F> {
-    fn name(&self) -> &'static str {
-        "mimi-ring-values"
-    }
-
-    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> candle::Result<()> {
-        match (s, l.contiguous_offsets()) {
-            (CpuStorage::F32(v), Some((a, b))) => {
-                (self.0)(&mut v[a..b]).map_err(|e| candle::Error::Msg(e.to_string()))
-            }
-            _ => candle::bail!("mimi-ring-values: a contiguous f32 ring only"),
-        }
-    }
-}
-
 impl Transformer {
     /// Whether calls take the planned step: an f32 model on the CPU whose layers all have
     /// host parameters, with rotary, sinusoidal or no positional embedding.
@@ -108,28 +111,69 @@ impl Transformer {
                 "the planned step takes f32 CPU input".into(),
             ));
         };
-        let input = &v[a..b];
         let mut out = vec![0f32; n * t * d];
+        self.step_host(state, &v[a..b], rows, &mut out, cancel)?;
+        Ok(Tensor::from_vec(out, (n, t, d), &self.device)?)
+    }
+
+    /// The planned step on host values: `x` holds `t` tokens of `d_model` values for each
+    /// of the batch rows `rows` (sorted, distinct, below the started state's batch size),
+    /// row after row; `out` (the same length) gets the outputs, and those rows advance by
+    /// `t`. After the first call of a shape it allocates nothing (a test counts). Refused
+    /// before anything changes: a model that does not take the planned step, a state not
+    /// started ([`Transformer::start`]), rows out of order or range, lengths that do not
+    /// match.
+    pub fn step_host(
+        &self,
+        state: &mut State,
+        x: &[f32],
+        rows: &[usize],
+        out: &mut [f32],
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<()> {
+        let d = self.cfg.d_model;
+        let batch = state.batch().unwrap_or(0);
+        if !self.planned() {
+            return Err(Error::InvalidInput(
+                "the host step takes an f32 model on the CPU without gating".into(),
+            ));
+        }
+        let ordered = rows.windows(2).all(|w| w[0] < w[1]);
+        if rows.is_empty() || !ordered || rows.iter().any(|&r| r >= batch) {
+            return Err(Error::Shape(format!(
+                "rows must be sorted, distinct and below the stream's batch size {batch}, got {rows:?}"
+            )));
+        }
+        let per_token = rows.len() * d;
+        if !x.len().is_multiple_of(per_token) || out.len() != x.len() {
+            return Err(Error::Shape(format!(
+                "x and out must both hold t x {} rows x {d} values, got {} and {}",
+                rows.len(),
+                x.len(),
+                out.len()
+            )));
+        }
+        let (n, t) = (rows.len(), x.len() / per_token);
         let block = super::block_len(self.cfg.context);
         let mut start = 0;
         while start < t {
             crate::error::check_cancel(cancel)?;
             let len = block.min(t - start);
-            let x = take(&mut state.scratch.x, n * len * d);
+            let xb = take(&mut state.scratch.x, n * len * d);
             for i in 0..n {
-                let src = &input[(i * t + start) * d..][..len * d];
-                x[i * len * d..][..len * d].copy_from_slice(src);
+                let src = &x[(i * t + start) * d..][..len * d];
+                xb[i * len * d..][..len * d].copy_from_slice(src);
             }
             self.step_block(state, rows, len)?;
-            let x = &state.scratch.x;
+            let xb = &state.scratch.x;
             for i in 0..n {
                 let dst = &mut out[(i * t + start) * d..][..len * d];
-                dst.copy_from_slice(&x[i * len * d..][..len * d]);
+                dst.copy_from_slice(&xb[i * len * d..][..len * d]);
             }
             rows.iter().for_each(|&r| state.pos[r] += len as u64);
             start += len;
         }
-        Ok(Tensor::from_vec(out, (n, t, d), &self.device)?)
+        Ok(())
     }
 
     /// One block of `t` tokens per row, from `state.scratch.x` (rows × t, d) into itself.
@@ -137,22 +181,28 @@ impl Transformer {
         let (d, m) = (self.cfg.d_model, rows.len() * t);
         let State {
             pos,
-            caches,
+            rings,
             scratch,
+            ..
         } = state;
         scratch.pos.clear();
         for &r in rows {
             scratch.pos.extend((0..t as u64).map(|i| pos[r] + i));
         }
         self.positions(scratch, m)?;
-        for (layer, cache) in self.layers.iter().zip(caches.iter()) {
+        if rings.len() != self.layers.len() {
+            return Err(Error::Internal(
+                "the planned step needs its host rings".into(),
+            ));
+        }
+        for (layer, ring) in self.layers.iter().zip(rings.iter_mut()) {
             let host = layer.host.as_ref().ok_or_else(not_planned)?;
             host.norm1
                 .apply(&scratch.x[..m * d], take(&mut scratch.h, m * d));
             let qkv = take(&mut scratch.qkv, m * 3 * d);
             product(&layer.attn.qkv, &scratch.h[..m * d], m, qkv)?;
             self.rotate(scratch, m);
-            self.attend_rows(cache, scratch, rows, t)?;
+            self.attend_rows(ring, scratch, rows, t)?;
             let h = take(&mut scratch.h, m * d);
             product(&layer.attn.out, &scratch.attn[..m * d], m, h)?;
             add_scaled(&mut scratch.x[..m * d], h, host.ls1.as_deref());
@@ -251,7 +301,7 @@ impl Transformer {
     /// value into their ring slot, then its query over the slots its window holds.
     fn attend_rows(
         &self,
-        cache: &LayerCache,
+        ring: &mut HostRing,
         scratch: &mut Scratch,
         rows: &[usize],
         t: usize,
@@ -266,52 +316,43 @@ impl Transformer {
         let attn = Shared(take(&mut scratch.attn, m * d).as_mut_ptr());
         let scores = Shared(take(&mut scratch.scores, rows.len() * heads * c).as_mut_ptr());
         let (qkv, pos) = (&scratch.qkv[..m * 3 * d], &scratch.pos[..m]);
-        let run = |kp: Shared, vp: Shared, len: usize| -> Result<()> {
-            if len < (rows.iter().max().map_or(0, |r| r + 1)) * heads * c * hd {
-                return Err(Error::Internal("the key/value rings are too small".into()));
-            }
-            let task = |task: usize| {
-                let (i, h) = (task / heads, task % heads);
-                let ring = (rows[i] * heads + h) * c * hd;
-                // SAFETY: rows are distinct, so each task's ring region, score region and
-                // output columns (its row's tokens, its head's hd) are its own; all lie
-                // within the buffers checked or sized above.
-                let (kr, vr, s) = unsafe {
-                    (
-                        kp.slice(ring, c * hd),
-                        vp.slice(ring, c * hd),
-                        scores.slice(task * c, c),
-                    )
-                };
-                for j in 0..t {
-                    let tok = i * t + j;
-                    let p = pos[tok];
-                    let slot = (p % c as u64) as usize * hd;
-                    let new = &qkv[tok * 3 * d..][..3 * d];
-                    kr[slot..slot + hd].copy_from_slice(&new[d + h * hd..][..hd]);
-                    vr[slot..slot + hd].copy_from_slice(&new[2 * d + h * hd..][..hd]);
-                    let n = (p + 1).min(c as u64) as usize;
-                    // SAFETY: as above.
-                    let out = unsafe { attn.slice(tok * d + h * hd, hd) };
-                    attend_visible(&new[h * hd..][..hd], &kr[..n * hd], &vr[..n * hd], s, out);
-                }
+        let len = ring.k.len().min(ring.v.len());
+        if len < (rows.iter().max().map_or(0, |r| r + 1)) * heads * c * hd {
+            return Err(Error::Internal("the key/value rings are too small".into()));
+        }
+        let (kp, vp) = (Shared(ring.k.as_mut_ptr()), Shared(ring.v.as_mut_ptr()));
+        let task = |task: usize| {
+            let (i, h) = (task / heads, task % heads);
+            let ring = (rows[i] * heads + h) * c * hd;
+            // SAFETY: rows are distinct, so each task's ring region, score region and
+            // output columns (its row's tokens, its head's hd) are its own; all lie
+            // within the buffers checked or sized above.
+            let (kr, vr, s) = unsafe {
+                (
+                    kp.slice(ring, c * hd),
+                    vp.slice(ring, c * hd),
+                    scores.slice(task * c, c),
+                )
             };
-            let tasks = rows.len() * heads;
-            if tasks > 1 && rayon::current_num_threads() > 1 {
-                (0..tasks).into_par_iter().for_each(task);
-            } else {
-                (0..tasks).for_each(task);
+            for j in 0..t {
+                let tok = i * t + j;
+                let p = pos[tok];
+                let slot = (p % c as u64) as usize * hd;
+                let new = &qkv[tok * 3 * d..][..3 * d];
+                kr[slot..slot + hd].copy_from_slice(&new[d + h * hd..][..hd]);
+                vr[slot..slot + hd].copy_from_slice(&new[2 * d + h * hd..][..hd]);
+                let n = (p + 1).min(c as u64) as usize;
+                // SAFETY: as above.
+                let out = unsafe { attn.slice(tok * d + h * hd, hd) };
+                attend_visible(&new[h * hd..][..hd], &kr[..n * hd], &vr[..n * hd], s, out);
             }
-            Ok(())
         };
-        cache.k.inplace_op1(&WithValues(|kr: &mut [f32]| {
-            let (kp, len) = (Shared(kr.as_mut_ptr()), kr.len());
-            let on_values = WithValues(|vr: &mut [f32]| match vr.len() == len {
-                true => run(kp, Shared(vr.as_mut_ptr()), len),
-                false => Err(Error::Internal("key and value rings differ".into())),
-            });
-            cache.v.inplace_op1(&on_values).map_err(Error::from)
-        }))?;
+        let tasks = rows.len() * heads;
+        if tasks > 1 && rayon::current_num_threads() > 1 {
+            (0..tasks).into_par_iter().for_each(task);
+        } else {
+            (0..tasks).for_each(task);
+        }
         Ok(())
     }
 }

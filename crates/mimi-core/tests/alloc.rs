@@ -1,0 +1,101 @@
+//! A planned transformer step allocates nothing once warm: a global allocator that counts
+//! every allocation around `Transformer::step_host`, at 1 and 2 threads. (The only test
+//! of this binary, so no other test allocates while it counts.)
+
+use mimi_core::candle::{DType, Device};
+use mimi_core::runtime::device::WeightsDType;
+use mimi_core::transformer::{State, Transformer};
+use mimi_core::weights::{load_transformer_only, LoadSpec, QkLayout};
+use mimi_core::{Result, TensorSource, TransformerConfig};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// A small f32 transformer on the CPU (the planned step), seeded.
+fn model() -> Result<Transformer> {
+    let cfg = TransformerConfig {
+        d_model: 64,
+        num_heads: 4,
+        num_layers: 2,
+        dim_feedforward: 128,
+        context: 6,
+        ..Default::default()
+    };
+    let dev = Device::Cpu;
+    let spec = LoadSpec {
+        prefix: "",
+        layout: QkLayout::Interleaved,
+        device: &dev,
+        dtype: DType::F32,
+        weights_dtype: WeightsDType::default(),
+    };
+    let w = load_transformer_only(&cfg, &TensorSource::seeded(2, cfg.layer_scale), &spec)?;
+    Transformer::new(&cfg, w, &dev, DType::F32)
+}
+
+#[test]
+fn a_warm_planned_step_allocates_nothing() -> Result<()> {
+    let model = model()?;
+    let d = model.config().d_model;
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| mimi_core::Error::Internal(e.to_string()))?;
+        pool.install(|| -> Result<()> {
+            let mut state = State::default();
+            model.start(&mut state, 3)?;
+            // Rows 0 and 2 (row 1 rests), two tokens each; the same shape every step.
+            let rows = [0usize, 2];
+            let x: Vec<f32> = (0..rows.len() * 2 * d)
+                .map(|i| (i % 7) as f32 * 0.1)
+                .collect();
+            let mut out = vec![0f32; x.len()];
+            for _ in 0..3 {
+                model.step_host(&mut state, &x, &rows, &mut out, None)?;
+            }
+            let before = ALLOCATIONS.load(Ordering::SeqCst);
+            // Past the context: the rings wrap around.
+            for _ in 0..10 {
+                model.step_host(&mut state, &x, &rows, &mut out, None)?;
+            }
+            let made = ALLOCATIONS.load(Ordering::SeqCst) - before;
+            assert_eq!(
+                made, 0,
+                "{threads} threads: {made} allocations in 10 warm steps"
+            );
+            assert_eq!(state.positions(), &[26, 0, 26]);
+            assert!(out.iter().all(|v| v.is_finite()));
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
