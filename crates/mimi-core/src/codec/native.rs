@@ -260,7 +260,10 @@ impl EncodeConvs for NativeEncode {
         let mut items = select_mut(&mut self.items, &rows.indices())?;
         let mut sts: Vec<&mut seanet::EncoderState> =
             items.iter_mut().map(|it| &mut it.0).collect();
-        let high = enc.high_rate_rows(&mut sts, &to_frames(pcm)?, last, None)?;
+        let run = |sts: &mut [&mut seanet::EncoderState], xs: &[Frames]| {
+            enc.high_rate_rows(sts, xs, last, None)
+        };
+        let high = by_groups(&mut sts, &to_frames(pcm)?, &run)?;
         from_frames(enc.frame_rate_rows(&mut sts, &high, last), pcm.device())
     }
 
@@ -288,6 +291,36 @@ impl EncodeConvs for NativeEncode {
     }
 }
 
+/// `f` over the rows (`sts[r]`, `xs[r]`) in one group per thread, the groups at once: the
+/// high-rate layers (small weights, many frames per row) keep both threads busier split by
+/// rows than by the output channels of each layer in turn, as the offline path splits by
+/// segments. A row's bits do not depend on its group.
+fn by_groups<S: Send, T: Send>(
+    sts: &mut [S],
+    xs: &[Frames],
+    f: &(impl Fn(&mut [S], &[Frames]) -> Result<Vec<T>> + Sync),
+) -> Result<Vec<T>> {
+    let threads = rayon::current_num_threads().max(1);
+    let size = sts.len().div_ceil(threads).max(1);
+    fn halves<S: Send, T: Send>(
+        sts: &mut [S],
+        xs: &[Frames],
+        size: usize,
+        f: &(impl Fn(&mut [S], &[Frames]) -> Result<Vec<T>> + Sync),
+    ) -> Result<Vec<T>> {
+        if sts.len() <= size {
+            return f(sts, xs);
+        }
+        let h = sts.len() / 2;
+        let ((s1, s2), (x1, x2)) = (sts.split_at_mut(h), xs.split_at(h));
+        let (a, b) = rayon::join(|| halves(s1, x1, size, f), || halves(s2, x2, size, f));
+        let mut a = a?;
+        a.extend(b?);
+        Ok(a)
+    }
+    halves(sts, xs, size, f)
+}
+
 /// A decoder stream on the native engine: one state per batch row.
 struct NativeDecode {
     engine: Arc<Native>,
@@ -310,7 +343,10 @@ impl DecodeConvs for NativeDecode {
         let mut sts: Vec<&mut seanet::DecoderState> =
             items.iter_mut().map(|it| &mut it.1).collect();
         let low = dec.frame_rate_rows(&mut sts, &to_frames(x)?);
-        from_frames(dec.high_rate_rows(&mut sts, &low, None)?, x.device())
+        let run = |sts: &mut [&mut seanet::DecoderState], xs: &[Frames]| {
+            dec.high_rate_rows(sts, xs, None)
+        };
+        from_frames(by_groups(&mut sts, &low, &run)?, x.device())
     }
 
     fn reset_row(&mut self, r: usize) {
