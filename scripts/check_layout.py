@@ -32,11 +32,13 @@ def py_files() -> list[Path]:
 
 
 def rust_body_lines(lines: list[str]) -> int:
-    """Lines before the file's `#[cfg(test)]` module (all of a tests-only file)."""
+    """Lines before the file's inline `#[cfg(test)]` module (all of a tests-only file). A
+    declaration of a test module in another file (`mod tests;`) is not where the tests start."""
     for i, line in enumerate(lines):
         if line.startswith("#[cfg(test)]") or line.startswith("#[cfg(all(test"):
-            nxt = lines[i + 1] if i + 1 < len(lines) else ""
-            if nxt.startswith("mod ") or nxt.startswith("pub(crate) mod tests"):
+            nxt = (lines[i + 1] if i + 1 < len(lines) else "").rstrip()
+            inline = not nxt.endswith(";")
+            if inline and (nxt.startswith("mod ") or nxt.startswith("pub(crate) mod tests")):
                 return i
     return len(lines)
 
