@@ -945,6 +945,60 @@ mod tests {
     }
 
     /// Any chunking gives the step-by-step result.
+    /// `step_host` refuses, before anything changes: a state not started, rows out of order,
+    /// repeated or out of range, lengths that do not match, a gated model, a foreign state.
+    #[test]
+    fn the_host_step_refuses_bad_calls_before_anything_changes() {
+        let dev = Device::Cpu;
+        let load = |cfg: &TransformerConfig| {
+            let w = weights::load_transformer_only(
+                cfg,
+                &TensorSource::seeded(4, cfg.layer_scale),
+                &spec(&dev),
+            )
+            .unwrap();
+            Transformer::new(cfg, w, &dev, DType::F32).unwrap()
+        };
+        let model = load(&small_cfg("rope", "layer_norm", None, 4));
+        let d = model.config().d_model;
+        let (x, mut out) = (vec![0.1f32; 2 * d], vec![0f32; 2 * d]);
+        let mut s = State::default();
+        let shape = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
+        assert!(shape(model.step_host(&mut s, &x, &[0], &mut out, None)));
+        model.start(&mut s, 2).unwrap();
+        for rows in [&[1usize, 0][..], &[0, 0], &[2], &[]] {
+            assert!(
+                shape(model.step_host(&mut s, &x, rows, &mut out, None)),
+                "{rows:?}"
+            );
+        }
+        assert!(shape(model.step_host(
+            &mut s,
+            &x[..d + 1],
+            &[0],
+            &mut out[..d + 1],
+            None
+        )));
+        assert!(shape(model.step_host(
+            &mut s,
+            &x,
+            &[0],
+            &mut out[..d],
+            None
+        )));
+        let gated = load(&small_cfg("rope", "layer_norm", Some("silu"), 4));
+        let r = gated.step_host(&mut State::default(), &x, &[0], &mut out, None);
+        assert!(matches!(r, Err(Error::InvalidInput(_))), "{r:?}");
+        let other = load(&small_cfg("rope", "layer_norm", None, 6));
+        let r = other.step_host(&mut s, &x, &[0, 1], &mut out, None);
+        assert!(matches!(r, Err(Error::IncompatibleState(_))), "{r:?}");
+        assert_eq!(s.positions(), &[0, 0], "a refused call changes nothing");
+        model
+            .step_host(&mut s, &x, &[0, 1], &mut out, None)
+            .unwrap();
+        assert_eq!(s.positions(), &[1, 1]);
+    }
+
     #[test]
     fn chunk_invariant() {
         let cfg = small_cfg("rope", "layer_norm", None, 5);

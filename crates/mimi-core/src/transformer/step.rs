@@ -3,7 +3,8 @@
 //! rows' tokens (the packed weights); each row's norms, rotary angles and attention are its
 //! own, so a row's bits do not depend on which other rows step or how many tokens a call
 //! holds. The buffers are the stream's ([`Scratch`]), sized at the first call of a shape
-//! and reused: a step allocates only its output.
+//! and reused: `Transformer::step_host` allocates nothing once warm (the `Tensor` entry
+//! point allocates its output).
 //!
 //! Attention writes each token's key and value into its ring slot (`position % context`)
 //! and then reads the slots its window holds, token by token, so a call of any length
@@ -136,6 +137,11 @@ impl Transformer {
         if !self.planned() {
             return Err(Error::InvalidInput(
                 "the host step takes an f32 model on the CPU without gating".into(),
+            ));
+        }
+        if !self.state_fits(state) || (batch > 0 && state.rings.len() != self.layers.len()) {
+            return Err(Error::IncompatibleState(
+                "this state was made by a model of another shape or kind".into(),
             ));
         }
         let ordered = rows.windows(2).all(|w| w[0] < w[1]);
