@@ -188,20 +188,17 @@ impl Matrix {
 
     /// `x (m, k) . self (n, k)^T`: the matrix-vector kernel, or the packed product.
     pub(crate) fn gemv(&self, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let packed = |y: &mut Vec<f32>| match self {
-            Self::PackedF32(w) => w.matmul(x, m, None, y),
-            Self::PackedBF16(w) => w.matmul(x, m, None, y),
-            _ => {}
+        let mut y = match self {
+            Self::F32(w) => return crate::kernels::gemv(x, w, m, k, n),
+            Self::BF16(w) => return crate::kernels::gemv(x, w, m, k, n),
+            Self::PackedF32(_) | Self::PackedBF16(_) => vec![0f32; m * n],
         };
         match self {
-            Self::F32(w) => crate::kernels::gemv(x, w, m, k, n),
-            Self::BF16(w) => crate::kernels::gemv(x, w, m, k, n),
-            Self::PackedF32(_) | Self::PackedBF16(_) => {
-                let mut y = vec![0f32; m * n];
-                packed(&mut y);
-                y
-            }
+            Self::PackedF32(w) => w.matmul(x, m, None, &mut y),
+            Self::PackedBF16(w) => w.matmul(x, m, None, &mut y),
+            Self::F32(_) | Self::BF16(_) => {}
         }
+        y
     }
 
     /// Rows one product call takes: the matrix-vector kernel's limit, or all of them.
