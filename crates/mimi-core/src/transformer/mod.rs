@@ -181,9 +181,14 @@ impl State {
 
     /// `(num_layers, batch, heads, context, head_dim)` of the buffers, if allocated.
     pub fn layout(&self) -> Option<(usize, Vec<usize>)> {
+        self.dims().map(|(n, dims)| (n, dims.to_vec()))
+    }
+
+    /// [`Self::layout`], borrowed (no allocation: the planned step checks it every call).
+    fn dims(&self) -> Option<(usize, &[usize])> {
         match self.caches.first() {
-            Some(c) => Some((self.caches.len(), c.k.dims().to_vec())),
-            None => (!self.rings.is_empty()).then(|| (self.rings.len(), self.ring_dims.clone())),
+            Some(c) => Some((self.caches.len(), c.k.dims())),
+            None => (!self.rings.is_empty()).then_some((self.rings.len(), &self.ring_dims[..])),
         }
     }
 }
@@ -303,7 +308,7 @@ impl Transformer {
 
     /// Whether `state` may be given to this model (same layout of buffers).
     pub fn state_fits(&self, state: &State) -> bool {
-        match state.layout() {
+        match state.dims() {
             None => true,
             Some((n, dims)) => {
                 let c = &self.cfg;
@@ -944,7 +949,6 @@ mod tests {
         }
     }
 
-    /// Any chunking gives the step-by-step result.
     /// `step_host` refuses, before anything changes: a state not started, rows out of order,
     /// repeated or out of range, lengths that do not match, a gated model, a foreign state.
     #[test]
@@ -999,6 +1003,7 @@ mod tests {
         assert_eq!(s.positions(), &[1, 1]);
     }
 
+    /// Any chunking gives the step-by-step result.
     #[test]
     fn chunk_invariant() {
         let cfg = small_cfg("rope", "layer_norm", None, 5);

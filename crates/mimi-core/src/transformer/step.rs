@@ -139,13 +139,7 @@ impl Transformer {
                 "the host step takes an f32 model on the CPU without gating".into(),
             ));
         }
-        // As `state_fits`, without building the layout (this runs every step: no allocation).
-        let c = &self.cfg;
-        let dims = [c.num_heads, c.context, c.head_dim()];
-        let host = state.rings.is_empty()
-            || (state.rings.len() == self.layers.len()
-                && state.ring_dims.get(1..) == Some(&dims[..]));
-        if !state.caches.is_empty() || !host {
+        if !self.state_fits(state) {
             return Err(Error::IncompatibleState(
                 "this state was made by a model of another shape or kind".into(),
             ));
