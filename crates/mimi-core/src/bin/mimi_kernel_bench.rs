@@ -58,6 +58,23 @@ fn time_gemv<W: Weight>(ws: &[Vec<W>], m: usize, k: usize, n: usize) -> f64 {
     best
 }
 
+/// Distinct `(n, k)` matrices filling `megabytes` (at least one), in f32 and the same values
+/// rounded to bf16.
+fn matrices(megabytes: usize, n: usize, k: usize) -> (Vec<Vec<f32>>, Vec<Vec<half::bf16>>) {
+    let mats = (megabytes * 1_000_000 / (n * k * 4)).max(1);
+    let ws: Vec<Vec<f32>> = (0..mats)
+        .map(|i| {
+            (0..n * k)
+                .map(|j| ((i * 7 + j) % 13) as f32 * 0.01)
+                .collect()
+        })
+        .collect();
+    let ws16 = (ws.iter())
+        .map(|w| w.iter().map(|&v| half::bf16::from_f32(v)).collect())
+        .collect();
+    (ws, ws16)
+}
+
 /// Best time of 9 passes of the packed product over every matrix of `ws`, `m` input rows.
 fn time_packed<W: Weight + Default>(ws: &[Packed<W>], m: usize) -> f64 {
     let (n, k) = (ws[0].n(), ws[0].k());
@@ -85,22 +102,11 @@ fn bench_packed(megabytes: usize) {
         (512, 2048),
         (1024, 8192),
     ] {
-        let mats = (megabytes * 1_000_000 / (n * k * 4)).max(1);
-        let raw: Vec<Vec<f32>> = (0..mats)
-            .map(|i| {
-                (0..n * k)
-                    .map(|j| ((i * 7 + j) % 13) as f32 * 0.01)
-                    .collect()
-            })
-            .collect();
+        let (raw, raw16) = matrices(megabytes, n, k);
+        let mats = raw.len();
         let ws: Vec<Packed<f32>> = raw.iter().map(|w| Packed::pack(&[w], k)).collect();
-        let ws16: Vec<Packed<half::bf16>> = (raw.iter())
-            .map(|w| {
-                let w16: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                Packed::pack(&[&w16], k)
-            })
-            .collect();
-        drop(raw);
+        let ws16: Vec<Packed<half::bf16>> = raw16.iter().map(|w| Packed::pack(&[w], k)).collect();
+        drop((raw, raw16));
         for m in [1usize, 2, 4, 8, 16, 32, 64, 256] {
             let (f32_s, bf16_s) = (time_packed(&ws, m), time_packed(&ws16, m));
             let (gb, gflop) = (
@@ -124,18 +130,8 @@ fn bench_packed(megabytes: usize) {
 /// and with bf16 weights (the same values, rounded).
 fn bench_gemv(megabytes: usize) {
     for (n, k) in [(1536usize, 512usize), (512, 512), (2048, 512), (512, 2048)] {
-        let mats = (megabytes * 1_000_000 / (n * k * 4)).max(1);
-        let ws: Vec<Vec<f32>> = (0..mats)
-            .map(|i| {
-                (0..n * k)
-                    .map(|j| ((i * 7 + j) % 13) as f32 * 0.01)
-                    .collect()
-            })
-            .collect();
-        let ws16: Vec<Vec<half::bf16>> = ws
-            .iter()
-            .map(|w| w.iter().map(|&v| half::bf16::from_f32(v)).collect())
-            .collect();
+        let (ws, ws16) = matrices(megabytes, n, k);
+        let mats = ws.len();
         for m in [1usize, 2, 4, 8, 16, 32] {
             let (f32_s, bf16_s) = (time_gemv(&ws, m, k, n), time_gemv(&ws16, m, k, n));
             let gb = (mats * n * k * 4) as f64 / 1e9;
