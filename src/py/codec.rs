@@ -6,14 +6,11 @@ use crate::py::errors::PyResult;
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
 use crate::py::rows;
 use crate::py::weights::WeightsArg;
-use candle::{DType, Tensor};
-use mimi_core::codec::{
-    Checkpoint, CheckpointLayout, Codec, DecodeStream, EncodeStream, OpenOptions, Rows,
-};
-use mimi_core::config::CodecConfig;
+use mimi_core::codec::host::check_copied_batch;
+use mimi_core::codec::inputs::code_value;
+use mimi_core::codec::{Codec, DecodeStream, EncodeStep, EncodeStream, OpenOptions, Rows};
 use mimi_core::error::{Error, Result};
 use mimi_core::runtime::device::{self, WeightsDType};
-use mimi_core::weights::TensorSource;
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
@@ -32,10 +29,10 @@ pub struct PyMimiCodec {
     codec: Arc<Codec>,
     enc: Shared<Option<EncodeStream>>,
     dec: Shared<Option<DecodeStream>>,
-    device_name: String,
-    dtype_name: &'static str,
-    layout: Option<CheckpointLayout>,
 }
+
+/// Codes read from Python.
+type CodesArray = mimi_core::HostArray<u32>;
 
 /// A stream that has not started yet is `None`.
 impl<T> Reset for Option<T> {
@@ -44,51 +41,14 @@ impl<T> Reset for Option<T> {
     }
 }
 
-/// Builds the codec (detached): opens the device, reads the weights, loads the model. A
-/// checkpoint path goes through the core's front door, [`Codec::open`].
-fn build(
-    cfg: Option<CodecConfig>,
-    (arg, num_codebooks): (WeightsArg, Option<usize>),
-    device_spec: &str,
-    (dtype, weights_dtype): (DType, WeightsDType),
-) -> Result<(Codec, String, Option<CheckpointLayout>)> {
-    let (device, device_name) = device::parse_device(device_spec)?;
-    let in_memory = |cfg: Option<CodecConfig>| {
-        let mut cfg = cfg.unwrap_or_default();
-        if let Some(n) = num_codebooks {
-            cfg.quantizer_n_q = n;
-        }
-        cfg
-    };
-    let (codec, layout) = match arg {
-        WeightsArg::Path(path) => {
-            let options = OpenOptions {
-                device,
-                dtype,
-                weights_dtype,
-                num_codebooks,
-                engine: None,
-                config: cfg,
-            };
-            let codec = Codec::open(&path, &options)?;
-            let layout = codec.checkpoint_layout();
-            (codec, layout)
-        }
-        WeightsArg::Mapping(m) => {
-            let cfg = in_memory(cfg);
-            let checkpoint = Checkpoint::from_tensors(m, "weights mapping".into(), &cfg)?;
-            let codec =
-                Codec::with_weights_dtype(&cfg, checkpoint.source, &device, dtype, weights_dtype)?;
-            (codec, Some(checkpoint.layout))
-        }
-        WeightsArg::Seed(s) => {
-            let cfg = in_memory(cfg);
-            let source = TensorSource::seeded(s, cfg.transformer.layer_scale);
-            let codec = Codec::with_weights_dtype(&cfg, source, &device, dtype, weights_dtype)?;
-            (codec, None)
-        }
-    };
-    Ok((codec, device_name, layout))
+/// Builds the codec (detached) through the core's doors: [`Codec::open`] for a checkpoint
+/// path, [`Codec::open_arrays`] for a mapping, [`Codec::seeded`] otherwise.
+fn build(arg: WeightsArg, options: &OpenOptions) -> Result<Codec> {
+    match arg {
+        WeightsArg::Path(path) => Codec::open(&path, options),
+        WeightsArg::Mapping(m) => Codec::open_arrays(m, options),
+        WeightsArg::Seed(s) => Codec::seeded(s, options),
+    }
 }
 
 fn check_codes_dtype(a: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
@@ -127,29 +87,13 @@ fn read_codes(
     let read = |r: usize| rows.is_none_or(|rows| rows.binary_search(&r).is_ok());
     let mut out = Vec::with_capacity(values.len());
     for (i, &v) in values.iter().enumerate() {
-        if !read(i / row_len) {
-            out.push(0);
-        } else if v < 0 || v >= bins as i128 {
-            return Err(Error::InvalidInput(format!(
-                "code {v} is out of range: codes must be in [0, {bins}) (the codebook size)"
-            ))
-            .into());
+        out.push(if read(i / row_len) {
+            code_value(v, bins)?
         } else {
-            out.push(v as u32);
-        }
+            0
+        });
     }
     Ok(out)
-}
-
-fn tensor_f32(t: &Tensor) -> Result<(Vec<f32>, Vec<usize>)> {
-    Ok((
-        t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-        t.dims().to_vec(),
-    ))
-}
-
-fn tensor_u32(t: &Tensor) -> Result<(Vec<u32>, Vec<usize>)> {
-    Ok((t.flatten_all()?.to_vec1::<u32>()?, t.dims().to_vec()))
 }
 
 impl PyMimiCodec {
@@ -177,37 +121,34 @@ impl PyMimiCodec {
             codec: self.codec.clone(),
             enc: Shared::new(enc),
             dec: Shared::new(dec),
-            device_name: self.device_name.clone(),
-            dtype_name: self.dtype_name,
-            layout: self.layout,
         })
     }
 
-    /// Refuses a state copy between codecs of other shapes.
-    fn check_compatible(&self, other: &Self) -> Result<()> {
-        let describe = |c: &Self| {
-            format!(
-                "layout={}, device={}, dtype={}",
-                c.layout.map_or("seeded", |l| l.name()),
-                c.device_name,
-                c.dtype_name
-            )
-        };
-        if self.codec.config() != other.codec.config() {
-            return Err(Error::IncompatibleState(
-                "cannot copy the streaming state between codecs of different configs; build \
-                 both from the same config"
-                    .into(),
-            ));
-        }
-        if describe(self) != describe(other) {
-            return Err(Error::IncompatibleState(format!(
-                "cannot copy the streaming state: the source has {} and this codec has {}",
-                describe(other),
-                describe(self)
-            )));
-        }
-        Ok(())
+    /// An offline call's audio and `lengths=` (samples per item).
+    #[allow(clippy::type_complexity)]
+    fn read_offline_pcm(
+        &self,
+        pcm: &Bound<'_, PyAny>,
+        lengths: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(HostArray, Option<Vec<usize>>)> {
+        let (host, _) = self.read_pcm_rows(pcm, None)?;
+        let (b, s) = (host.shape[0], host.shape[2]);
+        let lengths = rows::lengths(lengths, b, s, "samples")?;
+        Ok((host, lengths))
+    }
+
+    /// An offline call's codes and `lengths=` (frames per item).
+    #[allow(clippy::type_complexity)]
+    fn read_offline_codes(
+        &self,
+        codes: &Bound<'_, PyAny>,
+        lengths: Option<&Bound<'_, PyAny>>,
+        decoded: bool,
+    ) -> PyResult<(CodesArray, Option<Vec<usize>>)> {
+        let (codes, _) = self.read_codes_rows(codes, None, decoded)?;
+        let (b, t) = (codes.shape[0], codes.shape[2]);
+        let lengths = rows::lengths(lengths, b, t, "frames")?;
+        Ok((codes, lengths))
     }
 
     /// Test hook: panics while holding the encoder stream's lock (see `_poison_for_tests`).
@@ -220,12 +161,8 @@ impl PyMimiCodec {
         self.codec.config().channels
     }
 
-    /// pcm: (batch, channels, samples) or (samples,) -> checked host array (B, C, S).
-    fn read_pcm(&self, x: &Bound<'_, PyAny>) -> PyResult<HostArray> {
-        Ok(self.read_pcm_rows(x, None)?.0)
-    }
-
-    /// [`Self::read_pcm`] with an `active=` mask: its rows (NaN is refused only there).
+    /// pcm: (batch, channels, samples) or (samples,), read as f32 once its dtype and shape
+    /// pass the core's rules (the core checks the rest); with `active=`, its rows.
     fn read_pcm_rows(
         &self,
         x: &Bound<'_, PyAny>,
@@ -235,81 +172,30 @@ impl PyMimiCodec {
         if !convert::is_int_pcm(&arr) {
             convert::check_float(&arr, "pcm")?;
         }
-        let shape = convert::shape_of(&arr);
-        let c = self.n_channels();
-        let shape3 = match shape.as_slice() {
-            [s] if c == 1 => vec![1, 1, *s],
-            [b, ch, s] if *ch == c && *b >= 1 => vec![*b, *ch, *s],
-            _ => {
-                return Err(Error::Shape(format!(
-                    "pcm must have shape (batch, channels={c}, samples){}, got {shape:?}{}",
-                    if c == 1 { " or (samples,)" } else { "" },
-                    if shape.len() == 2 {
-                        "; for mono audio of shape (batch, samples) use pcm[:, None, :]"
-                    } else {
-                        ""
-                    }
-                ))
-                .into())
-            }
-        };
-        convert::check_size(&shape3, "pcm")?;
-        self.codec.check_offline_memory(
-            shape3[0],
-            shape3[2],
-            "encode long audio in chunks with encode_step (or the CLI, which streams)",
-        )?;
-        let rows = rows::active(active, shape3[0])?;
+        let shape = self.codec.pcm_shape(&convert::shape_of(&arr))?;
+        let rows = rows::active(active, shape[0])?;
         let mut host = convert::read_pcm(&arr, "pcm")?;
-        host.shape = shape3;
-        let stepping = rows.as_ref().map(|r| r.indices());
-        convert::check_finite(&host, stepping.as_deref(), "pcm")?;
+        host.shape = shape.to_vec();
         Ok((host, rows))
     }
 
-    /// Refuses decodes whose audio, or the decoder's activations, cannot fit in memory.
-    fn check_decode_size(&self, shape: &[usize]) -> PyResult<()> {
-        let samples = shape[2].saturating_mul(self.codec.config().frame_size());
-        convert::check_size(&[shape[0], self.n_channels(), samples], "decoded audio")?;
-        self.codec.check_offline_memory(
-            shape[0],
-            samples,
-            "decode long code sequences in shorter chunks (decode_step streams them)",
-        )?;
-        Ok(())
-    }
-
-    /// codes: (batch, num_codebooks, frames) integers -> (data, shape).
-    fn read_codes_arg(&self, x: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, Vec<usize>)> {
-        let (data, shape, _) = self.read_codes_rows(x, None)?;
-        Ok((data, shape))
-    }
-
-    /// [`Self::read_codes_arg`] with an `active=` mask: its rows (checked only there).
-    #[allow(clippy::type_complexity)]
+    /// codes: (batch, num_codebooks, frames) integers, read as u32 once their dtype and
+    /// shape pass the core's rules (`decoded`: the audio they decode to, too); with
+    /// `active=`, its rows (only those are read and range-checked).
     fn read_codes_rows(
         &self,
         x: &Bound<'_, PyAny>,
         active: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(Vec<u32>, Vec<usize>, Option<Rows>)> {
+        decoded: bool,
+    ) -> PyResult<(CodesArray, Option<Rows>)> {
         let arr = convert::as_ndarray(x, "codes")?;
         check_codes_dtype(&arr)?;
-        let shape = convert::shape_of(&arr);
-        let k = self.codec.config().quantizer_n_q;
-        match shape.as_slice() {
-            [b, n, _] if *n == k && *b >= 1 => {}
-            _ => {
-                return Err(Error::Shape(format!(
-                    "codes must have shape (batch, num_codebooks={k}, frames), got {shape:?}"
-                ))
-                .into())
-            }
-        }
+        let shape = self.codec.codes_shape(&convert::shape_of(&arr), decoded)?;
         let rows = rows::active(active, shape[0])?;
         let stepping = rows.as_ref().map(|r| r.indices());
         let bins = self.codec.config().quantizer_bins;
         let data = read_codes(&arr, bins, stepping.as_deref())?;
-        Ok((data, shape, rows))
+        Ok((CodesArray::new(data, shape.to_vec()), rows))
     }
 }
 
@@ -328,7 +214,7 @@ impl PyMimiCodec {
         dtype: &str,
         weights_dtype: &str,
     ) -> PyResult<Self> {
-        let (dtype, dtype_name) = device::parse_dtype(dtype)?;
+        let (dtype, _) = device::parse_dtype(dtype)?;
         let weights_dtype = WeightsDType::parse(weights_dtype)?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let num_codebooks = pyconfig::codebooks(num_codebooks)?;
@@ -336,21 +222,21 @@ impl PyMimiCodec {
         let expected = "a checkpoint path (file or directory)";
         let arg = crate::py::weights::read(weights, seed.unwrap_or(0), "", expected)?;
         let device_spec = device.to_string();
-        let (codec, device_name, layout) = guard::detached(py, move |_| {
-            build(
-                cfg,
-                (arg, num_codebooks),
-                &device_spec,
-                (dtype, weights_dtype),
-            )
+        let codec = guard::detached(py, move |_| {
+            let options = OpenOptions {
+                device: device::parse_device(&device_spec)?.0,
+                dtype,
+                weights_dtype,
+                num_codebooks,
+                engine: None,
+                config: cfg,
+            };
+            build(arg, &options)
         })?;
         Ok(Self {
             codec: Arc::new(codec),
             enc: Shared::default(),
             dec: Shared::default(),
-            device_name,
-            dtype_name,
-            layout,
         })
     }
 
@@ -402,22 +288,12 @@ impl PyMimiCodec {
         pcm: &Bound<'py, PyAny>,
         lengths: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let host = self.read_pcm(pcm)?;
-        let (b, k) = (host.shape[0], self.codec.config().quantizer_n_q);
-        let lengths = rows::lengths(lengths, b, host.shape[2], "samples")?;
-        if host.shape[2] == 0 {
-            return Ok(convert::to_numpy(py, Vec::<u32>::new(), &[b, k, 0])?);
-        }
+        let (host, lengths) = self.read_offline_pcm(pcm, lengths)?;
         let codec = self.codec.clone();
-        let (data, shape) = interruptible(py, move |cancel| {
-            let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
-                .to_dtype(codec.dtype())?;
-            tensor_u32(&match &lengths {
-                None => codec.encode(&x, Some(cancel))?,
-                Some(l) => codec.encode_lengths(&x, l, Some(cancel))?,
-            })
+        let out = interruptible(py, move |cancel| {
+            codec.encode_host(host, lengths.as_deref(), Some(cancel))
         })?;
-        Ok(convert::to_numpy(py, data, &shape)?)
+        Ok(convert::to_numpy(py, out.data, &out.shape)?)
     }
 
     /// Pre-quantization latents: (batch, dimension, frames) float32. ``lengths``: as in
@@ -429,26 +305,12 @@ impl PyMimiCodec {
         pcm: &Bound<'py, PyAny>,
         lengths: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let host = self.read_pcm(pcm)?;
-        let lengths = rows::lengths(lengths, host.shape[0], host.shape[2], "samples")?;
-        if host.shape[2] == 0 {
-            let dim = self.codec.config().seanet.dimension;
-            return Ok(convert::to_numpy(
-                py,
-                Vec::<f32>::new(),
-                &[host.shape[0], dim, 0],
-            )?);
-        }
+        let (host, lengths) = self.read_offline_pcm(pcm, lengths)?;
         let codec = self.codec.clone();
-        let (data, shape) = interruptible(py, move |cancel| {
-            let x = Tensor::from_vec(host.data, host.shape.as_slice(), codec.device())?
-                .to_dtype(codec.dtype())?;
-            tensor_f32(&match &lengths {
-                None => codec.encode_latents(&x, Some(cancel))?,
-                Some(l) => codec.encode_latents_lengths(&x, l, Some(cancel))?,
-            })
+        let out = interruptible(py, move |cancel| {
+            codec.encode_latents_host(host, lengths.as_deref(), Some(cancel))
         })?;
-        Ok(convert::to_numpy(py, data, &shape)?)
+        Ok(convert::to_numpy(py, out.data, &out.shape)?)
     }
 
     /// The quantizer's reconstruction of codes: (batch, dimension, frames) float32.
@@ -460,17 +322,12 @@ impl PyMimiCodec {
         codes: &Bound<'py, PyAny>,
         lengths: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (data, shape) = self.read_codes_arg(codes)?;
-        let lengths = rows::lengths(lengths, shape[0], shape[2], "frames")?;
+        let (codes, lengths) = self.read_offline_codes(codes, lengths, false)?;
         let codec = self.codec.clone();
-        let (data, shape) = guard::detached(py, move |_| {
-            let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-            tensor_f32(&match &lengths {
-                None => codec.decode_latents(&c)?,
-                Some(l) => codec.decode_latents_lengths(&c, l)?,
-            })
+        let out = guard::detached(py, move |_| {
+            codec.decode_latents_host(codes, lengths.as_deref())
         })?;
-        Ok(convert::to_numpy(py, data, &shape)?)
+        Ok(convert::to_numpy(py, out.data, &out.shape)?)
     }
 
     /// Codes to audio. ``codes``: integers of shape (batch, num_codebooks, frames) in
@@ -486,25 +343,12 @@ impl PyMimiCodec {
         codes: &Bound<'py, PyAny>,
         lengths: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (data, shape) = self.read_codes_arg(codes)?;
-        let lengths = rows::lengths(lengths, shape[0], shape[2], "frames")?;
-        self.check_decode_size(&shape)?;
-        if shape[2] == 0 {
-            return Ok(convert::to_numpy(
-                py,
-                Vec::<f32>::new(),
-                &[shape[0], self.n_channels(), 0],
-            )?);
-        }
+        let (codes, lengths) = self.read_offline_codes(codes, lengths, true)?;
         let codec = self.codec.clone();
-        let (data, shape) = interruptible(py, move |cancel| {
-            let c = Tensor::from_vec(data, shape.as_slice(), codec.device())?;
-            tensor_f32(&match &lengths {
-                None => codec.decode(&c, Some(cancel))?,
-                Some(l) => codec.decode_lengths(&c, l, Some(cancel))?,
-            })
+        let out = interruptible(py, move |cancel| {
+            codec.decode_host(codes, lengths.as_deref(), Some(cancel))
         })?;
-        Ok(convert::to_numpy(py, data, &shape)?)
+        Ok(convert::to_numpy(py, out.data, &out.shape)?)
     }
 
     /// Streams audio in: returns the uint32 codes (batch, num_codebooks, n) of every frame this
@@ -528,23 +372,12 @@ impl PyMimiCodec {
         last: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(pcm) = pcm else { return Ok(None) };
-        if last && active.is_some_and(|a| !a.is_none()) {
-            return Err(Error::InvalidInput(
-                "last=True ends every row's stream; it cannot be combined with active=".into(),
-            )
-            .into());
-        }
-        let (host, rows) = self.read_pcm_rows(pcm, active)?;
+        let (host, active) = self.read_pcm_rows(pcm, active)?;
         let (codec, enc) = (self.codec.clone(), &self.enc);
         let out = guard::detached(py, move |d| {
             let mut g = enc.lock(d)?;
             let stream = g.get_or_insert_with(|| codec.encode_stream());
-            if !last {
-                return codec.encode_step_host(stream, host, rows);
-            }
-            let codes = codec.encode_last_host(stream, host)?;
-            *g = None;
-            Ok(codes)
+            codec.encode_step_host(stream, host, EncodeStep { active, last })
         })?;
         match out {
             None => Ok(None),
@@ -563,13 +396,12 @@ impl PyMimiCodec {
         active: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(codes) = codes else { return Ok(None) };
-        let (data, shape, rows) = self.read_codes_rows(codes, active)?;
-        self.check_decode_size(&shape)?;
+        let (codes, rows) = self.read_codes_rows(codes, active, true)?;
         let (codec, dec) = (self.codec.clone(), &self.dec);
         let out = guard::detached(py, move |d| {
             let mut g = dec.lock(d)?;
             let stream = g.get_or_insert_with(|| codec.decode_stream());
-            codec.decode_step_host(stream, mimi_core::HostArray::new(data, shape), rows)
+            codec.decode_step_host(stream, codes, rows)
         })?;
         match out {
             None => Ok(None),
@@ -644,30 +476,15 @@ impl PyMimiCodec {
         if std::ptr::eq(other, self) {
             return Ok(());
         }
-        self.check_compatible(other)?;
+        self.codec.check_state_source(&other.codec)?;
         let (src, dst) = (other, self);
         guard::detached(py, move |d| {
             let (enc, dec) = src.snapshot(d)?;
             let (mut de, mut dd) = (dst.enc.lock(d)?, dst.dec.lock(d)?);
-            for (theirs, ours) in [
-                (
-                    enc.as_ref().and_then(|s| s.batch()),
-                    de.as_ref().and_then(|s| s.batch()),
-                ),
-                (
-                    dec.as_ref().and_then(|s| s.batch()),
-                    dd.as_ref().and_then(|s| s.batch()),
-                ),
-            ] {
-                if let (Some(t), Some(o)) = (theirs, ours) {
-                    if t != o {
-                        return Err(Error::IncompatibleState(format!(
-                            "cannot copy the streaming state: the source streams a batch of {t} \
-                             rows and this codec a batch of {o}; reset_state() first"
-                        )));
-                    }
-                }
-            }
+            let batch = |s: Option<&EncodeStream>| s.and_then(|s| s.batch());
+            check_copied_batch(batch(enc.as_ref()), batch(de.as_ref()))?;
+            let batch = |s: Option<&DecodeStream>| s.and_then(|s| s.batch());
+            check_copied_batch(batch(dec.as_ref()), batch(dd.as_ref()))?;
             (*de, *dd) = (enc, dec);
             Ok(())
         })
@@ -726,12 +543,12 @@ impl PyMimiCodec {
 
     #[getter]
     fn device(&self) -> String {
-        self.device_name.clone()
+        device::device_name(self.codec.device())
     }
 
     #[getter]
     fn dtype(&self) -> &'static str {
-        self.dtype_name
+        device::dtype_name(self.codec.dtype())
     }
 
     /// How the weight matrices are stored: "float32" or "bfloat16".
@@ -751,7 +568,7 @@ impl PyMimiCodec {
     /// The layout the weights were read in: "hf", "moshi", or None for seeded weights.
     #[getter]
     fn checkpoint_layout(&self) -> Option<&'static str> {
-        self.layout.map(|l| l.name())
+        self.codec.checkpoint_layout().map(|l| l.name())
     }
 
     fn __reduce__(&self) -> PyResult<()> {
@@ -765,7 +582,7 @@ impl PyMimiCodec {
         let c = self.codec.config();
         format!(
             "MimiCodec(sample_rate={}, frame_rate={}, num_codebooks={}, cardinality={}, device='{}', dtype='{}')",
-            c.sample_rate, c.frame_rate, c.quantizer_n_q, c.quantizer_bins, self.device_name, self.dtype_name
+            c.sample_rate, c.frame_rate, c.quantizer_n_q, c.quantizer_bins, self.device(), self.dtype()
         )
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Inputs: any real floating array (float16/32/64, C-ordered, Fortran-ordered or strided,
 //! negative strides included) is read in logical order into one `Vec<f32>` while the GIL is
-//! held (one copy, which candle needs anyway); everything after that runs detached.
+//! held (one copy); everything after that runs detached, in the core's host calls.
 //! Objects that are not arrays but expose `__array__` go through `numpy.asarray` first.
 //! Outputs: a `Vec<f32>` moved into a new numpy array without a copy.
 
@@ -118,22 +118,10 @@ pub fn is_int_pcm(a: &Bound<'_, PyUntypedArray>) -> bool {
     a.cast::<PyArrayDyn<i16>>().is_ok() || a.cast::<PyArrayDyn<i32>>().is_ok()
 }
 
-/// Largest array read in one call: 2^31 values (8 GiB as float32). Larger ones (for example
-/// zero-stride `numpy.broadcast_to` views, which cost nothing to create) are refused up front
-/// instead of exhausting memory.
-pub const MAX_ELEMENTS: usize = 1 << 31;
-
-/// Refuses arrays with more than [`MAX_ELEMENTS`] values.
+/// Refuses arrays too large to read (the core's rule, [`mimi_core::host::check_size`]):
+/// checked before reading, so that a zero-stride view of a huge shape costs nothing.
 pub fn check_size(shape: &[usize], what: &str) -> PyResult<()> {
-    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    match n {
-        Some(n) if n <= MAX_ELEMENTS => Ok(()),
-        _ => Err(Error::Shape(format!(
-            "{what} of shape {shape:?} is too large: at most {MAX_ELEMENTS} values are accepted \
-             in one call; split it into chunks (the streaming calls accept any chunking)"
-        ))
-        .into()),
-    }
+    Ok(mimi_core::host::check_size(shape, what)?)
 }
 
 /// Copies an array view into a C-ordered vector (logical order, whatever the strides),
@@ -179,29 +167,6 @@ pub fn read_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray
         collect_c_order(ro.as_array(), |v| v, what)?
     };
     Ok(HostArray { data, shape })
-}
-
-/// Refuses NaN and Inf in the batch rows `rows` of `host` (all rows if `None`): inactive
-/// rows of a masked step may hold anything.
-pub fn check_finite(host: &HostArray, rows: Option<&[usize]>, what: &str) -> Result<()> {
-    let row_len = host.shape[1..].iter().product::<usize>();
-    let bad = |r: usize| {
-        let row = &host.data[r * row_len..(r + 1) * row_len];
-        row.iter()
-            .position(|v| !v.is_finite())
-            .map(|i| r * row_len + i)
-    };
-    let first = match rows {
-        Some(rows) => rows.iter().find_map(|&r| bad(r)),
-        None => (0..host.shape.first().copied().unwrap_or(0)).find_map(bad),
-    };
-    match first {
-        Some(i) => Err(Error::InvalidInput(format!(
-            "{what} contains NaN or Inf (first at flat index {i}); mimi_py refuses non-finite \
-             inputs because they would silently poison the stream"
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// Moves a C-ordered vector (float32 audio, uint32 codes) into a new numpy array, no copy.

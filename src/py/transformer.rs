@@ -10,12 +10,11 @@ use crate::py::errors::PyResult;
 use crate::py::guard::{self, Detached, Reset, Shared};
 use crate::py::rows;
 use crate::py::weights::WeightsArg;
-use candle::DType;
 use mimi_core::config::TransformerConfig;
 use mimi_core::error::{Error, Result};
-use mimi_core::runtime::{device, memory};
+use mimi_core::runtime::device;
 use mimi_core::transformer::{State, Transformer};
-use mimi_core::weights::{self, LoadSpec, QkLayout, TensorSource};
+use mimi_core::weights::{LoadSpec, QkLayout, TensorSource};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -56,16 +55,9 @@ impl PyStreamingTransformer {
         let arr = convert::as_ndarray(x, "x")?;
         convert::check_float(&arr, "x")?;
         let shape = convert::shape_of(&arr);
-        self.model.check_input(&shape)?;
+        self.model.check_call(&shape)?;
         let active = rows::active(active, shape[0])?;
-        memory::check_memory(
-            self.model.call_memory(&shape),
-            "this call",
-            "split the input into shorter chunks (results do not depend on chunking)",
-        )?;
         let host = convert::read_f32(&arr, "x")?;
-        let stepping = active.as_ref().map(|r| r.indices());
-        convert::check_finite(&host, stepping.as_deref(), "x")?;
         let (model, state) = (self.model.clone(), &self.state);
         let out = guard::detached(py, move |d| {
             model.forward_host(&mut *state.lock(d)?, host, active)
@@ -133,19 +125,12 @@ impl PyStreamingTransformer {
         weights_dtype: &str,
     ) -> PyResult<Self> {
         let config = pyconfig::transformer_config(config)?;
-        config.check_supported()?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let layout = QkLayout::parse(qk_layout)?;
         let (dtype, dtype_name) = device::parse_dtype(dtype)?;
         let weights_dtype = device::WeightsDType::parse(weights_dtype)?;
         let expected = "a path to a .safetensors file";
         let source = crate::py::weights::read(weights, seed.unwrap_or(0), prefix, expected)?;
-        let params = weights::transformer_params(&config);
-        memory::check_memory(
-            params * 8,
-            &format!("a transformer with {params} parameters"),
-            "check the config's sizes",
-        )?;
         let (device_spec, prefix, cfg) = (device.to_string(), prefix.to_string(), config.clone());
         let (model, device_name) = guard::detached(py, move |_| {
             let (dev, device_name) = device::parse_device(&device_spec)?;
@@ -153,7 +138,7 @@ impl PyStreamingTransformer {
             let src = match source {
                 WeightsArg::Seed(seed) => TensorSource::seeded(seed, cfg.layer_scale),
                 WeightsArg::Path(path) => TensorSource::file(&path)?,
-                WeightsArg::Mapping(m) => TensorSource::tensors(m, "weights mapping"),
+                WeightsArg::Mapping(m) => TensorSource::host(m, "weights mapping")?,
             };
             let spec = LoadSpec {
                 prefix: &prefix,
@@ -282,19 +267,10 @@ impl PyStreamingTransformer {
     /// prefix) with q/k in the interleaved layout.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let model = self.model.clone();
-        let tensors = guard::detached(py, move |_| {
-            model
-                .weights()?
-                .iter()
-                .map(|(k, t)| {
-                    let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                    Ok((k.clone(), data, t.dims().to_vec()))
-                })
-                .collect::<Result<Vec<_>>>()
-        })?;
+        let tensors = guard::detached(py, move |_| model.weights_host())?;
         let d = PyDict::new(py);
-        for (k, data, shape) in tensors {
-            d.set_item(k, convert::to_numpy(py, data, &shape)?)?;
+        for (k, a) in tensors {
+            d.set_item(k, convert::to_numpy(py, a.data, &a.shape)?)?;
         }
         Ok(d)
     }

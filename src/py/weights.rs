@@ -3,8 +3,8 @@
 
 use crate::py::convert;
 use crate::py::errors::PyResult;
-use candle::{Device, Tensor};
 use mimi_core::error::Error;
+use mimi_core::HostArray;
 use numpy::{PyArrayDescrMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -18,8 +18,8 @@ pub enum WeightsArg {
     Seed(u64),
     /// A path (file or directory; the caller decides what it accepts).
     Path(PathBuf),
-    /// A mapping, read into float32 CPU tensors under its own keys.
-    Mapping(HashMap<String, Tensor>),
+    /// A mapping, read into float32 host arrays under its own keys.
+    Mapping(HashMap<String, HostArray<f32>>),
 }
 
 fn type_name(v: &Bound<'_, PyAny>) -> String {
@@ -56,7 +56,10 @@ pub fn read(
     .into())
 }
 
-fn read_mapping(mapping: &Bound<'_, PyMapping>, prefix: &str) -> PyResult<HashMap<String, Tensor>> {
+fn read_mapping(
+    mapping: &Bound<'_, PyMapping>,
+    prefix: &str,
+) -> PyResult<HashMap<String, HostArray<f32>>> {
     let mut out = HashMap::new();
     for item in mapping.items()?.iter() {
         let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
@@ -82,10 +85,7 @@ fn read_mapping(mapping: &Bound<'_, PyMapping>, prefix: &str) -> PyResult<HashMa
             ))
             .into());
         }
-        let host = convert::read_f32(&arr, &what)?;
-        let t = Tensor::from_vec(host.data, host.shape.as_slice(), &Device::Cpu)
-            .map_err(Error::from)?;
-        out.insert(key, t);
+        out.insert(key, convert::read_f32(&arr, &what)?);
     }
     Ok(out)
 }

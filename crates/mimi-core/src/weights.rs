@@ -10,6 +10,7 @@
 
 use crate::config::{Norm, TransformerConfig};
 use crate::error::{Error, Result};
+use crate::host::HostArray;
 use crate::runtime::device::WeightsDType;
 use candle::safetensors::MmapedSafetensors;
 use candle::{DType, Device, Shape, Tensor};
@@ -193,6 +194,14 @@ impl TensorSource {
             read: HashSet::new(),
         };
         Self::new(Store::Tensors(Mutex::new(taken)), origin.into())
+    }
+
+    /// Host arrays (f32, C order) under their full names, as [`Self::tensors`].
+    pub fn host(
+        arrays: HashMap<String, HostArray<f32>>,
+        origin: impl Into<String>,
+    ) -> Result<Self> {
+        Ok(Self::tensors(host_tensors(arrays)?, origin))
     }
 
     /// Seeded weights; layer scales get `layer_scale` (1 if `None`).
@@ -528,6 +537,15 @@ pub fn load_transformer_only(
     Ok(out)
 }
 
+/// Bytes a parameter may take while a model loads: the f32 read, its converted copy and the
+/// packed copy. The one factor every weight-memory check uses.
+pub const LOAD_BYTES_PER_PARAM: u64 = 12;
+
+/// Refuses a model of `params` parameters that cannot load in the memory available.
+pub fn check_load_memory(params: u64, what: &str, hint: &str) -> Result<()> {
+    crate::runtime::memory::check_memory(params.saturating_mul(LOAD_BYTES_PER_PARAM), what, hint)
+}
+
 /// Number of parameters a transformer with `cfg` holds.
 pub fn transformer_params(cfg: &TransformerConfig) -> u64 {
     expected_tensors(cfg)
@@ -601,6 +619,25 @@ pub fn open_safetensors(path: &Path) -> Result<candle::safetensors::MmapedSafete
             path.display()
         ))
     })
+}
+
+/// Host arrays as f32 CPU tensors under the same names; refuses an array whose values do not
+/// fill its shape.
+pub fn host_tensors(arrays: HashMap<String, HostArray<f32>>) -> Result<HashMap<String, Tensor>> {
+    (arrays.into_iter())
+        .map(|(name, a)| {
+            if a.shape.iter().product::<usize>() != a.data.len() {
+                return Err(Error::Weights(format!(
+                    "tensor {name:?} holds {} values but its shape {:?} needs {}",
+                    a.data.len(),
+                    a.shape,
+                    a.shape.iter().product::<usize>()
+                )));
+            }
+            let t = Tensor::from_vec(a.data, a.shape.as_slice(), &Device::Cpu)?;
+            Ok((name, t))
+        })
+        .collect()
 }
 
 #[cfg(test)]

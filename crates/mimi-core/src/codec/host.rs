@@ -1,30 +1,164 @@
-//! The codec's streaming calls on host arrays, with an optional row mask: the codec selects
-//! the stepping rows, steps them, and scatters the result back into a whole batch (inactive
-//! rows' output is zeros), so a caller without candle gets the same per-row semantics.
+//! The codec's calls on host arrays: every offline and streaming call, for a caller without
+//! candle (the Python binding, a Rust user holding `Vec`s). Each checks its inputs against
+//! the rules of [`super::inputs`] before anything runs or any state changes, then computes
+//! on the codec's device and returns host arrays. A masked step selects the stepping rows,
+//! steps them, and scatters the result back into the whole batch (inactive rows' output is
+//! zeros).
 
+use super::inputs::check_last;
+use super::lengths::check_lengths;
 use super::{host_f32, host_u32, Codec, DecodeStream, EncodeStream, Rows};
-use crate::error::Result;
+use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
+use crate::runtime::device;
 use candle::Tensor;
 
+/// How one [`Codec::encode_step_host`] call steps.
+#[derive(Clone, Debug, Default)]
+pub struct EncodeStep {
+    /// The rows that step (`None`: all); the others keep their state bit for bit. A masked
+    /// step takes whole frames.
+    pub active: Option<Rows>,
+    /// The stream ends with this chunk: its last partial frame is padded as the offline
+    /// `encode` pads it, and the stream starts afresh afterwards. Not with `active`.
+    pub last: bool,
+}
+
 impl Codec {
-    /// One encoder step of `pcm` (B, C, n) for the rows `rows` (all if `None`): the codes
-    /// (B, n_q, frames) of the frames it completes, `None` if none.
+    /// `a` on the codec's device, in its dtype.
+    fn tensor(&self, a: HostArray<f32>) -> Result<Tensor> {
+        let t = Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?;
+        Ok(t.to_dtype(self.dtype())?)
+    }
+
+    fn codes_tensor(&self, a: HostArray<u32>) -> Result<Tensor> {
+        Ok(Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?)
+    }
+
+    /// Audio `(B, C, S)` (or `(S,)`, mono) to codes `(B, n_q, ceil(S / frame_size))`. With
+    /// `lengths` (samples per item), item `i` gets exactly the codes of its first
+    /// `lengths[i]` samples alone, then zeros up to the longest item.
+    pub fn encode_host(
+        &self,
+        pcm: HostArray<f32>,
+        lengths: Option<&[usize]>,
+        cancel: Cancel,
+    ) -> Result<HostArray<u32>> {
+        let pcm = self.check_pcm(pcm, None)?;
+        let (b, s) = (pcm.shape[0], pcm.shape[2]);
+        if let Some(l) = lengths {
+            check_lengths(l, b, s, "samples")?;
+        }
+        if s == 0 {
+            return Ok(HostArray::new(
+                vec![],
+                vec![b, self.config().quantizer_n_q, 0],
+            ));
+        }
+        let x = self.tensor(pcm)?;
+        host_u32(&match lengths {
+            None => self.encode(&x, cancel)?,
+            Some(l) => self.encode_lengths(&x, l, cancel)?,
+        })
+    }
+
+    /// The latents before quantization, `(B, dimension, frames)` (see [`Self::encode_host`]).
+    pub fn encode_latents_host(
+        &self,
+        pcm: HostArray<f32>,
+        lengths: Option<&[usize]>,
+        cancel: Cancel,
+    ) -> Result<HostArray<f32>> {
+        let pcm = self.check_pcm(pcm, None)?;
+        let (b, s) = (pcm.shape[0], pcm.shape[2]);
+        if let Some(l) = lengths {
+            check_lengths(l, b, s, "samples")?;
+        }
+        if s == 0 {
+            return Ok(HostArray::new(
+                vec![],
+                vec![b, self.config().seanet.dimension, 0],
+            ));
+        }
+        let x = self.tensor(pcm)?;
+        host_f32(&match lengths {
+            None => self.encode_latents(&x, cancel)?,
+            Some(l) => self.encode_latents_lengths(&x, l, cancel)?,
+        })
+    }
+
+    /// The quantizer's reconstruction of codes `(B, n_q, T)`: `(B, dimension, T)`. With
+    /// `lengths` (frames per item), as in [`Self::decode_host`].
+    pub fn decode_latents_host(
+        &self,
+        codes: HostArray<u32>,
+        lengths: Option<&[usize]>,
+    ) -> Result<HostArray<f32>> {
+        self.check_codes(&codes, None, false)?;
+        if let Some(l) = lengths {
+            check_lengths(l, codes.shape[0], codes.shape[2], "frames")?;
+        }
+        let c = self.codes_tensor(codes)?;
+        host_f32(&match lengths {
+            None => self.decode_latents(&c)?,
+            Some(l) => self.decode_latents_lengths(&c, l)?,
+        })
+    }
+
+    /// Codes `(B, n_q, T)` in `[0, cardinality)` to audio `(B, C, T * frame_size)`. With
+    /// `lengths` (frames per item), item `i`'s first `lengths[i] * frame_size` samples are
+    /// exactly its own decode, then zeros (codes past an item's length must still be in
+    /// range).
+    pub fn decode_host(
+        &self,
+        codes: HostArray<u32>,
+        lengths: Option<&[usize]>,
+        cancel: Cancel,
+    ) -> Result<HostArray<f32>> {
+        self.check_codes(&codes, None, true)?;
+        let (b, t) = (codes.shape[0], codes.shape[2]);
+        if let Some(l) = lengths {
+            check_lengths(l, b, t, "frames")?;
+        }
+        if t == 0 {
+            return Ok(HostArray::new(vec![], vec![b, self.config().channels, 0]));
+        }
+        let c = self.codes_tensor(codes)?;
+        host_f32(&match lengths {
+            None => self.decode(&c, cancel)?,
+            Some(l) => self.decode_lengths(&c, l, cancel)?,
+        })
+    }
+
+    /// One encoder step of `pcm` `(B, C, n)`: the codes `(B, n_q, frames)` of the frames it
+    /// completes, `None` if none. See [`EncodeStep`] for the rows that step and the last
+    /// chunk.
     pub fn encode_step_host(
         &self,
         s: &mut EncodeStream,
         pcm: HostArray<f32>,
-        rows: Option<Rows>,
+        step: EncodeStep,
     ) -> Result<Option<HostArray<u32>>> {
-        let (b, c, n) = (pcm.shape[0], pcm.shape[1], pcm.shape[2]);
-        let rows = Rows::or_all(rows, b)?;
+        check_last(step.active.as_ref(), step.last)?;
+        let b = self.pcm_shape(&pcm.shape)?[0];
+        let rows = Rows::or_all(step.active, b)?;
+        let pcm = self.check_pcm(pcm, Some(&rows))?;
+        if step.last {
+            let out = self.encode_last(s, &self.tensor(pcm)?)?;
+            *s = self.encode_stream();
+            return out.map(|c| host_u32(&c)).transpose();
+        }
+        let (c, n) = (pcm.shape[1], pcm.shape[2]);
         if !rows.is_masked() && n == 0 {
             s.check_batch(b, "encoder")?;
             return Ok(None);
         }
-        let x = rows.select(&pcm.data, c * n);
-        let x = Tensor::from_vec(x, (rows.count(), c, n), self.device())?.to_dtype(self.dtype())?;
-        let out = self.encode_step_rows(s, &x, &rows)?;
+        let x = Tensor::from_vec(
+            rows.select(&pcm.data, c * n),
+            (rows.count(), c, n),
+            self.device(),
+        )?;
+        let out = self.encode_step_rows(s, &x.to_dtype(self.dtype())?, &rows)?;
         if !rows.is_masked() {
             return out.map(|c| host_u32(&c)).transpose();
         }
@@ -37,43 +171,28 @@ impl Codec {
             Some(codes) => host_u32(&codes)?.data,
             None => vec![0; rows.count() * k * frames],
         };
-        Ok(Some(HostArray::new(
-            rows.scatter(codes, k * frames),
-            vec![b, k, frames],
-        )))
+        let codes = rows.scatter(codes, k * frames);
+        Ok(Some(HostArray::new(codes, vec![b, k, frames])))
     }
 
-    /// The stream's last chunk on a host array (see [`Self::encode_last`]).
-    pub fn encode_last_host(
-        &self,
-        s: &mut EncodeStream,
-        pcm: HostArray<f32>,
-    ) -> Result<Option<HostArray<u32>>> {
-        let x = Tensor::from_vec(pcm.data, pcm.shape.as_slice(), self.device())?;
-        self.encode_last(s, &x.to_dtype(self.dtype())?)?
-            .map(|c| host_u32(&c))
-            .transpose()
-    }
-
-    /// One decoder step of `codes` (B, n_q, T) for the rows `rows` (all if `None`): the audio
-    /// (B, C, T * frame_size) they complete, `None` if none.
+    /// One decoder step of `codes` `(B, n_q, T)` for the rows `active` (all if `None`; the
+    /// inactive rows' codes are not read): the audio `(B, C, T * frame_size)` they complete,
+    /// `None` if none.
     pub fn decode_step_host(
         &self,
         s: &mut DecodeStream,
         codes: HostArray<u32>,
-        rows: Option<Rows>,
+        active: Option<Rows>,
     ) -> Result<Option<HostArray<f32>>> {
-        let (b, k, t) = (codes.shape[0], codes.shape[1], codes.shape[2]);
-        let rows = Rows::or_all(rows, b)?;
+        let [b, k, t] = self.codes_shape(&codes.shape, true)?;
+        let rows = Rows::or_all(active, b)?;
+        self.check_codes(&codes, Some(&rows), true)?;
         s.check_batch(b, "decoder")?;
         if t == 0 {
             return Ok(None); // no frames: the stream is not bound to this batch size
         }
-        let x = Tensor::from_vec(
-            rows.select(&codes.data, k * t),
-            (rows.count(), k, t),
-            self.device(),
-        )?;
+        let x = rows.select(&codes.data, k * t);
+        let x = Tensor::from_vec(x, (rows.count(), k, t), self.device())?;
         let out = self.decode_step_rows(s, &x, &rows)?;
         if !rows.is_masked() {
             return out.map(|a| host_f32(&a)).transpose();
@@ -83,9 +202,47 @@ impl Codec {
             Some(a) => host_f32(&a)?.data,
             None => vec![0.0; rows.count() * ch * len],
         };
-        Ok(Some(HostArray::new(
-            rows.scatter(audio, ch * len),
-            vec![b, ch, len],
-        )))
+        let audio = rows.scatter(audio, ch * len);
+        Ok(Some(HostArray::new(audio, vec![b, ch, len])))
+    }
+
+    /// Refuses to continue `src`'s streams in this codec: another config, checkpoint layout,
+    /// device or dtype (the weights may differ: a state copy is about shapes).
+    pub fn check_state_source(&self, src: &Codec) -> Result<()> {
+        if self.config() != src.config() {
+            return Err(Error::IncompatibleState(
+                "cannot copy the streaming state between codecs of different configs; build \
+                 both from the same config"
+                    .into(),
+            ));
+        }
+        let describe = |c: &Codec| {
+            format!(
+                "layout={}, device={}, dtype={}",
+                c.checkpoint_layout().map_or("seeded", |l| l.name()),
+                device::device_name(c.device()),
+                device::dtype_name(c.dtype()),
+            )
+        };
+        if describe(self) != describe(src) {
+            return Err(Error::IncompatibleState(format!(
+                "cannot copy the streaming state: the source has {} and this codec has {}",
+                describe(src),
+                describe(self)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Refuses to replace a stream of `ours` rows with a copy of `theirs` rows (a stream that
+/// has not started takes any batch size).
+pub fn check_copied_batch(theirs: Option<usize>, ours: Option<usize>) -> Result<()> {
+    match (theirs, ours) {
+        (Some(t), Some(o)) if t != o => Err(Error::IncompatibleState(format!(
+            "cannot copy the streaming state: the source streams a batch of {t} rows and this \
+             codec a batch of {o}; reset_state() first"
+        ))),
+        _ => Ok(()),
     }
 }

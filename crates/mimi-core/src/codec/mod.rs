@@ -15,7 +15,8 @@ mod bridge;
 pub mod candle;
 pub mod checkpoint;
 pub mod engine;
-mod host;
+pub mod host;
+pub mod inputs;
 mod lengths;
 pub mod native;
 mod offline;
@@ -27,6 +28,7 @@ mod tests;
 pub use crate::rows::Rows;
 pub use checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
 pub use engine::{Capabilities, EngineKind};
+pub use host::EncodeStep;
 pub use open::OpenOptions;
 pub use stream::{DecodeStream, EncodeStream};
 
@@ -194,8 +196,8 @@ impl Codec {
         let codebooks = (cfg.quantizer_n_q as u64)
             .saturating_mul(cfg.quantizer_bins as u64)
             .saturating_mul(cfg.quantizer_dim as u64 + 2);
-        crate::runtime::memory::check_memory(
-            (2 * tr_params + codebooks).saturating_mul(12),
+        weights::check_load_memory(
+            2 * tr_params + codebooks,
             "this codec's weights",
             "check the config's sizes (quantizer_bins, quantizer_dim, transformer)",
         )

@@ -11,9 +11,11 @@ use super::checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
 use super::{Codec, EngineKind};
 use crate::config::CodecConfig;
 use crate::error::{Error, Result};
+use crate::host::HostArray;
 use crate::runtime::device::WeightsDType;
-use crate::weights::TensorSource;
+use crate::weights::{self, TensorSource};
 use ::candle::{DType, Device};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// How [`Codec::open`] builds a codec. `OpenOptions::default()` is the CPU in f32 with f32
@@ -67,11 +69,23 @@ pub fn resolve(path: &Path, options: &OpenOptions) -> Result<Resolved> {
         // A missing file is reported by the reader, with the OS's error.
         (path.to_path_buf(), None)
     };
-    let mut config = options.config.clone().or(found).unwrap_or_default();
-    if let Some(n) = options.num_codebooks {
-        config.quantizer_n_q = n;
-    }
+    let config = options.config_or(found);
     Ok(Resolved { weights, config })
+}
+
+impl OpenOptions {
+    /// `self.config`, else `found`, else the real Mimi's; with `num_codebooks` applied.
+    fn config_or(&self, found: Option<CodecConfig>) -> CodecConfig {
+        let mut config = self.config.clone().or(found).unwrap_or_default();
+        if let Some(n) = self.num_codebooks {
+            config.quantizer_n_q = n;
+        }
+        config
+    }
+
+    fn engine_kind(&self) -> EngineKind {
+        (self.engine).unwrap_or_else(|| EngineKind::default_for(&self.device, self.dtype))
+    }
 }
 
 impl Codec {
@@ -84,15 +98,44 @@ impl Codec {
             .weights_dtype
             .check_engine(&options.device, options.dtype)?;
         let checkpoint = Checkpoint::read(&resolved.weights, cfg)?;
-        let engine = options
-            .engine
-            .unwrap_or_else(|| EngineKind::default_for(&options.device, options.dtype));
-        let mut codec = Self::build(
-            cfg,
-            checkpoint.source,
-            (&options.device, options.dtype, options.weights_dtype),
-            engine,
-        )?;
+        Self::open_checkpoint(checkpoint, cfg, options)
+    }
+
+    /// [`Codec::open`] for a checkpoint's tensors handed over as host arrays (f32, C order),
+    /// in either layout, under the checkpoint's own names. The config is `options.config`,
+    /// else the real Mimi's.
+    pub fn open_arrays(
+        arrays: HashMap<String, HostArray<f32>>,
+        options: &OpenOptions,
+    ) -> Result<Self> {
+        let cfg = &options.config_or(None);
+        options
+            .weights_dtype
+            .check_engine(&options.device, options.dtype)?;
+        let tensors = weights::host_tensors(arrays)?;
+        let checkpoint = Checkpoint::from_tensors(tensors, "weights mapping".into(), cfg)?;
+        Self::open_checkpoint(checkpoint, cfg, options)
+    }
+
+    /// A codec of seeded weights (tests, benchmarks): `options.config`, else the real
+    /// Mimi's shape.
+    pub fn seeded(seed: u64, options: &OpenOptions) -> Result<Self> {
+        let cfg = &options.config_or(None);
+        options
+            .weights_dtype
+            .check_engine(&options.device, options.dtype)?;
+        let source = TensorSource::seeded(seed, cfg.transformer.layer_scale);
+        let spec = (&options.device, options.dtype, options.weights_dtype);
+        Self::build(cfg, source, spec, options.engine_kind())
+    }
+
+    fn open_checkpoint(
+        checkpoint: Checkpoint,
+        cfg: &CodecConfig,
+        options: &OpenOptions,
+    ) -> Result<Self> {
+        let spec = (&options.device, options.dtype, options.weights_dtype);
+        let mut codec = Self::build(cfg, checkpoint.source, spec, options.engine_kind())?;
         codec.layout = Some(checkpoint.layout);
         Ok(codec)
     }

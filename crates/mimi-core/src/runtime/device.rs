@@ -1,7 +1,7 @@
 //! Devices, dtypes and the cargo features compiled into this build.
 
 use crate::error::{Error, Result};
-use candle::{DType, Device};
+use candle::{DType, Device, DeviceLocation};
 
 /// The optional backends compiled into this build.
 pub fn compiled_features() -> Vec<&'static str> {
@@ -156,12 +156,32 @@ pub fn parse_device(spec: &str) -> Result<(Device, String)> {
     Err(unknown(spec))
 }
 
+/// A device's canonical name, as [`parse_device`] gives it: "cpu", "cuda:0", "metal:0".
+pub fn device_name(device: &Device) -> String {
+    match device.location() {
+        DeviceLocation::Cpu => "cpu".into(),
+        DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// A compute dtype's canonical name, as [`parse_dtype`] gives it.
+pub fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        other => other.as_str(),
+    }
+}
+
 /// Parses a dtype name. Returns the dtype and its canonical name.
 pub fn parse_dtype(spec: &str) -> Result<(DType, &'static str)> {
+    let dtype = |d: DType| Ok((d, dtype_name(d)));
     match spec.trim().to_ascii_lowercase().as_str() {
-        "float32" | "f32" => Ok((DType::F32, "float32")),
-        "float16" | "f16" | "half" => Ok((DType::F16, "float16")),
-        "bfloat16" | "bf16" => Ok((DType::BF16, "bfloat16")),
+        "float32" | "f32" => dtype(DType::F32),
+        "float16" | "f16" | "half" => dtype(DType::F16),
+        "bfloat16" | "bf16" => dtype(DType::BF16),
         _ => Err(Error::config(
             "dtype",
             format!("expected \"float32\", \"float16\" or \"bfloat16\", got {spec:?}"),

@@ -201,6 +201,13 @@ impl Transformer {
         src: &crate::weights::TensorSource,
         spec: &crate::weights::LoadSpec,
     ) -> crate::error::Result<Self> {
+        cfg.check_supported()?;
+        let params = crate::weights::transformer_params(cfg);
+        crate::weights::check_load_memory(
+            params,
+            &format!("a transformer with {params} parameters"),
+            "check the config's sizes",
+        )?;
         let w = crate::weights::load_transformer_only(cfg, src, spec)?;
         let model = Self::new(cfg, w, spec.device, spec.dtype);
         // Loading freed every matrix it packed: give those pages back.
@@ -272,6 +279,16 @@ impl Transformer {
             Some(DType::BF16) if self.dtype == DType::F32 => WeightsDType::BF16,
             _ => WeightsDType::F32,
         }
+    }
+
+    /// [`Self::weights`] as f32 host arrays.
+    pub fn weights_host(&self) -> Result<BTreeMap<String, crate::host::HostArray<f32>>> {
+        (self.weights()?.into_iter())
+            .map(|(k, t)| {
+                let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                Ok((k, crate::host::HostArray::new(data, t.dims().to_vec())))
+            })
+            .collect()
     }
 
     /// The weights under their checkpoint names (no prefix, interleaved q/k layout), in their
@@ -347,6 +364,18 @@ impl Transformer {
         Ok(())
     }
 
+    /// Every rule of a host call's input shape: [`Self::check_input`], its size, and the
+    /// memory the call needs ([`Self::call_memory`]).
+    pub fn check_call(&self, shape: &[usize]) -> Result<()> {
+        self.check_input(shape)?;
+        crate::host::check_size(shape, "x")?;
+        crate::runtime::memory::check_memory(
+            self.call_memory(shape),
+            "this call",
+            "split the input into shorter chunks (results do not depend on chunking)",
+        )
+    }
+
     /// Refuses an input of `b` rows for a stream that holds another batch size.
     pub fn check_batch(&self, state: &State, b: usize) -> Result<()> {
         match state.batch() {
@@ -380,10 +409,12 @@ impl Transformer {
         x: HostArray<f32>,
         rows: Option<Rows>,
     ) -> Result<HostArray<f32>> {
-        self.check_input(&x.shape)?;
+        self.check_call(&x.shape)?;
         let (b, t, d) = (x.shape[0], x.shape[1], x.shape[2]);
         self.check_batch(state, b)?;
         let rows = Rows::or_all(rows, b)?;
+        let stepping = rows.is_masked().then(|| rows.indices());
+        crate::host::check_finite(&x.data, &x.shape, stepping.as_deref(), "x")?;
         let out = if rows.is_masked() {
             self.start(state, b)?;
             if rows.count() == 0 || t == 0 {

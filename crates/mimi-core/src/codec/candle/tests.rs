@@ -6,7 +6,7 @@ use super::layers::LayerState;
 use super::rows::StepRows;
 use super::seanet::States;
 use super::Candle;
-use crate::codec::{Codec, EngineKind, Rows};
+use crate::codec::{Codec, EncodeStep, EngineKind, Rows};
 use crate::config::{CodecConfig, PadMode};
 use crate::host::HostArray;
 use crate::testutil::{max_abs_diff, test_input};
@@ -128,8 +128,12 @@ fn masked_encode(c: &Codec, audio: &[Vec<f32>]) -> Steps {
             x[r * n..(r + 1) * n].copy_from_slice(&audio[r][pos[r]..pos[r] + n]);
             pos[r] += n;
         }
-        let rows = (i > 0).then(|| Rows::from_mask(&mask));
-        let codes = c.encode_step_host(&mut s, HostArray::new(x, vec![3, 1, n]), rows);
+        let active = (i > 0).then(|| Rows::from_mask(&mask));
+        let step = EncodeStep {
+            active,
+            last: false,
+        };
+        let codes = c.encode_step_host(&mut s, HostArray::new(x, vec![3, 1, n]), step);
         let codes = codes.unwrap();
         let per = codes.as_ref().map_or(0, |c| c.data.len() / 3);
         out.push(
@@ -155,7 +159,7 @@ fn alone(c: &Codec, audio: &[f32], r: usize) -> Vec<u32> {
         let x = HostArray::new(audio[pos..pos + n].to_vec(), vec![1, 1, n]);
         pos += n;
         out.extend(
-            c.encode_step_host(&mut s, x, None)
+            c.encode_step_host(&mut s, x, EncodeStep::default())
                 .unwrap()
                 .map_or(vec![], |c| c.data),
         );
