@@ -4,9 +4,9 @@ use crate::py::config::{self as pyconfig, PyCodecConfig};
 use crate::py::convert::{self, HostArray};
 use crate::py::errors::PyResult;
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
-use crate::py::rows;
+use crate::py::row_args;
 use crate::py::weights::WeightsArg;
-use mimi_core::codec::host::check_copied_batch;
+use mimi_core::codec::host_calls::check_copied_batch;
 use mimi_core::codec::inputs::code_value;
 use mimi_core::codec::{Codec, DecodeStream, EncodeStep, EncodeStream, OpenOptions, Rows};
 use mimi_core::error::{Error, Result};
@@ -133,7 +133,7 @@ impl PyMimiCodec {
     ) -> PyResult<(HostArray, Option<Vec<usize>>)> {
         let (host, _) = self.read_pcm_rows(pcm, None)?;
         let (b, s) = (host.shape[0], host.shape[2]);
-        let lengths = rows::lengths(lengths, b, s, "samples")?;
+        let lengths = row_args::lengths(lengths, b, s, "samples")?;
         Ok((host, lengths))
     }
 
@@ -147,7 +147,7 @@ impl PyMimiCodec {
     ) -> PyResult<(CodesArray, Option<Vec<usize>>)> {
         let (codes, _) = self.read_codes_rows(codes, None, decoded)?;
         let (b, t) = (codes.shape[0], codes.shape[2]);
-        let lengths = rows::lengths(lengths, b, t, "frames")?;
+        let lengths = row_args::lengths(lengths, b, t, "frames")?;
         Ok((codes, lengths))
     }
 
@@ -173,7 +173,7 @@ impl PyMimiCodec {
             convert::check_float(&arr, "pcm")?;
         }
         let shape = self.codec.pcm_shape(&convert::shape_of(&arr))?;
-        let rows = rows::active(active, shape[0])?;
+        let rows = row_args::active(active, shape[0])?;
         let mut host = convert::read_pcm(&arr, "pcm")?;
         host.shape = shape.to_vec();
         Ok((host, rows))
@@ -191,7 +191,7 @@ impl PyMimiCodec {
         let arr = convert::as_ndarray(x, "codes")?;
         check_codes_dtype(&arr)?;
         let shape = self.codec.codes_shape(&convert::shape_of(&arr), decoded)?;
-        let rows = rows::active(active, shape[0])?;
+        let rows = row_args::active(active, shape[0])?;
         let stepping = rows.as_ref().map(|r| r.indices());
         let bins = self.codec.config().quantizer_bins;
         let data = read_codes(&arr, bins, stepping.as_deref())?;
@@ -413,7 +413,7 @@ impl PyMimiCodec {
     /// over the batch) resets only those rows of both streams; the others continue untouched.
     #[pyo3(signature = (rows=None))]
     fn reset_state(&self, py: Python<'_>, rows: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let rows = rows::rows(rows)?;
+        let rows = row_args::rows(rows)?;
         let (enc, dec) = (&self.enc, &self.dec);
         guard::detached(py, |d| {
             let Some(rows) = rows else {
@@ -426,7 +426,7 @@ impl PyMimiCodec {
                 .as_ref()
                 .and_then(|s| s.batch())
                 .or(de.as_ref().and_then(|s| s.batch()));
-            let rows = rows::resolve(&rows, batch)?;
+            let rows = row_args::resolve(&rows, batch)?;
             if let Some(s) = e.as_mut() {
                 s.reset_rows(&rows)?;
             }

@@ -7,6 +7,6 @@ pub mod config;
 pub mod convert;
 pub mod errors;
 pub mod guard;
-pub mod rows;
+pub mod row_args;
 pub mod transformer;
 pub mod weights;

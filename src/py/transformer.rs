@@ -8,7 +8,7 @@ use crate::py::config::{self as pyconfig, PyTransformerConfig};
 use crate::py::convert;
 use crate::py::errors::PyResult;
 use crate::py::guard::{self, Detached, Reset, Shared};
-use crate::py::rows;
+use crate::py::row_args;
 use crate::py::weights::WeightsArg;
 use mimi_core::config::TransformerConfig;
 use mimi_core::error::{Error, Result};
@@ -56,7 +56,7 @@ impl PyStreamingTransformer {
         convert::check_float(&arr, "x")?;
         let shape = convert::shape_of(&arr);
         self.model.check_call(&shape)?;
-        let active = rows::active(active, shape[0])?;
+        let active = row_args::active(active, shape[0])?;
         let host = convert::read_f32(&arr, "x")?;
         let (model, state) = (self.model.clone(), &self.state);
         let out = guard::detached(py, move |d| {
@@ -191,7 +191,7 @@ impl PyStreamingTransformer {
     /// starts a fresh stream at position 0, and the other rows continue untouched.
     #[pyo3(signature = (rows=None))]
     fn reset_state(&self, py: Python<'_>, rows: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let rows = rows::rows(rows)?;
+        let rows = row_args::rows(rows)?;
         let state = &self.state;
         guard::detached(py, |d| match rows {
             None => {
@@ -200,7 +200,7 @@ impl PyStreamingTransformer {
             }
             Some(rows) => {
                 let mut st = state.lock(d)?;
-                let rows = rows::resolve(&rows, st.batch())?;
+                let rows = row_args::resolve(&rows, st.batch())?;
                 st.reset_rows(&rows);
                 Ok(())
             }

@@ -1,9 +1,9 @@
 //! The one interface over the two engines that compute the codec's convolutional parts
 //! (the SEANet encoder/decoder and the down/upsampling): [`native`](super::native), this
-//! crate's CPU float32 engine, and [`candle`](super::candle), its own layers on candle's
+//! crate's CPU float32 engine, and [`candle_engine`](super::candle_engine), its own layers on candle's
 //! tensor operations on any device and dtype. The codec picks one at construction; everything else (the transformers, the
-//! quantizer, the wiring, the stream counters) is shared and never asks which it is.
-//! Capabilities, such as per-row streams, are properties of the engine.
+//! quantizer, the wiring, the stream counters) is shared and never asks which it is. Both
+//! keep one streaming state per batch row.
 
 use super::offline::Offline;
 use crate::config::CodecConfig;
@@ -33,14 +33,6 @@ impl EngineKind {
     }
 }
 
-/// What an engine may do beyond the common streaming calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Each batch row has a state of its own: masked steps (`active=`), per-row resets and
-    /// ending a stream with its last partial frame padded (`last=True`).
-    pub per_row: bool,
-}
-
 /// The parts of a codec that every engine uses: the config, the two transformers, the
 /// offline plan and where it computes.
 pub(crate) struct Parts {
@@ -55,7 +47,6 @@ pub(crate) struct Parts {
 /// An engine: the convolutional parts' weights, their offline calls, and fresh streams.
 pub(crate) trait Engine: Send + Sync {
     fn kind(&self) -> EngineKind;
-    fn capabilities(&self) -> Capabilities;
     /// Bytes of the convolutions' weights, as stored.
     fn weights_nbytes(&self) -> usize;
     /// Offline latents before quantization: (B, C, S) -> (B, dimension, frames).

@@ -12,10 +12,10 @@
 //! calls go through [`EncodeStream`] / [`DecodeStream`].
 
 mod bridge;
-pub mod candle;
+pub mod candle_engine;
 pub mod checkpoint;
 pub mod engine;
-pub mod host;
+pub mod host_calls;
 pub mod inputs;
 mod lengths;
 pub mod native;
@@ -27,12 +27,12 @@ mod tests;
 
 pub use crate::rows::Rows;
 pub use checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
-pub use engine::{Capabilities, EngineKind};
-pub use host::EncodeStep;
+pub use engine::EngineKind;
+pub use host_calls::EncodeStep;
 pub use open::OpenOptions;
 pub use stream::{DecodeStream, EncodeStream};
 
-use self::candle::Candle;
+use self::candle_engine::Candle;
 use crate::config::CodecConfig;
 use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
@@ -47,7 +47,7 @@ use native::Native;
 use offline::{offline_call, Offline};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use stream::{rows_unsupported, Stream};
+use stream::Stream;
 
 /// (B, D, T) -> the transformer over time -> (B, D, T), continuing `state`.
 pub(crate) fn transform(
@@ -259,11 +259,6 @@ impl Codec {
         self.engine.kind()
     }
 
-    /// What the engine can do (per-row streams).
-    pub fn capabilities(&self) -> Capabilities {
-        self.engine.capabilities()
-    }
-
     pub fn device(&self) -> &Device {
         &self.parts.device
     }
@@ -312,12 +307,12 @@ impl Codec {
 
     /// A fresh encoder stream.
     pub fn encode_stream(&self) -> EncodeStream {
-        Stream::new(self.engine.clone().encode_convs(), self.capabilities())
+        Stream::new(self.engine.clone().encode_convs())
     }
 
     /// A fresh decoder stream.
     pub fn decode_stream(&self) -> DecodeStream {
-        Stream::new(self.engine.clone().decode_convs(), self.capabilities())
+        Stream::new(self.engine.clone().decode_convs())
     }
 
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
@@ -359,9 +354,6 @@ impl Codec {
     /// padding). The concatenated codes of a stream ended this way are `encode`'s. The stream
     /// is spent afterwards: start a new one.
     pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        if !self.capabilities().per_row {
-            return Err(rows_unsupported());
-        }
         let b = pcm.dim(0)?;
         s.check_batch(b, "encoder")?;
         if s.uneven(self.parts.cfg.frame_size()) {
@@ -384,14 +376,11 @@ impl Codec {
     }
 
     /// Refuses a step the stream cannot take, before anything changes: another batch size,
-    /// a mask on an engine without per-row streams, or a chunk of `n` samples that would make
+    /// or a chunk of `n` samples that would make
     /// rows emit different numbers of frames (masked steps take whole frames, and so does
     /// any step once rows hold different partial frames after a per-row reset).
     fn check_encode_rows(&self, s: &EncodeStream, n: usize, rows: &Rows) -> Result<()> {
         s.check_batch(rows.batch(), "encoder")?;
-        if rows.is_masked() && !self.capabilities().per_row {
-            return Err(rows_unsupported());
-        }
         let f = self.parts.cfg.frame_size();
         if !n.is_multiple_of(f) && (rows.is_masked() || s.uneven(f)) {
             return Err(Error::Shape(format!(
@@ -452,9 +441,6 @@ impl Codec {
         rows: &Rows,
     ) -> Result<Option<Tensor>> {
         s.check_batch(rows.batch(), "decoder")?;
-        if rows.is_masked() && !self.capabilities().per_row {
-            return Err(rows_unsupported());
-        }
         s.start(rows.batch());
         if rows.count() == 0 {
             return Ok(None);

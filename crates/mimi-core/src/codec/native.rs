@@ -6,7 +6,7 @@
 //! step rather than once per row, the high-rate layers on the rows side by side.
 
 use super::bridge::{from_frames, per_row, select_mut, to_frames};
-use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
+use super::engine::{DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::offline::{empty, split, stream_window};
 use super::transform;
 use crate::config::{CodecConfig, PadMode};
@@ -137,10 +137,6 @@ impl Engine for Native {
     fn weights_nbytes(&self) -> usize {
         (self.encoder.weights_nbytes() + self.decoder.weights_nbytes())
             + (self.downsample.weights_nbytes() + self.upsample.weights_nbytes())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities { per_row: true }
     }
 
     /// Per block of `offline.block` tokens: the SEANet encoder over the block's samples

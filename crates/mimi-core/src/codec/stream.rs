@@ -1,7 +1,7 @@
 //! A codec stream: the convolutions' states (by engine), the transformer's state, and each
 //! row's count since its own start or reset. The codec's streaming calls take one.
 
-use super::engine::{Capabilities, Convolutions, DecodeConvs, EncodeConvs};
+use super::engine::{Convolutions, DecodeConvs, EncodeConvs};
 use crate::error::{Error, Result};
 use crate::transformer::State;
 
@@ -9,7 +9,6 @@ use crate::transformer::State;
 pub struct Stream<C> {
     pub(crate) convs: C,
     pub(crate) tr: State,
-    pub(crate) caps: Capabilities,
     batch: Option<usize>,
     /// Each row's count: audio samples (encoder) or code frames (decoder).
     pub(crate) counts: Vec<u64>,
@@ -21,11 +20,10 @@ pub type EncodeStream = Stream<Box<dyn EncodeConvs>>;
 pub type DecodeStream = Stream<Box<dyn DecodeConvs>>;
 
 impl<C: Convolutions> Stream<C> {
-    pub(crate) fn new(convs: C, caps: Capabilities) -> Self {
+    pub(crate) fn new(convs: C) -> Self {
         Self {
             convs,
             tr: State::default(),
-            caps,
             batch: None,
             counts: Vec::new(),
         }
@@ -75,9 +73,6 @@ impl<C: Convolutions> Stream<C> {
 
     /// Returns `rows` to a fresh stream; the other rows continue untouched.
     pub fn reset_rows(&mut self, rows: &[usize]) -> Result<()> {
-        if !self.caps.per_row {
-            return Err(rows_unsupported());
-        }
         let n = self.counts.len();
         for &r in rows.iter().filter(|&&r| r < n) {
             self.convs.reset_row(r);
@@ -92,19 +87,8 @@ impl<C: Convolutions> Stream<C> {
         Ok(Self {
             convs: self.convs.copy(),
             tr: self.tr.deep_copy()?,
-            caps: self.caps,
             batch: self.batch,
             counts: self.counts.clone(),
         })
     }
-}
-
-/// Per-row streaming (`active` masks, per-row resets, `last=True`) needs one state per batch
-/// row; both engines keep one, but [`Capabilities`] lets an engine go without.
-pub(crate) fn rows_unsupported() -> Error {
-    Error::Device(
-        "per-row streaming (active=, reset_state(rows=), last=True) is not supported by this \
-         codec's engine"
-            .into(),
-    )
 }

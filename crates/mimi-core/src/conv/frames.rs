@@ -1,11 +1,11 @@
 //! The activations the convolutions pass along ([`Frames`], `(channels, frames)` row-major,
-//! buffers from the [`pool`](super::pool)), a row-parallel helper, and a causal
+//! buffers from the [`buffers`](super::buffers)), a row-parallel helper, and a causal
 //! convolution's padded view of its input ([`Padded`], padding never copied).
 
 use rayon::prelude::*;
 
 use super::activation::copy_act;
-use super::pool;
+use super::buffers;
 
 /// `(channels, frames)` activations of one batch item, row-major.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -20,7 +20,7 @@ pub struct Frames {
 
 impl Drop for Frames {
     fn drop(&mut self) {
-        pool::give(std::mem::take(&mut self.data));
+        buffers::give(std::mem::take(&mut self.data));
     }
 }
 
@@ -38,7 +38,7 @@ impl Frames {
     /// A buffer of the given shape with unspecified contents (every element is written by
     /// the caller).
     pub(super) fn uninit(channels: usize, len: usize) -> Self {
-        Self::new(channels, len, pool::take(channels * len))
+        Self::new(channels, len, buffers::take(channels * len))
     }
 
     /// The values, row-major (the buffer leaves the pool).

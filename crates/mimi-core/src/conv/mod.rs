@@ -25,7 +25,7 @@
 //!
 //! The files, one component each:
 //!
-//! * `pool.rs`: the per-thread pool of recycled activation buffers ([`release_buffers`]);
+//! * `buffers.rs`: the per-thread stock of recycled activation buffers ([`release_buffers`]);
 //! * `frames.rs`: [`Frames`] (the activations), a row-parallel helper, and `Padded`, a
 //!   convolution's view of its input with the padding described, not copied;
 //! * `activation.rs`: the ELU, AVX2 where available;
@@ -42,19 +42,19 @@
 pub(crate) const STEP_FRAMES: usize = 8;
 
 mod activation;
+mod buffers;
 mod conv1d;
 mod conv_tr1d;
 mod frames;
-mod pool;
 mod spec;
 mod tiles;
 
 #[cfg(test)]
 mod tests;
 
+pub use buffers::release_buffers;
 pub use conv1d::Conv1d;
 pub use conv_tr1d::ConvTr1d;
 pub use frames::Frames;
-pub use pool::release_buffers;
 pub(crate) use spec::conv_weight;
 pub use spec::{ConvSpec, ConvState};

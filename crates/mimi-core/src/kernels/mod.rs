@@ -18,7 +18,7 @@
 //!   exactly the keys each query sees, reading the key/value rings in place;
 //! * `elementwise.rs`: [`gelu_erf`], [`residual_add`] and the `e^x` they share with the
 //!   attention's softmax;
-//! * `pool.rs`: [`in_pool`] and [`spin`], the rayon pool whose workers keep awake for the
+//! * `workers.rs`: [`in_pool`] and [`spin`], the rayon pool whose workers keep awake for the
 //!   length of a call;
 //! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution.
 //!
@@ -37,7 +37,7 @@ mod elementwise;
 mod gemv;
 mod linear;
 mod packed;
-mod pool;
+mod workers;
 
 pub(crate) use attention::attend_visible;
 pub use attention::WindowAttention;
@@ -46,4 +46,4 @@ pub use elementwise::{gelu_erf, residual_add};
 pub use gemv::{gemv, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;
 pub use packed::{Packed, PANEL};
-pub use pool::{in_pool, spin};
+pub use workers::{in_pool, spin};

@@ -3,8 +3,8 @@
 //! engine in f32 and against rows streamed alone in half precision.
 
 use super::layers::LayerState;
-use super::rows::StepRows;
 use super::seanet::States;
+use super::step_rows::StepRows;
 use super::Candle;
 use crate::codec::{Codec, EncodeStep, EngineKind, Rows};
 use crate::config::{CodecConfig, PadMode};

@@ -14,7 +14,7 @@
 //! products over its taps. Every kernel is made contiguous at load: candle's CUDA
 //! convolutions compute wrong results for non-contiguous kernels.
 
-use super::rows::{cat_time, take, StepRows};
+use super::step_rows::{cat_time, take, StepRows};
 use crate::config::PadMode;
 use crate::conv::ConvSpec;
 use crate::error::{Error, Result};

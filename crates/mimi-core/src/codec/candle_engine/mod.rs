@@ -9,12 +9,12 @@
 //! fresh stream with `last`, which pads as candle's offline modules do.
 
 mod layers;
-mod rows;
 mod seanet;
+mod step_rows;
 #[cfg(test)]
 mod tests;
 
-use super::engine::{Capabilities, DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
+use super::engine::{DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::transform;
 use crate::config::{CodecConfig, PadMode};
 use crate::conv::ConvSpec;
@@ -24,9 +24,9 @@ use crate::transformer::State;
 use candle::Tensor;
 use candle_nn::VarBuilder;
 use layers::{Conv, Depthwise, LayerState};
-use rows::StepRows;
 use seanet::{Decoder, Encoder, States};
 use std::sync::Arc;
+use step_rows::StepRows;
 
 /// The engine's layers, holding the weights (immutable, shared by its streams).
 pub(crate) struct Candle {
@@ -66,10 +66,6 @@ impl Engine for Candle {
     fn weights_nbytes(&self) -> usize {
         (self.encoder.weights_nbytes() + self.decoder.weights_nbytes())
             + (self.downsample.weights_nbytes() + self.upsample.weights_nbytes())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities { per_row: true }
     }
 
     fn encode(&self, p: &Parts, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {

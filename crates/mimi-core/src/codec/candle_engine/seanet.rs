@@ -3,7 +3,7 @@
 //! [`crate::seanet`] (the native engine's), on batched device tensors in any dtype.
 
 use super::layers::{Conv, ConvTr, LayerState};
-use super::rows::StepRows;
+use super::step_rows::StepRows;
 use crate::config::SeanetConfig;
 use crate::conv::ConvSpec;
 use crate::error::{check_cancel, Cancel, Error, Result};
