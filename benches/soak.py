@@ -19,7 +19,7 @@ plus the samples to ``soak.json`` in ``--out`` (default: ``$TMPDIR/mimi_soak``).
     python benches/soak.py --steps 3000 --seconds 60  # a short run
 
 The functions ``soak_transformer`` and ``soak_codec`` are also used, with a small model, by
-``tests/test_threads_soak.py``.
+``tests/threads/test_threads_soak.py``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 #      masked streaming (active=, 3 rows in 4) at the same sizes).
 # Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
 # test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
-# compared with the CPU's (at least 99% equal, tests/ondevice.py).
+# compared with the CPU's (at least 99% equal, tests/support/ondevice.py).
 # Sized for under 8 minutes of device time. Prepare .gpu/ first (scripts/prepare_gpu_check.sh),
 # then: device run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
 #
@@ -51,9 +51,10 @@ PY
 
 step "tests on $DEVICE"
 timeout 270 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" \
-    tests/test_fixtures.py tests/test_state.py tests/test_codec.py tests/test_half.py \
-    tests/test_input_arrays.py tests/test_transformer_inputs.py tests/test_codec_inputs.py \
-    tests/test_config.py tests/test_weights.py tests/test_errors.py tests/test_memory_limits.py \
+    tests/transformer/test_fixtures.py tests/transformer/test_state.py tests/codec/test_codec.py \
+    tests/codec/test_half.py tests/inputs/test_input_arrays.py tests/transformer/test_transformer_inputs.py \
+    tests/codec/test_codec_inputs.py tests/transformer/test_config.py tests/weights/test_weights.py \
+    tests/errors/test_errors.py tests/inputs/test_memory_limits.py \
     2>&1 | tee "$OUT/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

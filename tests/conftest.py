@@ -1,509 +1,71 @@
-"""Shared helpers: the reference data in tests/data (loaded by fixtures.py), small utilities,
-and the machinery of the hostile-input tests (see "hostile inputs" below)."""
+"""The suite's pytest hooks and shared fixtures. The helpers are in tests/support (see its
+__init__); folders keep their own fixtures in their own conftest.py.
+
+* the ``extra`` marker (support/extras.py): a test whose extra is missing fails when
+  ``MIMI_TEST_REQUIRE_EXTRAS`` is set (``make test``), and is skipped otherwise, the terminal
+  summary saying which suites were skipped for which extra;
+* the hostile-input statistics (support/hostile.py), printed at the end of the session.
+"""
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
-import os
-import shutil
-import struct
 from collections import Counter
-from pathlib import Path
 
-import numpy as np
 import pytest
-from hypothesis import HealthCheck, note, settings
-from hypothesis import strategies as st
 
-import mimi_py
-from fixtures import CODEC_DIR, TRANSFORMER_DIR, load_case
-from ondevice import make_codec, make_transformer
-
-REPO = Path(__file__).resolve().parents[1]
+from support import extras, hostile
+from support.models import new_codec
+from support.paths import TRANSFORMER_DIR
 
 if not TRANSFORMER_DIR.is_dir():  # pragma: no cover - a broken checkout, not a skip
     raise RuntimeError(f"reference data not found at {TRANSFORMER_DIR}")
 
-# Cases with arrays (npz); gqa must be refused (kv_repeat=2).
-NUMERIC_CASES = ["small_rope", "small_sin_rms_gated", "mimi"]
+# (the test file, what is missing) -> how many of its tests were skipped for it.
+_SKIPPED_FOR_EXTRAS: Counter = Counter()
+_SUMMARY: list[str] = []
 
 
-def assert_close(actual, expected, atol=1e-4, rtol=1e-4, what=""):
-    """The fixtures' rule: |actual - expected| <= atol + rtol * |expected|, elementwise."""
-    actual = np.asarray(actual)
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    err = np.abs(actual - expected)
-    bound = atol + rtol * np.abs(expected)
-    bad = err > bound
-    assert not bad.any(), (
-        f"{what}: {bad.sum()} of {bad.size} values out of tolerance; "
-        f"max abs err {err.max():.3g} (atol={atol}, rtol={rtol})"
-    )
+def pytest_collection_modifyitems(items):
+    """A misspelt extra is an error at collection, not a skip."""
+    for item in items:
+        for mark in item.iter_markers("extra"):
+            try:
+                extras.modules_of(mark.args, mark.kwargs.get("modules"))
+            except ValueError as e:
+                raise pytest.UsageError(f"{item.nodeid}: {e}") from None
 
 
-def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
-    """A minimal safetensors writer (little-endian, C order), so tests need no extra package."""
-    codes = {
-        np.dtype("float32"): "F32",
-        np.dtype("float16"): "F16",
-        np.dtype("float64"): "F64",
-        np.dtype("int64"): "I64",
-        np.dtype("int32"): "I32",
-        np.dtype("uint8"): "U8",
-    }
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {
-            "dtype": codes[a.dtype],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        blobs.append(data)
-        offset += len(data)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for b in blobs:
-            f.write(b)
-
-
-def read_safetensors(path) -> dict[str, np.ndarray]:
-    """The floating tensors of a safetensors file as float32 (F32, F16, or BF16 upcast exactly)."""
-    raw = Path(path).read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8 : 8 + n])
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        data = raw[8 + n + a : 8 + n + b]
-        if v["dtype"] == "BF16":  # the upper 16 bits of a float32
-            x = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            x = np.frombuffer(data, dtype={"F32": "<f4", "F16": "<f2"}[v["dtype"]]).astype(np.float32)
-        out[k] = x.reshape(v["shape"])
-    return out
-
-
-def make_hf_cache(cache, repo_id, snapshots, refs=None) -> Path:
-    """Lay out ``repo_id`` in the Hugging Face cache folder ``cache`` as huggingface_hub does.
-
-    ``snapshots`` maps a commit hash (40 hex digits) to ``{name in the repo: source}``, where a
-    source is a file to copy or a function that writes the file at the path it is given.
-    ``refs`` maps a branch or tag to a commit hash (default: ``main`` -> the first snapshot).
-    Each file is stored once as ``blobs/<sha256>``, and ``snapshots/<hash>/<name>`` is a
-    relative symlink to it. Returns the repository's folder (``models--ORG--NAME``).
-    """
-    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    for commit, files in snapshots.items():
-        for name, src in files.items():
-            part = repo / "blobs" / "download.incomplete"
-            src(part) if callable(src) else shutil.copyfile(src, part)
-            digest = hashlib.sha256()
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-            blob = repo / "blobs" / digest.hexdigest()
-            os.replace(part, blob)
-            link = repo / "snapshots" / commit / name
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(os.path.relpath(blob, link.parent))
-    for ref, commit in (refs or {"main": next(iter(snapshots))}).items():
-        (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / ref).write_text(commit)  # no newline, as huggingface_hub writes it
-    return repo
-
-
-@pytest.fixture(scope="session")
-def small_case():
-    return load_case("small_rope")
-
-
-# ================================================================ hostile inputs
-# The hostile-input tests (test_input_arrays, test_transformer_inputs, test_codec_inputs, the
-# generated cases of test_config, test_state and test_weights, test_memory_limits) feed every
-# public entry point random shapes (rank 0-4, zero-length axes, wrong last dim), dtypes (int,
-# bool, complex, object, datetime, strings, float16/32/64, longdouble, big-endian), memory
-# layouts (Fortran order, negative strides, strided slices, transposes, zero strides,
-# read-only, unaligned), NaN/Inf and wrong Python types. Every call must end in one of two ways:
-#
-# * the correct result: the same values as the same input passed C-contiguous float32 (uint32
-#   for codes), compared exactly; or
-# * a ``MimiError`` subclass (or a ``TypeError`` for a wrong Python type), never a
-#   ``PanicException``, a bare ``ValueError``/``RuntimeError``/``OverflowError``, or a crash,
-#   with the object's streaming state unchanged: the next call gives exactly what a control
-#   object that never saw the rejected call gives.
-#
-# Budget: ``HYPOTHESIS_PROFILE=ci`` (the default; profile ``mimi-ci``) runs a fixed,
-# derandomized budget of 50 examples per property test; ``HYPOTHESIS_PROFILE=dev``
-# (``mimi-dev``) runs 1000 per test, randomized, for local hunting (a few minutes)::
-#
-#     HYPOTHESIS_PROFILE=dev python -m pytest -q tests/test_transformer_inputs.py \
-#         tests/test_codec_inputs.py tests/test_config.py tests/test_state.py
-#
-# At the end of the session the number of generated cases and the distinct exception classes
-# they hit are printed in the terminal summary and written to
-# ``<pytest basetemp>/hostile_stats.json`` (and to ``$MIMI_HOSTILE_STATS`` if set).
-
-# ---------------------------------------------------------------- hypothesis budget
-
-_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-# Registered as "mimi-ci" / "mimi-dev" rather than "ci" / "dev": hypothesis has a built-in "ci"
-# profile that it activates by itself on CI machines, and re-registering the active profile
-# would change the budget of every other test module. HYPOTHESIS_PROFILE=ci|dev selects them.
-settings.register_profile(
-    "mimi-ci",
-    max_examples=50,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=_SUPPRESS,
-    print_blob=True,
-)
-settings.register_profile(
-    "mimi-dev",
-    max_examples=1000,
-    deadline=None,
-    suppress_health_check=_SUPPRESS,
-    print_blob=True,
-)
-PROFILE_NAME = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE_NAME in ("ci", "dev"):
-    PROFILE_NAME = "mimi-" + PROFILE_NAME
-# Applied per test (not loaded globally), so the other tests keep their own settings.
-PROFILE = settings(settings.get_profile(PROFILE_NAME))
-
-# ---------------------------------------------------------------- statistics
-
-STATS: dict = {
-    "cases": Counter(),
-    "errors": Counter(),
-    "generated_errors": Counter(),
-    "ok": 0,
-    "in_generated_test": False,
-}
-_STATS_LINE: list[str] = []
-
-
-def count_case(test: str) -> None:
-    """Called at the start of each generated case: counts it, and marks its errors as generated."""
-    STATS["cases"][test] += 1
-    STATS["in_generated_test"] = True
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    STATS["in_generated_test"] = False
+    hostile.start_test()
+    missing = extras.unmet(item.iter_markers("extra"))
+    if missing is None:
+        return
+    if extras.required():
+        pytest.fail(f"{missing} ({extras.REQUIRE} is set)", pytrace=False)
+    _SKIPPED_FOR_EXTRAS[item.path.relative_to(item.config.rootpath).as_posix(), missing] += 1
+    pytest.skip(missing)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _hostile_stats(tmp_path_factory):
     """At the end of the session, if any hostile call was made: the statistics, as json."""
     yield
-    if not STATS["cases"] and not STATS["errors"]:
-        return
-    n = sum(STATS["cases"].values())
-    classes = sorted(STATS["generated_errors"])
-    summary = {
-        "profile": PROFILE_NAME,
-        "generated_cases": n,
-        "cases_per_test": dict(sorted(STATS["cases"].items())),
-        "successful_calls": STATS["ok"],
-        "distinct_error_classes": len(classes),
-        "error_classes": {c: STATS["generated_errors"][c] for c in classes},
-        "error_classes_all_tests": dict(sorted(STATS["errors"].items())),
-    }
-    path = tmp_path_factory.getbasetemp() / "hostile_stats.json"
-    text = json.dumps(summary, indent=2)
-    path.write_text(text)
-    if os.environ.get("MIMI_HOSTILE_STATS"):
-        Path(os.environ["MIMI_HOSTILE_STATS"]).write_text(text)
-    _STATS_LINE[:] = [
-        f"hostile inputs [{PROFILE_NAME}]: {n} generated cases, {len(classes)} distinct error "
-        f"classes ({', '.join(classes)}); all tests of the session: "
-        f"{len(STATS['errors'])} error classes; {path}"
-    ]
+    line = hostile.summary(tmp_path_factory.getbasetemp())
+    if line:
+        _SUMMARY.append(line)
 
 
 def pytest_terminal_summary(terminalreporter):
-    for line in _STATS_LINE:
+    for line in _SUMMARY:
         terminalreporter.write_line(line)
-
-
-# ---------------------------------------------------------------- outcome checking
-
-
-def call(fn, *args):
-    """Runs fn(*args): ("ok", result) or ("err", exception); records the outcome."""
-    try:
-        r = fn(*args)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # noqa: BLE001 - PanicException is a BaseException
-        STATS["errors"][type(e).__name__] += 1
-        if STATS["in_generated_test"]:
-            STATS["generated_errors"][type(e).__name__] += 1
-        assert type(e).__name__ != "PanicException", f"PanicException escaped: {e}"
-        assert isinstance(e, Exception), f"{type(e).__name__} is not an Exception: {e}"
-        return "err", e
-    STATS["ok"] += 1
-    return "ok", r
-
-
-def assert_allowed(e: BaseException, allowed: tuple, what: str = "") -> None:
-    """e is one of the allowed classes, and is a MimiError or a plain TypeError."""
-    assert isinstance(e, allowed), (
-        f"{what}: raised {type(e).__module__}.{type(e).__name__}: {e}; expected one of "
-        f"{[a.__name__ for a in allowed]}"
-    )
-    assert isinstance(e, mimi_py.MimiError) or type(e) is TypeError, (
-        f"{what}: {type(e).__name__} is neither a MimiError nor a TypeError: {e}"
-    )
-    assert str(e), f"{what}: empty message"
-
-
-# ---------------------------------------------------------------- array strategies
-
-FLOAT_DTYPES = ["float16", "float32", "float64", "longdouble", ">f4", ">f8"]
-BAD_DTYPES = [
-    "int8",
-    "int32",
-    "int64",
-    "uint8",
-    "uint64",
-    "bool",
-    "complex64",
-    "complex128",
-    "object",
-    "datetime64[s]",
-    "U3",
-]
-INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", ">i4"]
-LAYOUTS = ["C", "F", "neg", "slice", "transpose", "broadcast", "readonly", "unaligned"]
-
-
-def lay_out(x: np.ndarray, layout: str, axis: int) -> np.ndarray:
-    """The same logical values as x in another memory layout (broadcast: a zero-stride
-    view of x's first slice along axis, so the values change but the reference is computed
-    from the returned array itself)."""
-    if x.ndim == 0 or x.dtype.kind in "OUM" or layout == "C":
-        return x
-    axis %= x.ndim
-    if layout == "F":
-        return np.asfortranarray(x)
-    if layout == "neg":
-        return np.flip(np.flip(x, axis).copy(), axis)
-    if layout == "slice":
-        big_shape = list(x.shape)
-        big_shape[axis] *= 2
-        big = np.zeros(big_shape, x.dtype)
-        idx = [slice(None)] * x.ndim
-        idx[axis] = slice(None, None, 2)
-        big[tuple(idx)] = x
-        return big[tuple(idx)]
-    if layout == "transpose":
-        return np.ascontiguousarray(x.T).T
-    if layout == "broadcast":
-        if x.shape[axis] == 0:
-            return x
-        return np.broadcast_to(x.take([0], axis=axis), x.shape)
-    if layout == "readonly":
-        y = x.copy()
-        y.setflags(write=False)
-        return y
-    if layout == "unaligned":
-        if x.dtype.itemsize < 2:
-            return x
-        buf = np.zeros(x.nbytes + 1, np.uint8)[1:]
-        y = buf.view(x.dtype).reshape(x.shape)
-        y[...] = x
-        return y
-    raise AssertionError(layout)
-
-
-@st.composite
-def float_values(draw, shape, scale=1.0, allow_special=True):
-    """float64 values of `shape`, possibly with one NaN/Inf."""
-    seed = draw(st.integers(0, 2**32 - 1))
-    x = np.array(np.random.default_rng(seed).standard_normal(shape) * scale, dtype=np.float64)
-    special = draw(st.sampled_from([None] * 4 + (["nan", "inf", "-inf"] if allow_special else [])))
-    if special and x.size:
-        flat = draw(st.integers(0, x.size - 1))
-        x.reshape(-1)[flat] = float(special)
-    return x
-
-
-@st.composite
-def hostile_array(draw, shape, scale=1.0, float_only=False):
-    """(array, dtype_ok) for a pcm/activation input of `shape`."""
-    vals = draw(float_values(shape, scale))
-    dtype = draw(st.sampled_from(FLOAT_DTYPES * 3 + ([] if float_only else BAD_DTYPES)))
-    if dtype == "object":
-        x = vals.astype(object)
-    elif dtype == "U3":
-        x = np.full(shape, "1.5", dtype="U3")
-    elif dtype.startswith("datetime"):
-        x = np.zeros(shape, dtype=dtype)
-    else:
-        with np.errstate(invalid="ignore", over="ignore"):
-            x = vals.astype(dtype)
-    layout = draw(st.sampled_from(LAYOUTS))
-    axis = draw(st.integers(0, 3))
-    x = lay_out(x, layout, axis)
-    note(f"array shape={x.shape} dtype={x.dtype} layout={layout} axis={axis} strides={x.strides}")
-    return x, np.dtype(x.dtype).kind == "f"
-
-
-class ArrayLike:
-    """Not an ndarray, but convertible with numpy.asarray."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.a, dtype=dtype)
-
-
-PY_OBJECTS = {
-    "None": lambda v: None,
-    "str": lambda v: "hello",
-    "bytes": lambda v: b"bytes",
-    "dict": lambda v: {"a": 1},
-    "empty dict": lambda v: {},
-    "int": lambda v: 3,
-    "float": lambda v: 2.5,
-    "bool": lambda v: True,
-    "object": lambda v: object(),
-    "tuple": lambda v: (1.0, 2.0),
-    "ragged list": lambda v: [[1.0], [1.0, 2.0]],
-    "list of str": lambda v: ["a", "b"],
-    "complex": lambda v: 1j,
-    "set": lambda v: set(),
-    "slice": lambda v: slice(1),
-    "nested list": lambda v: v.tolist(),
-    "flat tuple": lambda v: tuple(v.ravel().tolist()),
-    "__array__": lambda v: ArrayLike(v),
-    "memoryview": lambda v: memoryview(np.ascontiguousarray(v)),
-    "np.float32": lambda v: np.float32(1.0),
-    "np.int64": lambda v: np.int64(3),
-}
-
-
-@st.composite
-def python_objects(draw, valid_float):
-    """Wrong Python types and array-likes; valid_float: a valid float input as an ndarray."""
-    name = draw(st.sampled_from(sorted(PY_OBJECTS)))
-    note(f"python object: {name}")
-    return PY_OBJECTS[name](valid_float)
-
-
-def as_ndarray_or_none(obj):
-    """What numpy makes of obj (None if it cannot), to predict the outcome."""
-    if obj is None:
-        return None
-    try:
-        a = np.asarray(obj)
-    except Exception:  # noqa: BLE001
-        return None
-    if a.dtype.kind in "USOV":
-        return None
-    return a
-
-
-def same(a, b, what):
-    """Exactly the same result (None, or arrays equal with NaNs in the same places)."""
-    if a is None or b is None:
-        assert a is None and b is None, f"{what}: {a!r} vs {b!r}"
-        return
-    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
-    np.testing.assert_array_equal(a, b, err_msg=what)
-
-
-def reference_input(arr: np.ndarray) -> np.ndarray:
-    """The C-contiguous float32 input a call with `arr` must be equivalent to."""
-    return np.array(arr, dtype=np.float32, order="C")
-
-
-# ---------------------------------------------------------------- a small transformer
-
-D = 32
-TF_CFG = mimi_py.TransformerConfig(d_model=D, num_heads=2, num_layers=2, dim_feedforward=64, context=8)
-
-
-def tf_pair(seed=1):
-    """A transformer on the test device and its control (same weights)."""
-    return make_transformer(TF_CFG, seed=seed), make_transformer(TF_CFG, seed=seed)
-
-
-@functools.cache
-def tf_weights() -> dict[str, np.ndarray]:
-    """The state dict of a seeded TF_CFG transformer (on the CPU)."""
-    return mimi_py.StreamingTransformer(TF_CFG, seed=3).state_dict()
-
-
-def tf_primed(prime_batch, prime_len, seed):
-    """A transformer and its control, both fed the same history."""
-    t, c = tf_pair()
-    hist = np.random.default_rng(seed).standard_normal((prime_batch, prime_len, D)).astype(np.float32)
-    if prime_len:
-        same(t.forward(hist), c.forward(hist), "priming")
-    return t, c
-
-
-def tf_follow_up(t, c, batch, seed):
-    """The next valid step gives exactly what the control gives."""
-    b = batch or 1
-    x = np.random.default_rng(seed + 1).standard_normal((b, 2, D)).astype(np.float32)
-    same(t.forward(x), c.forward(x), "follow-up after a hostile call")
-    assert t.position == c.position
-
-
-# ---------------------------------------------------------------- the small codec
-
-CODEC_FILE = CODEC_DIR / "mimi_small.safetensors"
-FRAME = 1920  # samples per frame
-K = 4  # codebooks
-BINS = 64  # codes per codebook
-
-
-def small_codec_config_dict() -> dict:
-    """The candle config json of the fixtures' small codec (tests/data/codec), a fresh dict."""
-    return json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text())
-
-
-def small_codec_config() -> mimi_py.CodecConfig:
-    """The config of the fixtures' small codec."""
-    return mimi_py.CodecConfig(**small_codec_config_dict())
-
-
-def new_codec() -> mimi_py.MimiCodec:
-    """The fixtures' small codec on the test device."""
-    return make_codec(CODEC_FILE, config=small_codec_config())
+    if _SKIPPED_FOR_EXTRAS:
+        terminalreporter.section(f"suites skipped for a missing extra ({extras.REQUIRE}=1 fails them)")
+    for (path, missing), n in sorted(_SKIPPED_FOR_EXTRAS.items()):
+        terminalreporter.write_line(f"{path}: {n} test{'s' * (n != 1)} skipped: {missing}")
 
 
 @pytest.fixture(scope="module")
 def codec_pair():
     """A small codec under test and a control with the same weights."""
     return new_codec(), new_codec()
-
-
-@pytest.fixture(scope="module")
-def serve_checkpoint(tmp_path_factory):
-    """The small codec as a checkpoint directory, for the server suites (``--weights``)."""
-    from servers import small_checkpoint
-
-    return small_checkpoint(tmp_path_factory.mktemp("small_codec"))
-
-
-@pytest.fixture(scope="module")
-def serve_offline(serve_checkpoint):
-    """The same codec in-process: the reference the served codes and audio must equal."""
-    return mimi_py.MimiCodec(serve_checkpoint)

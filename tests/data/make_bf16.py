@@ -10,11 +10,13 @@ and stored under the safetensors dtype ``"BF16"``. Tensor order, names, shapes a
 
 from __future__ import annotations
 
-import json
-import struct
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the support package
+from support.safetensors import read_header, write_raw  # noqa: E402
 
 CODEC = Path(__file__).resolve().parent / "codec"
 SOURCE = CODEC / "mimi_small_moshi.safetensors"
@@ -32,30 +34,18 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 def convert(source: Path, target: Path) -> int:
     """Write the bfloat16 copy of float32 safetensors file ``source`` to ``target``; returns the tensor count."""
-    raw = source.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8 : 8 + n])
-    data = raw[8 + n :]
-    out_header, blobs, offset = {}, [], 0
+    header, data = read_header(source)
+    if "__metadata__" in header and next(iter(header)) != "__metadata__":  # write_raw puts it first
+        raise ValueError(f"{source}: __metadata__ is not the first entry of the header")
+    metadata = header.pop("__metadata__", None)
+    out = {}
     for name, info in header.items():  # json keeps the file's order
-        if name == "__metadata__":
-            out_header[name] = info
-            continue
         if info["dtype"] != "F32":
             raise ValueError(f"{name}: expected F32, got {info['dtype']}")
         a, b = info["data_offsets"]
-        blob = to_bf16_bits(np.frombuffer(data[a:b], dtype="<f4")).tobytes()
-        out_header[name] = {
-            "dtype": "BF16",
-            "shape": info["shape"],
-            "data_offsets": [offset, offset + len(blob)],
-        }
-        blobs.append(blob)
-        offset += len(blob)
-    head = json.dumps(out_header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    target.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
-    return len(blobs)
+        out[name] = ("BF16", info["shape"], to_bf16_bits(np.frombuffer(data[a:b], dtype="<f4")).tobytes())
+    write_raw(target, out, metadata)
+    return len(out)
 
 
 def main() -> None:
