@@ -6,7 +6,10 @@ positions however the input is chunked, ``copy_state`` copies the whole state,
 bounded by ``context``. Failures are typed exceptions rooted at :class:`MimiError`.
 """
 
-from . import _cuda  # noqa: F401  (a CUDA build: load pip's CUDA libraries)
+from . import (
+    _cuda,  # noqa: F401  (a CUDA build: load pip's CUDA libraries)
+    errors,
+)
 from ._core import (
     CodecConfig,
     MimiCodec,
@@ -17,42 +20,16 @@ from ._core import (
     features,
     settings,
 )
-from .errors import (
-    ComputeError,
-    ConfigError,
-    DepthMismatchError,
-    DeviceError,
-    DTypeError,
-    IncompatibleStateError,
-    InternalError,
-    InvalidInputError,
-    MimiError,
-    ResourceError,
-    ShapeError,
-    UnsupportedKvRepeatError,
-    WeightsError,
-)
+from .errors import *  # noqa: F403  (the exception classes, declared once there)
 
 __all__ = [
     "CodecConfig",
-    "ComputeError",
-    "ConfigError",
-    "DTypeError",
-    "DepthMismatchError",
-    "DeviceError",
-    "IncompatibleStateError",
-    "InternalError",
-    "InvalidInputError",
     "MimiCodec",
-    "MimiError",
-    "ResourceError",
-    "ShapeError",
     "StreamingTransformer",
     "TransformerConfig",
-    "UnsupportedKvRepeatError",
-    "WeightsError",
     "__version__",
     "candle_version",
     "features",
     "settings",
 ]
+__all__ += errors.__all__

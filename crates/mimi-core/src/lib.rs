@@ -16,13 +16,7 @@
 //! # fn main() -> mimi_core::Result<()> {
 //! // A small seeded codec (no download); `Codec::open(path, &OpenOptions::default())`
 //! // opens a checkpoint file or folder (either layout).
-//! let mut cfg = CodecConfig::mimi(4);
-//! cfg.seanet.n_filters = 8;
-//! cfg.seanet.dimension = 64;
-//! cfg.transformer.d_model = 64;
-//! cfg.transformer.num_heads = 4;
-//! cfg.transformer.num_layers = 2;
-//! cfg.transformer.dim_feedforward = 128;
+//! let cfg = CodecConfig::tiny();
 //! let codec = Codec::new(&cfg, TensorSource::seeded(0, None), &Device::Cpu, DType::F32)?;
 //!
 //! // Offline: (batch, channels, samples) -> codes (batch, codebooks, frames).
@@ -62,7 +56,7 @@ pub(crate) mod testutil;
 
 /// The candle this crate computes with (re-exported, so a user's tensors are the same type).
 pub use candle;
-pub use codec::{Codec, DecodeStream, EncodeStream, OpenOptions};
+pub use codec::{Codec, DecodeStream, EncodeStep, EncodeStream, OpenOptions};
 pub use config::{CodecConfig, TransformerConfig};
 pub use error::{Error, Result};
 pub use host::HostArray;

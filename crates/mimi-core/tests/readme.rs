@@ -1,22 +1,33 @@
 //! The README's Rust example, as written there, run on a Hugging Face layout checkpoint
 //! (tests/data/codec: kyutai/mimi's file names and config.json, q/k half-split) and checked
 //! against the codes the Python package gives (the PyTorch reference's, which
-//! tests/test_codec.py asserts `MimiCodec` reproduces exactly).
+//! tests/codec/test_codec.py asserts `MimiCodec` reproduces exactly).
 
 use mimi_core::candle::{DType, Device, Tensor};
+use mimi_core::HostArray;
 use std::path::{Path, PathBuf};
 
+/// What the example gives: the codes, the decoded audio, the stream's first codes.
+type Outputs = (HostArray<u32>, HostArray<f32>, Option<HostArray<u32>>);
+
 /// The lines between the markers are the README's ```rust block, verbatim.
-fn readme_example(path: &Path, pcm: &Tensor, chunk: &Tensor) -> mimi_core::Result<Vec<Tensor>> {
+fn readme_example(
+    path: &Path,
+    samples: Vec<f32>,
+    chunk: HostArray<f32>,
+) -> mimi_core::Result<Outputs> {
     // README begin
-    use mimi_core::{Codec, OpenOptions};
+    use mimi_core::{Codec, EncodeStep, HostArray, OpenOptions};
     let codec = Codec::open(path, &OpenOptions::default())?; // kyutai/mimi's folder or file
-    let codes = codec.encode(pcm, None)?; // (batch, codebooks, frames) u32
+    let n = samples.len(); // mono float32 audio at 24 kHz
+    let pcm = HostArray::new(samples, vec![1, 1, n]); // (batch, channels, samples)
+    let codes = codec.encode_host(pcm, None, None)?; // (batch, codebooks, frames) u32
+    let audio = codec.decode_host(codes.clone(), None, None)?; // (batch, channels, samples)
     let mut stream = codec.encode_stream();
-    let frames = codec.encode_step(&mut stream, chunk)?; // Some(codes) once a frame completes
+    let first = codec.encode_step_host(&mut stream, chunk, EncodeStep::default())?; // Some(codes) once a frame completes
 
     // README end
-    Ok([Some(codes), frames].into_iter().flatten().collect())
+    Ok((codes, audio, first))
 }
 
 fn data(name: &str) -> PathBuf {
@@ -74,25 +85,36 @@ fn the_readme_shows_this_example() {
 fn the_readme_example_opens_a_hugging_face_checkpoint_with_the_python_results() {
     let dir = hf_folder("readme");
     let pcm = reference("waveform");
+    let samples: Vec<f32> = pcm.flatten_all().unwrap().to_vec1().unwrap();
     let frame = 1920;
-    let chunk = pcm.narrow(2, 0, 2 * frame).unwrap();
-    let out = readme_example(&dir, &pcm, &chunk).unwrap();
+    let chunk = HostArray::new(samples[..2 * frame].to_vec(), vec![1, 1, 2 * frame]);
+    let (codes, audio, first) = readme_example(&dir, samples, chunk).unwrap();
     let expected = reference("codes");
-    assert_eq!(out[0].dims(), expected.dims());
-    assert_eq!(codes_of(&out[0]), codes_of(&expected));
+    assert_eq!(codes.shape, expected.dims());
+    assert_eq!(codes.data, codes_of(&expected));
     // The trap this closes: the interleaved rotary on half-split q/k gives other codes.
     assert_ne!(
-        codes_of(&out[0]),
+        codes.data,
         codes_of(&reference("codes_interleaved_rope_on_hf_layout"))
     );
+    // The decoded audio: the reference's within the tolerance its metadata states.
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data("mimi_small.json")).unwrap()).unwrap();
+    let tol = |k: &str| meta["tolerance"]["audio"][k].as_f64().unwrap() as f32;
+    let (atol, rtol) = (tol("atol"), tol("rtol"));
+    let want: Vec<f32> = reference("audio").flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(audio.shape, vec![1, 1, want.len()]);
+    for (i, (a, b)) in audio.data.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() <= atol + rtol * b.abs(),
+            "sample {i}: {a} vs {b}"
+        );
+    }
     // The stream's first whole frames are the offline codes' first frames.
-    let streamed = &out[1];
-    let n = streamed.dim(2).unwrap();
-    assert!(n >= 1);
-    assert_eq!(
-        codes_of(streamed),
-        codes_of(&expected.narrow(2, 0, n).unwrap())
-    );
+    let first = first.expect("two frames of audio complete two frames");
+    let n = first.shape[2];
+    assert_eq!(n, 2);
+    assert_eq!(first.data, codes_of(&expected.narrow(2, 0, n).unwrap()));
     std::fs::remove_dir_all(dir).unwrap();
 }
 

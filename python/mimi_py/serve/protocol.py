@@ -1,6 +1,6 @@
 """The server's wire protocol, declared once: its paths, PCM formats, limits and close codes.
 
-``docs/protocol.md`` describes it for client authors; ``tests/test_serve.py`` checks
+``docs/protocol.md`` describes it for client authors; ``tests/serve/test_serve.py`` checks
 that document against the tables here. Nothing in this module needs websockets or a codec.
 """
 

@@ -138,15 +138,7 @@ mod tests {
     /// is timed, and the timers are off again afterwards.
     #[test]
     fn a_batched_frame_is_timed_layer_by_layer() -> Result<()> {
-        let mut cfg = CodecConfig::mimi(4);
-        cfg.seanet.n_filters = 8;
-        cfg.seanet.dimension = 64;
-        cfg.transformer.d_model = 64;
-        cfg.transformer.num_heads = 4;
-        cfg.transformer.num_layers = 2;
-        cfg.transformer.dim_feedforward = 128;
-        cfg.quantizer_bins = 64;
-        cfg.quantizer_dim = 32;
+        let cfg = CodecConfig::tiny();
         let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
         let codec = Codec::new(&cfg, source, &Device::Cpu, DType::F32)?;
         let line = profile_batch(&codec, 3, 2, &mut 1)?;

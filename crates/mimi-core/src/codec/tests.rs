@@ -119,19 +119,11 @@ mod engines {
     use std::sync::Arc;
 
     fn small(replicate: bool) -> CodecConfig {
-        let mut c = CodecConfig::mimi(4);
-        c.seanet.n_filters = 8;
-        c.seanet.dimension = 64;
+        let mut c = CodecConfig::tiny();
         if replicate {
             c.seanet.pad_mode = PadMode::Replicate;
             c.seanet.true_skip = false;
         }
-        c.transformer.d_model = 64;
-        c.transformer.num_heads = 4;
-        c.transformer.num_layers = 2;
-        c.transformer.dim_feedforward = 128;
-        c.quantizer_bins = 64;
-        c.quantizer_dim = 32;
         c
     }
 
@@ -400,7 +392,7 @@ mod engines {
 
     /// Half precision runs the candle engine in that dtype, with the quantizer in f32: codes
     /// mostly agree with the f32 native engine's, offline and streaming, and audio comes back
-    /// in the codec's dtype. (Bounds on real data: tests/test_half.py.)
+    /// in the codec's dtype. (Bounds on real data: tests/codec/test_half.py.)
     #[test]
     fn half_precision_codec_runs_and_agrees_with_f32() {
         let cfg = small(false);

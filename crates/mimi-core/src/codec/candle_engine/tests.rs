@@ -18,19 +18,11 @@ use std::sync::Arc;
 const FRAME: usize = 1920;
 
 fn small(replicate: bool) -> CodecConfig {
-    let mut c = CodecConfig::mimi(4);
-    c.seanet.n_filters = 8;
-    c.seanet.dimension = 64;
+    let mut c = CodecConfig::tiny();
     if replicate {
         c.seanet.pad_mode = PadMode::Replicate;
         c.seanet.true_skip = false;
     }
-    c.transformer.d_model = 64;
-    c.transformer.num_heads = 4;
-    c.transformer.num_layers = 2;
-    c.transformer.dim_feedforward = 128;
-    c.quantizer_bins = 64;
-    c.quantizer_dim = 32;
     c
 }
 

@@ -1,0 +1,117 @@
+//! The streaming state ([`State`]): each row's position and each layer's key/value rings,
+//! on the device for the block path ([`LayerCache`]) or on the host for the planned step.
+
+use super::step;
+use crate::error::Result;
+use candle::Tensor;
+
+/// One layer's ring buffers of keys and values, `(batch, heads, context, head_dim)`.
+/// Slot `p % context` holds position `p`.
+#[derive(Clone)]
+pub(super) struct LayerCache {
+    pub(super) k: Tensor,
+    pub(super) v: Tensor,
+}
+
+impl LayerCache {
+    /// The buffers of batch row `r` alone: views of the same storage, so writes land in it.
+    pub(super) fn row(&self, r: usize) -> Result<LayerCache> {
+        Ok(LayerCache {
+            k: self.k.narrow(0, r, 1)?,
+            v: self.v.narrow(0, r, 1)?,
+        })
+    }
+}
+
+/// The streaming state: each row's position (steps since its own start or reset) and the last
+/// `context` keys/values of each layer (allocated at the first call, when the batch size is
+/// known). A row's ring slots past its position hold stale values that no query reads, so a
+/// per-row reset only sets that row's position to 0.
+#[derive(Clone, Default)]
+pub struct State {
+    pub(super) pos: Vec<u64>,
+    /// The block path's rings (candle tensors, any device and dtype).
+    pub(super) caches: Vec<LayerCache>,
+    /// The planned step's rings: host values, one per layer (one of `caches` and `rings`
+    /// is empty), and their `(batch, heads, context, head_dim)`.
+    pub(super) rings: Vec<step::HostRing>,
+    pub(super) ring_dims: Vec<usize>,
+    /// The planned step's buffers (not part of the stream's contents).
+    pub(super) scratch: step::Scratch,
+}
+
+impl State {
+    /// The stream's position: its rows' largest (all rows share it unless some were reset
+    /// on their own or stepped with an `active` mask).
+    pub fn position(&self) -> u64 {
+        self.pos.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Each row's steps since its own start or reset (empty before the first call).
+    pub fn positions(&self) -> &[u64] {
+        &self.pos
+    }
+
+    /// The batch size of the current stream, if one was started.
+    pub fn batch(&self) -> Option<usize> {
+        (!self.caches.is_empty() || !self.rings.is_empty()).then_some(self.pos.len())
+    }
+
+    /// Bytes held by the key/value buffers.
+    pub fn nbytes(&self) -> usize {
+        let rings: usize = self.rings.iter().map(step::HostRing::nbytes).sum();
+        let caches: usize = (self.caches.iter())
+            .map(|c| (c.k.elem_count() + c.v.elem_count()) * c.k.dtype().size_in_bytes())
+            .sum();
+        rings + caches
+    }
+
+    /// A fresh stream: any batch size may follow.
+    pub fn reset(&mut self) {
+        *self = State::default();
+    }
+
+    /// Returns `rows` (indices below the batch size) to the start of a stream; the other
+    /// rows continue untouched.
+    pub fn reset_rows(&mut self, rows: &[usize]) {
+        for &r in rows {
+            if let Some(p) = self.pos.get_mut(r) {
+                *p = 0;
+            }
+        }
+    }
+
+    /// An independent copy: new buffers, same contents and positions.
+    pub fn deep_copy(&self) -> Result<State> {
+        let caches = self
+            .caches
+            .iter()
+            .map(|c| {
+                Ok(LayerCache {
+                    k: c.k.copy()?,
+                    v: c.v.copy()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(State {
+            pos: self.pos.clone(),
+            caches,
+            rings: self.rings.clone(),
+            ring_dims: self.ring_dims.clone(),
+            scratch: step::Scratch::default(),
+        })
+    }
+
+    /// `(num_layers, batch, heads, context, head_dim)` of the buffers, if allocated.
+    pub fn layout(&self) -> Option<(usize, Vec<usize>)> {
+        self.dims().map(|(n, dims)| (n, dims.to_vec()))
+    }
+
+    /// [`Self::layout`], borrowed (no allocation: the planned step checks it every call).
+    pub(super) fn dims(&self) -> Option<(usize, &[usize])> {
+        match self.caches.first() {
+            Some(c) => Some((self.caches.len(), c.k.dims())),
+            None => (!self.rings.is_empty()).then_some((self.rings.len(), &self.ring_dims[..])),
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The transformer's tests: the exact window against candle's transformer, chunking,
+//! rows, states and the planned step.
+
+use super::*;
+use crate::config::{Field, Value};
+use crate::testutil::{max_abs_diff, test_input};
+use crate::weights::{self, QkLayout, TensorSource};
+use candle::StreamingModule;
+
+fn small_cfg(pe: &str, norm: &str, gating: Option<&str>, context: usize) -> TransformerConfig {
+    let parse = |v: &str| Value::Str(v.into());
+    let c = TransformerConfig {
+        d_model: 32,
+        num_heads: 4,
+        num_layers: 2,
+        dim_feedforward: 64,
+        context,
+        max_seq_len: 512,
+        positional_embedding: Field::parse("positional_embedding", &parse(pe)).unwrap(),
+        norm: Field::parse("norm", &parse(norm)).unwrap(),
+        gating: gating.map(|g| Field::parse("gating", &parse(g)).unwrap()),
+        bias_attn: gating.is_some(),
+        layer_scale: if gating.is_some() { None } else { Some(0.3) },
+        ..Default::default()
+    };
+    c.validate().unwrap();
+    c
+}
+
+fn spec(dev: &Device) -> weights::LoadSpec<'_> {
+    weights::LoadSpec {
+        prefix: "",
+        layout: QkLayout::Interleaved,
+        device: dev,
+        dtype: DType::F32,
+        weights_dtype: Default::default(),
+    }
+}
+
+/// Inverse of the loader's conversion: interleaved -> half-split rows, per head.
+fn to_halves(t: &Tensor, head_dim: usize) -> Tensor {
+    let rows = t.dim(0).unwrap();
+    let fwd = weights::halves_to_interleaved_index(rows, head_dim);
+    let mut inv = vec![0u32; rows];
+    for (new, &old) in fwd.iter().enumerate() {
+        inv[old as usize] = new as u32;
+    }
+    t.index_select(&Tensor::new(inv, &Device::Cpu).unwrap(), 0)
+        .unwrap()
+}
+
+/// candle's own transformer is right when fed one step at a time (before `max_seq_len`):
+/// ours must agree with it on the same weights. candle 0.11.1 applies the half-split
+/// rope, so it gets the weights in the HF layout.
+#[test]
+fn matches_candle_step_by_step() {
+    for (pe, norm, gating) in [
+        ("rope", "layer_norm", None),
+        ("sin", "rms_norm", Some("silu")),
+        ("sin", "rms_norm", None),
+        ("none", "layer_norm", Some("gelu")),
+    ] {
+        let cfg = small_cfg(pe, norm, gating, 6);
+        let dev = Device::Cpu;
+        let w = weights::load_transformer_only(
+            &cfg,
+            &TensorSource::seeded(7, cfg.layer_scale),
+            &spec(&dev),
+        )
+        .unwrap();
+        let hd = cfg.head_dim();
+        let hf: HashMap<String, Tensor> = w
+            .iter()
+            .map(|(k, v)| {
+                let v = if k.contains("q_proj") || k.contains("k_proj") {
+                    to_halves(v, hd)
+                } else {
+                    v.clone()
+                };
+                (k.clone(), v)
+            })
+            .collect();
+        let vb = VarBuilder::from_tensors(hf, DType::F32, &dev);
+        let mut reference =
+            candle_transformers::models::mimi::transformer::StreamingTransformer::new(
+                &cfg.to_candle(),
+                vb,
+            )
+            .unwrap();
+        let model = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();
+        let mut state = State::default();
+        let (b, t, d) = (2, 20, cfg.d_model);
+        let x = Tensor::from_vec(test_input(b, t, d, 3), (b, t, d), &dev).unwrap();
+        for i in 0..t {
+            let xi = x.narrow(1, i, 1).unwrap();
+            let ours = model.forward(&mut state, &xi).unwrap();
+            let theirs = reference
+                .step(&xi.into())
+                .unwrap()
+                .as_option()
+                .unwrap()
+                .clone();
+            let diff = max_abs_diff(&ours, &theirs);
+            assert!(
+                diff < 1e-4,
+                "{pe}/{norm}/{gating:?} step {i}: max abs diff {diff}"
+            );
+        }
+        assert_eq!(state.position(), t as u64);
+    }
+}
+
+/// `step_host` refuses, before anything changes: a state not started, rows out of order,
+/// repeated or out of range, lengths that do not match, a gated model, a foreign state.
+#[test]
+fn the_host_step_refuses_bad_calls_before_anything_changes() {
+    let dev = Device::Cpu;
+    let load = |cfg: &TransformerConfig| {
+        let w = weights::load_transformer_only(
+            cfg,
+            &TensorSource::seeded(4, cfg.layer_scale),
+            &spec(&dev),
+        )
+        .unwrap();
+        Transformer::new(cfg, w, &dev, DType::F32).unwrap()
+    };
+    let model = load(&small_cfg("rope", "layer_norm", None, 4));
+    let d = model.config().d_model;
+    let (x, mut out) = (vec![0.1f32; 2 * d], vec![0f32; 2 * d]);
+    let mut s = State::default();
+    let shape = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
+    assert!(shape(model.step_host(&mut s, &x, &[0], &mut out, None)));
+    model.start(&mut s, 2).unwrap();
+    for rows in [&[1usize, 0][..], &[0, 0], &[2], &[]] {
+        assert!(
+            shape(model.step_host(&mut s, &x, rows, &mut out, None)),
+            "{rows:?}"
+        );
+    }
+    assert!(shape(model.step_host(
+        &mut s,
+        &x[..d + 1],
+        &[0],
+        &mut out[..d + 1],
+        None
+    )));
+    assert!(shape(model.step_host(
+        &mut s,
+        &x,
+        &[0],
+        &mut out[..d],
+        None
+    )));
+    let gated = load(&small_cfg("rope", "layer_norm", Some("silu"), 4));
+    let r = gated.step_host(&mut State::default(), &x, &[0], &mut out, None);
+    assert!(matches!(r, Err(Error::InvalidInput(_))), "{r:?}");
+    let other = load(&small_cfg("rope", "layer_norm", None, 6));
+    let r = other.step_host(&mut s, &x, &[0, 1], &mut out, None);
+    assert!(matches!(r, Err(Error::IncompatibleState(_))), "{r:?}");
+    assert_eq!(s.positions(), &[0, 0], "a refused call changes nothing");
+    model
+        .step_host(&mut s, &x, &[0, 1], &mut out, None)
+        .unwrap();
+    assert_eq!(s.positions(), &[1, 1]);
+}
+
+/// Any chunking gives the step-by-step result.
+#[test]
+fn chunk_invariant() {
+    let cfg = small_cfg("rope", "layer_norm", None, 5);
+    let dev = Device::Cpu;
+    let w = weights::load_transformer_only(
+        &cfg,
+        &TensorSource::seeded(1, cfg.layer_scale),
+        &spec(&dev),
+    )
+    .unwrap();
+    let model = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();
+    let (b, t, d) = (1, 40, cfg.d_model);
+    let x = Tensor::from_vec(test_input(b, t, d, 9), (b, t, d), &dev).unwrap();
+    let mut s = State::default();
+    let steps: Vec<Tensor> = (0..t)
+        .map(|i| model.forward(&mut s, &x.narrow(1, i, 1).unwrap()).unwrap())
+        .collect();
+    let steps = Tensor::cat(&steps, 1).unwrap();
+    for chunks in [
+        vec![40],
+        vec![3, 9, 1, 12, 15],
+        vec![5, 5, 5, 25],
+        vec![2, 38],
+        vec![7, 1, 1, 31],
+    ] {
+        let mut s = State::default();
+        let mut outs = Vec::new();
+        let mut start = 0;
+        for c in &chunks {
+            outs.push(
+                model
+                    .forward(&mut s, &x.narrow(1, start, *c).unwrap())
+                    .unwrap(),
+            );
+            start += c;
+        }
+        let y = Tensor::cat(&outs, 1).unwrap();
+        // The planned step: a token's bits do not depend on how the calls cut the input.
+        let diff = max_abs_diff(&y, &steps);
+        assert_eq!(diff, 0.0, "chunks {chunks:?}: max abs diff {diff}");
+    }
+}
+
+/// Rows stepped with masks, reset on their own and fed chunks of several steps behave
+/// exactly like independent single-row streams fed only their own inputs.
+#[test]
+fn rows_are_independent_streams() {
+    for pe in ["rope", "sin"] {
+        let cfg = small_cfg(pe, "layer_norm", None, 4);
+        let dev = Device::Cpu;
+        let w = weights::load_transformer_only(
+            &cfg,
+            &TensorSource::seeded(3, cfg.layer_scale),
+            &spec(&dev),
+        )
+        .unwrap();
+        let model = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();
+        assert!(
+            model.planned(),
+            "{pe}: an f32 model on the CPU takes the planned step"
+        );
+        let (b, d) = (3, cfg.d_model);
+        let mut batched = State::default();
+        let mut single: Vec<State> = (0..b).map(|_| State::default()).collect();
+        // (active rows, steps, rows reset before the call)
+        let schedule: [(&[usize], usize, &[usize]); 9] = [
+            (&[0, 1, 2], 2, &[]),
+            (&[0, 2], 1, &[]),
+            (&[1], 3, &[]),
+            (&[0, 1, 2], 1, &[1]),
+            (&[0, 2], 1, &[2]),
+            (&[0, 1, 2], 5, &[]),
+            (&[1, 2], 1, &[0]),
+            (&[0, 1, 2], 1, &[]),
+            (&[0, 1], 2, &[2]),
+        ];
+        for (call, &(rows, t, resets)) in schedule.iter().enumerate() {
+            batched.reset_rows(resets);
+            for &r in resets {
+                single[r].reset();
+            }
+            let x = Tensor::from_vec(test_input(b, t, d, call as u64), (b, t, d), &dev).unwrap();
+            let idx =
+                Tensor::new(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), &dev).unwrap();
+            let xs = x.index_select(&idx, 0).unwrap();
+            let ys = if call == 0 {
+                model.forward(&mut batched, &xs).unwrap()
+            } else {
+                model.forward_rows(&mut batched, &xs, rows).unwrap()
+            };
+            for (i, &r) in rows.iter().enumerate() {
+                let alone = model
+                    .forward(&mut single[r], &x.narrow(0, r, 1).unwrap())
+                    .unwrap();
+                // Bit-exact: a row's norms, angles and attention are its own, and the
+                // packed product's rows do not depend on their neighbours.
+                let diff = max_abs_diff(&ys.narrow(0, i, 1).unwrap(), &alone);
+                assert_eq!(diff, 0.0, "{pe} call {call} row {r}: max abs diff {diff}");
+                assert_eq!(batched.positions()[r], single[r].position());
+            }
+        }
+    }
+}
