@@ -6,10 +6,7 @@ positions however the input is chunked, ``copy_state`` copies the whole state,
 bounded by ``context``. Failures are typed exceptions rooted at :class:`MimiError`.
 """
 
-from . import (
-    _cuda,  # noqa: F401  (a CUDA build: load pip's CUDA libraries)
-    errors,
-)
+from . import _cuda  # noqa: F401  (a CUDA build: load pip's CUDA libraries)
 from ._core import (
     CodecConfig,
     MimiCodec,
@@ -20,16 +17,42 @@ from ._core import (
     features,
     settings,
 )
-from .errors import *  # noqa: F403  (the exception classes, declared once there)
+from .errors import (
+    ComputeError,
+    ConfigError,
+    DepthMismatchError,
+    DeviceError,
+    DTypeError,
+    IncompatibleStateError,
+    InternalError,
+    InvalidInputError,
+    MimiError,
+    ResourceError,
+    ShapeError,
+    UnsupportedKvRepeatError,
+    WeightsError,
+)
 
 __all__ = [
     "CodecConfig",
+    "ComputeError",
+    "ConfigError",
+    "DTypeError",
+    "DepthMismatchError",
+    "DeviceError",
+    "IncompatibleStateError",
+    "InternalError",
+    "InvalidInputError",
     "MimiCodec",
+    "MimiError",
+    "ResourceError",
+    "ShapeError",
     "StreamingTransformer",
     "TransformerConfig",
+    "UnsupportedKvRepeatError",
+    "WeightsError",
     "__version__",
     "candle_version",
     "features",
     "settings",
 ]
-__all__ += errors.__all__
