@@ -3,8 +3,9 @@
 //! `encode_step` then `decode_step` of B rows (80 ms of audio per row), with
 //! [`mimi_core::runtime::profile`]'s timers on.
 //!
-//! `cargo run --release -p mimi-core --bin mimi_step_profile -- [batches] [frames] [weights]`
-//! (defaults `1,4,8,16`, 20, `float32`; B = 0 is the offline path, below) prints one JSON line per B: the median frame time
+//! `cargo run --release -p mimi-core --bin mimi_step_profile -- [batches] [frames] [weights] [overhead]`
+//! (defaults `1,4,8,16`, 20, `float32`; B = 0 is the offline path, below; `overhead` adds the
+//! plan's overhead, [`overhead`]) prints one JSON line per B: the median frame time
 //! and, per layer, milliseconds per frame (all rows) and calls per frame. `benches/run.py
 //! --suites layers` runs it and writes the table into its report.
 
@@ -127,7 +128,43 @@ fn main() -> Result<()> {
         };
         println!("{line}");
     }
+    if args.get(4).is_some_and(|a| a == "overhead") {
+        println!("{}", overhead(&codec, frames.max(1), &mut seed)?);
+    }
     Ok(())
+}
+
+/// The plan's overhead (`overhead` as the fourth argument): B = 1 frames with every matrix
+/// product skipped ([`profile::skip_products`]) against whole frames, alternating, in one
+/// process. Prints the two medians and their ratio.
+fn overhead(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
+    let f = codec.config().frame_size();
+    let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
+    let (mut whole, mut skipped) = (Vec::new(), Vec::new());
+    for i in 0..2 * (frames + 3) {
+        let pcm = Tensor::from_vec(noise(f, seed), (1, 1, f), &Device::Cpu)?;
+        profile::skip_products(i % 2 == 1);
+        let t0 = Instant::now();
+        if let Some(codes) = codec.encode_step(&mut enc, &pcm)? {
+            // Skipped products leave the latents as they were: codes may be anything.
+            let codes = codes.clamp(0u32, codec.config().quantizer_bins as u32 - 1)?;
+            codec.decode_step(&mut dec, &codes)?;
+        }
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if i >= 6 {
+            [&mut whole, &mut skipped][i % 2].push(ms);
+        }
+    }
+    profile::skip_products(false);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (w, s) = (median(&mut whole), median(&mut skipped));
+    Ok(format!(
+        "{{\"overhead\": {{\"batch\": 1, \"frame_median_ms\": {w:.3}, \"no_products_median_ms\": {s:.3}, \"ratio\": {:.4}}}}}",
+        s / w
+    ))
 }
 
 #[cfg(test)]

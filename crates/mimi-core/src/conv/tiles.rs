@@ -98,6 +98,9 @@ pub(super) unsafe fn gemm_acc(
     rhs: *const f32,
     rhs_rs: usize,
 ) {
+    if crate::runtime::profile::products_skipped() {
+        return;
+    }
     for b in 0..k.div_ceil(DEPTH_BLOCK).max(1) {
         let k0 = b * DEPTH_BLOCK;
         let kb = DEPTH_BLOCK.min(k - k0);

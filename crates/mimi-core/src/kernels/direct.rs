@@ -73,6 +73,9 @@ pub unsafe fn conv(
     add: Option<(*const f32, usize)>,
 ) {
     debug_assert!(available() && p.w.len() >= p.cout * p.cin * p.k);
+    if crate::runtime::profile::products_skipped() {
+        return;
+    }
     // Each block of 64 frames is first copied into a small contiguous buffer: rows of the
     // input are far apart (often a multiple of 4 KB), and read in place they evict each other
     // from the L1 cache; packed, the block stays in cache for every group of output channels.

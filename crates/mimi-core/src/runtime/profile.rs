@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 static ON: AtomicBool = AtomicBool::new(false);
+static SKIP_PRODUCTS: AtomicBool = AtomicBool::new(false);
 static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 /// One timed label: its total wall time and how many calls made it.
@@ -25,6 +26,21 @@ pub struct Entry {
 /// Turns the timers on or off (process-wide).
 pub fn enable(on: bool) {
     ON.store(on, Ordering::Relaxed);
+}
+
+/// A bench mode: while on, every matrix product on the CPU (the packed product, the
+/// matrix-vector kernel, the convolutions' `gemm` tiles and direct kernel) returns without
+/// computing, leaving its output as it was. What a step costs then is the plan's overhead:
+/// copies, norms, attention, bookkeeping, synchronisation. The results are meaningless, so
+/// only `mimi_step_profile` turns it on.
+pub fn skip_products(on: bool) {
+    SKIP_PRODUCTS.store(on, Ordering::Relaxed);
+}
+
+/// Whether [`skip_products`] is on (one relaxed atomic load).
+#[inline]
+pub fn products_skipped() -> bool {
+    SKIP_PRODUCTS.load(Ordering::Relaxed)
 }
 
 /// Whether the timers are on.

@@ -1,12 +1,12 @@
 //! The SEANet encoder and decoder of the candle engine, assembled from its per-row streaming
-//! layers ([`super::layers`]) in candle's checkpoint names: the same functions as
+//! layers ([`super::layers`]) from the one [`Topology`]: the same functions as
 //! [`crate::seanet`] (the native engine's), on batched device tensors in any dtype.
 
 use super::layers::{Conv, ConvTr, LayerState};
 use super::step_rows::StepRows;
 use crate::config::SeanetConfig;
-use crate::conv::ConvSpec;
 use crate::error::{check_cancel, Cancel, Error, Result};
+use crate::seanet::topology::{self, Topology};
 use candle::Tensor;
 use candle_nn::VarBuilder;
 use std::slice::IterMut;
@@ -41,25 +41,16 @@ fn blocks_nbytes(blocks: &[ResBlock]) -> usize {
 }
 
 impl ResBlock {
-    /// Block `j` of a stage of width `dim`, under `vb`.
-    fn load(cfg: &SeanetConfig, vb: VarBuilder, dim: usize, j: usize) -> Result<Self> {
-        let (act, pad) = (Some(cfg.activation.0), cfg.pad_mode);
-        let hidden = dim / cfg.compress;
-        let b = vb.pp("block");
-        let conv1 = ConvSpec::new(dim, hidden, cfg.residual_kernel_size)
-            .dilation(cfg.dilation_base.pow(j as u32))
-            .pad(pad);
-        let conv2 = ConvSpec::new(hidden, dim, 1).pad(pad);
+    /// The block `b` of the topology, under `vb` (the checkpoint's `layers`); `act`: the
+    /// ELU's alpha.
+    fn load(vb: &VarBuilder, b: &topology::Block, act: f64) -> Result<Self> {
+        let vb = vb.pp(b.index);
         Ok(Self {
-            conv1: Conv::load(b.pp(1), conv1, act)?,
-            conv2: Conv::load(b.pp(3), conv2, act)?,
-            shortcut: match cfg.true_skip {
-                true => None,
-                false => Some(Conv::load(
-                    vb.pp("shortcut"),
-                    ConvSpec::new(dim, dim, 1).pad(pad),
-                    None,
-                )?),
+            conv1: Conv::load(vb.pp("block").pp(1), b.conv1, Some(act))?,
+            conv2: Conv::load(vb.pp("block").pp(3), b.conv2, Some(act))?,
+            shortcut: match b.shortcut {
+                None => None,
+                Some(spec) => Some(Conv::load(vb.pp("shortcut"), spec, None)?),
             },
         })
     }
@@ -92,20 +83,14 @@ impl ResBlock {
     }
 }
 
-/// The residual blocks of one stage, at `vb.pp(*idx)` onwards (advances `idx`).
-fn res_blocks(
-    cfg: &SeanetConfig,
-    vb: &VarBuilder,
-    idx: &mut usize,
-    dim: usize,
-) -> Result<Vec<ResBlock>> {
-    (0..cfg.n_residual_layers)
-        .map(|j| {
-            let block = ResBlock::load(cfg, vb.pp(*idx), dim, j);
-            *idx += 1;
-            block
-        })
-        .collect()
+/// A stage's residual blocks, under `vb` (the checkpoint's `layers`).
+fn load_blocks(vb: &VarBuilder, blocks: &[topology::Block], act: f64) -> Result<Vec<ResBlock>> {
+    blocks.iter().map(|b| ResBlock::load(vb, b, act)).collect()
+}
+
+/// A convolution of the topology, under `vb` (the checkpoint's `layers`).
+fn load_conv(vb: &VarBuilder, l: &topology::Layer, act: f64) -> Result<Conv> {
+    Conv::load(vb.pp(l.index), l.spec, l.act.then_some(act))
 }
 
 /// The SEANet encoder: audio `(B, channels, samples)` -> `(B, dimension, frames)`.
@@ -128,28 +113,17 @@ impl Encoder {
 
 impl Encoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let (vb, nf, pad) = (vb.pp("layers"), cfg.n_filters, cfg.pad_mode);
-        let act = Some(cfg.activation.0);
-        let init = Conv::load(
-            vb.pp(0),
-            ConvSpec::new(cfg.channels, nf, cfg.kernel_size).pad(pad),
-            None,
-        )?;
-        let (mut idx, mut mult, mut stages) = (1, 1, Vec::new());
-        for &ratio in cfg.ratios.iter().rev() {
-            let res = res_blocks(cfg, &vb, &mut idx, mult * nf)?;
-            let down = ConvSpec::new(mult * nf, 2 * mult * nf, 2 * ratio)
-                .stride(ratio)
-                .pad(pad);
-            stages.push((res, Conv::load(vb.pp(idx + 1), down, act)?));
-            idx += 2;
-            mult *= 2;
-        }
-        let last = ConvSpec::new(mult * nf, cfg.dimension, cfg.last_kernel_size).pad(pad);
+        let (t, vb, act) = (Topology::encoder(cfg), vb.pp("layers"), cfg.activation.0);
+        let stages = (t.stages.iter())
+            .map(|s| {
+                let blocks = load_blocks(&vb, &s.blocks, act)?;
+                Ok((blocks, load_conv(&vb, &s.resample, act)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            init,
+            init: load_conv(&vb, &t.init, act)?,
             stages,
-            last: Conv::load(vb.pp(idx + 1), last, act)?,
+            last: load_conv(&vb, &t.last, act)?,
         })
     }
 
@@ -214,25 +188,18 @@ impl Decoder {
 
 impl Decoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let (vb, nf, pad) = (vb.pp("layers"), cfg.n_filters, cfg.pad_mode);
-        let act = Some(cfg.activation.0);
-        let mut mult = 1 << cfg.ratios.len();
-        let init = ConvSpec::new(cfg.dimension, mult * nf, cfg.kernel_size).pad(pad);
-        let init = Conv::load(vb.pp(0), init, None)?;
-        let (mut idx, mut stages) = (1, Vec::new());
-        for &ratio in &cfg.ratios {
-            let (cin, cout) = (mult * nf, mult * nf / 2);
-            let up = ConvSpec::new(cin, cout, 2 * ratio).stride(ratio).pad(pad);
-            let up = ConvTr::load(vb.pp(idx + 1), up, act)?;
-            idx += 2;
-            stages.push((up, res_blocks(cfg, &vb, &mut idx, cout)?));
-            mult /= 2;
-        }
-        let last = ConvSpec::new(nf, cfg.channels, cfg.last_kernel_size).pad(pad);
+        let (t, vb, act) = (Topology::decoder(cfg), vb.pp("layers"), cfg.activation.0);
+        let stages = (t.stages.iter())
+            .map(|s| {
+                let up = s.resample;
+                let up = ConvTr::load(vb.pp(up.index), up.spec, up.act.then_some(act))?;
+                Ok((up, load_blocks(&vb, &s.blocks, act)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            init,
+            init: load_conv(&vb, &t.init, act)?,
             stages,
-            last: Conv::load(vb.pp(idx + 1), last, act)?,
+            last: load_conv(&vb, &t.last, act)?,
         })
     }
 

@@ -1,15 +1,18 @@
 //! The SEANet encoder and decoder (candle's `mimi::seanet`), assembled from the native
 //! convolutions of [`crate::conv`]: residual blocks, strided down/upsampling and the
-//! outer convolutions, with their streaming states. The codec's Rust tests compare the whole
+//! outer convolutions, with their streaming states, built from the one [`Topology`]. The codec's Rust tests compare the whole
 //! SEANet with the candle engine's, offline and streaming, and that with candle's modules.
 
 use crate::error::Result;
 use candle_nn::VarBuilder;
 
 use crate::config::SeanetConfig;
-use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
+use crate::conv::{Conv1d, ConvState, ConvTr1d, Frames};
 use crate::error::Cancel;
 use crate::runtime::profile::time;
+
+pub mod topology;
+pub use topology::Topology;
 
 #[derive(Clone, Debug)]
 struct ResBlock {
@@ -35,25 +38,16 @@ fn blocks_nbytes(blocks: &[ResBlock]) -> usize {
 }
 
 impl ResBlock {
-    /// Block `j` of a stage of width `dim`.
-    fn load(cfg: &SeanetConfig, vb: VarBuilder, dim: usize, j: usize) -> Result<Self> {
-        let hidden = dim / cfg.compress;
-        let (k, pad) = (cfg.residual_kernel_size, cfg.pad_mode);
-        let dilation = cfg.dilation_base.pow(j as u32);
-        let b = vb.pp("block");
+    /// The block `b` of the topology, under `vb` (the checkpoint's `layers`).
+    fn load(vb: &VarBuilder, b: &topology::Block) -> Result<Self> {
+        let vb = vb.pp(b.index);
         let convs = vec![
-            Conv1d::load(
-                b.pp(1),
-                ConvSpec::new(dim, hidden, k).dilation(dilation).pad(pad),
-            )?,
-            Conv1d::load(b.pp(3), ConvSpec::new(hidden, dim, 1).pad(pad))?,
+            Conv1d::load(vb.pp("block").pp(1), b.conv1)?,
+            Conv1d::load(vb.pp("block").pp(3), b.conv2)?,
         ];
-        let shortcut = match cfg.true_skip {
-            true => None,
-            false => Some(Conv1d::load(
-                vb.pp("shortcut"),
-                ConvSpec::new(dim, dim, 1).pad(pad),
-            )?),
+        let shortcut = match b.shortcut {
+            None => None,
+            Some(spec) => Some(Conv1d::load(vb.pp("shortcut"), spec)?),
         };
         Ok(Self { convs, shortcut })
     }
@@ -109,34 +103,14 @@ impl ResBlock {
     }
 }
 
-/// The residual blocks of one SEANet stage, at `vb.pp(*idx)` onwards (advances `idx`).
-fn load_res_blocks(
-    cfg: &SeanetConfig,
-    vb: &VarBuilder,
-    idx: &mut usize,
-    dim: usize,
-) -> Result<Vec<ResBlock>> {
-    (0..cfg.n_residual_layers)
-        .map(|j| {
-            let block = ResBlock::load(cfg, vb.pp(*idx), dim, j);
-            *idx += 1;
-            block
-        })
-        .collect()
+/// A stage's residual blocks, under `vb` (the checkpoint's `layers`).
+fn load_blocks(vb: &VarBuilder, blocks: &[topology::Block]) -> Result<Vec<ResBlock>> {
+    blocks.iter().map(|b| ResBlock::load(vb, b)).collect()
 }
 
-/// A stride-1 convolution with bias in the config's pad mode (SEANet's first and last).
-fn load_outer(
-    cfg: &SeanetConfig,
-    vb: VarBuilder,
-    cin: usize,
-    cout: usize,
-    k: usize,
-) -> Result<Conv1d> {
-    Ok(Conv1d::load(
-        vb,
-        ConvSpec::new(cin, cout, k).pad(cfg.pad_mode),
-    )?)
+/// A convolution of the topology, under `vb` (the checkpoint's `layers`).
+fn load_conv(vb: &VarBuilder, l: &topology::Layer) -> Result<Conv1d> {
+    Ok(Conv1d::load(vb.pp(l.index), l.spec)?)
 }
 
 /// The SEANet encoder (`SeaNetEncoder`): audio (channels, samples) -> (dimension, frames).
@@ -168,31 +142,14 @@ impl Encoder {
 
 impl Encoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let vb = vb.pp("layers");
-        let nf = cfg.n_filters;
-        let init = load_outer(cfg, vb.pp(0), cfg.channels, nf, cfg.kernel_size)?;
-        let mut idx = 1;
-        let mut mult = 1;
-        let mut layers = Vec::new();
-        for &ratio in cfg.ratios.iter().rev() {
-            let res = load_res_blocks(cfg, &vb, &mut idx, mult * nf)?;
-            let spec = ConvSpec::new(mult * nf, 2 * mult * nf, 2 * ratio).stride(ratio);
-            let down = Conv1d::load(vb.pp(idx + 1), spec.pad(cfg.pad_mode))?;
-            idx += 2;
-            layers.push((res, down));
-            mult *= 2;
-        }
-        let last = load_outer(
-            cfg,
-            vb.pp(idx + 1),
-            mult * nf,
-            cfg.dimension,
-            cfg.last_kernel_size,
-        )?;
+        let (t, vb) = (Topology::encoder(cfg), vb.pp("layers"));
+        let layers = (t.stages.iter())
+            .map(|s| Ok((load_blocks(&vb, &s.blocks)?, load_conv(&vb, &s.resample)?)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            init,
+            init: load_conv(&vb, &t.init)?,
             layers,
-            last,
+            last: load_conv(&vb, &t.last)?,
             alpha: cfg.activation.0 as f32,
         })
     }
@@ -415,26 +372,17 @@ impl Decoder {
     }
 
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let vb = vb.pp("layers");
-        let nf = cfg.n_filters;
-        let mut mult = 1 << cfg.ratios.len();
-        let init = load_outer(cfg, vb.pp(0), cfg.dimension, mult * nf, cfg.kernel_size)?;
-        let mut idx = 1;
-        let mut layers = Vec::new();
-        for &ratio in cfg.ratios.iter() {
-            let (cin, cout) = (mult * nf, mult * nf / 2);
-            let spec = ConvSpec::new(cin, cout, 2 * ratio).stride(ratio);
-            let up = ConvTr1d::load(vb.pp(idx + 1), spec)?;
-            idx += 2;
-            let res = load_res_blocks(cfg, &vb, &mut idx, cout)?;
-            layers.push((up, res));
-            mult /= 2;
-        }
-        let last = load_outer(cfg, vb.pp(idx + 1), nf, cfg.channels, cfg.last_kernel_size)?;
+        let (t, vb) = (Topology::decoder(cfg), vb.pp("layers"));
+        let layers = (t.stages.iter())
+            .map(|s| {
+                let up = ConvTr1d::load(vb.pp(s.resample.index), s.resample.spec)?;
+                Ok((up, load_blocks(&vb, &s.blocks)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            init,
+            init: load_conv(&vb, &t.init)?,
             layers,
-            last,
+            last: load_conv(&vb, &t.last)?,
             alpha: cfg.activation.0 as f32,
         })
     }
