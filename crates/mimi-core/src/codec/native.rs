@@ -298,6 +298,9 @@ fn by_groups<S: Send, T: Send>(
 ) -> Result<Vec<T>> {
     let threads = rayon::current_num_threads().max(1);
     let size = sts.len().div_ceil(threads).max(1);
+    if sts.len() <= size {
+        return f(sts, xs); // one group: its layers' tiles keep the threads busy
+    }
     fn halves<S: Send, T: Send>(
         sts: &mut [S],
         xs: &[Frames],
@@ -305,7 +308,7 @@ fn by_groups<S: Send, T: Send>(
         f: &(impl Fn(&mut [S], &[Frames]) -> Result<Vec<T>> + Sync),
     ) -> Result<Vec<T>> {
         if sts.len() <= size {
-            return f(sts, xs);
+            return crate::conv::as_group(|| f(sts, xs));
         }
         let h = sts.len() / 2;
         let ((s1, s2), (x1, x2)) = (sts.split_at_mut(h), xs.split_at(h));

@@ -10,7 +10,7 @@ use candle_nn::VarBuilder;
 
 use super::frames::{Frames, Joined};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
-use super::tiles::{for_tiles, matmul, max_cols, tiles, SharedMut};
+use super::tiles::{for_tiles, grouped, matmul, max_cols, tiles, SharedMut};
 
 /// A causal transposed convolution (`StreamableConvTranspose1d`), or the depthwise one of
 /// `ConvTrUpsample1d` (`depthwise`, no bias).
@@ -256,7 +256,7 @@ impl ConvTr1d {
         let step = self.w.gemv_frames();
         let few = xs.iter().all(|x| x.len <= step);
         let many = xs.iter().all(|x| x.len > step);
-        if self.depthwise || xs.len() < 2 || !(few || many) {
+        if self.depthwise || xs.len() < 2 || !(few || many) || (many && grouped()) {
             return (sts.iter_mut().zip(xs))
                 .map(|(st, x)| self.step(st, x, act))
                 .collect();

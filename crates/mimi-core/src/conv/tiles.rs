@@ -22,10 +22,41 @@ impl SharedMut {
 /// A block of output elements: `(first row, rows, first column, columns)`.
 pub(super) type Tile = (usize, usize, usize, usize);
 
+thread_local! {
+    /// Whether this thread runs one group of rows while the other threads run the others
+    /// ([`as_group`]).
+    static GROUPED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` as one group of a batch's rows while the other threads run the other groups (a
+/// streaming step's high-rate layers): its layers' tiles are not cut into row blocks to keep
+/// the threads busy, since the other groups do that. A row block builds its own copy of the
+/// tile's input columns, and `gemm` packs them again for each: at 4 rows of 480 frames, the
+/// decoder's last up-sampling built them four times. Results do not depend on the tiles.
+pub(crate) fn as_group<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GROUPED.set(self.0);
+        }
+    }
+    let _restore = Restore(GROUPED.replace(true));
+    f()
+}
+
+/// Whether this thread runs one group of rows ([`as_group`]).
+pub(crate) fn grouped() -> bool {
+    GROUPED.get()
+}
+
 /// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
-/// `max_cols`, and row blocks when there are too few column blocks to keep every thread busy.
+/// `max_cols`, and row blocks when there are too few column blocks to keep every thread busy
+/// (not in a group: [`as_group`]).
 pub(super) fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Vec<Tile> {
-    let threads = rayon::current_num_threads();
+    let threads = match GROUPED.get() {
+        true => 1,
+        false => rayon::current_num_threads(),
+    };
     let col_tiles = cols.div_ceil(max_cols.max(1));
     let mut row_tiles = 1;
     if threads > 1 && flops > 1 << 21 && col_tiles < 2 * threads {
