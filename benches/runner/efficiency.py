@@ -9,15 +9,14 @@ from serving import REAL_TIME_US
 
 from . import log, ratio
 from .children import run_child
+from .native import PROFILE_BIN, ensure_native, run_overhead
 from .suites import SERVING_WEIGHTS, codec_spec
 
 EFFICIENCY_BATCHES = [1, 2, 4, 8, 16, 32]
 TINY_BATCHES = [1, 2]
 # The read-bandwidth array: at least 1 GiB, so no cache holds it (tiny: a quick 64 MiB).
 BANDWIDTH_BYTES, TINY_BANDWIDTH_BYTES = 1 << 30, 64 << 20
-NOT_MEASURED = {
-    "plan_overhead_ms": "not available in this build: no step with the products skipped to time",
-}
+OVERHEAD_FRAMES = 40
 NO_WEIGHTS_NBYTES = "this build of mimi_py has no MimiCodec.weights_nbytes"
 
 
@@ -39,8 +38,21 @@ def _spec(args, weights) -> dict:
     )
 
 
+def plan_overhead(args, threads: int, weights_dtype: str) -> dict:
+    """The plan's overhead: a B = 1 frame with the products skipped (mimi_step_profile's
+    `overhead` mode, real-size seeded weights), its median and its share of a whole frame."""
+    if args.tiny:
+        return {"ok": False, "error": "tiny mode does not measure it (the profile binary runs the real size)"}
+    binary = ensure_native(args, PROFILE_BIN)
+    if "path" not in binary:
+        return {"ok": False, "error": binary["skipped"]}
+    log(f"efficiency: plan overhead, {weights_dtype} weights, {threads} thread(s)")
+    return run_overhead(OVERHEAD_FRAMES, weights_dtype, threads, args.timeout)
+
+
 def suite_efficiency(args, weights) -> dict:
-    """One child per thread count and weight type, each running every batch size."""
+    """One child per thread count and weight type, each running every batch size, and the
+    plan's overhead from the profile binary."""
     spec = _spec(args, weights)
     runs = []
     for th in args.threads:
@@ -50,7 +62,7 @@ def suite_efficiency(args, weights) -> dict:
             res.setdefault("engine", "mimi_py")
             res["weights_dtype"] = wd
             if res.get("ok"):
-                res.update(efficiency_figures(res))
+                res.update(efficiency_figures(res, plan_overhead(args, th, wd)))
             runs.append(res)
     return {
         "batches": args.efficiency_batches,
@@ -63,10 +75,11 @@ def suite_efficiency(args, weights) -> dict:
     }
 
 
-def efficiency_figures(res: dict) -> dict:
+def efficiency_figures(res: dict, overhead: dict) -> dict:
     """The figures derived from one child's raw result: per batch size, ms per stream-frame and
     its ratio to the offline ms per frame; the B = 1 memory floor; CPU ÷ wall over all the
-    streaming frames; the streams held in real time; what this build cannot measure."""
+    streaming frames; the streams held in real time; the plan's overhead (`overhead`, from
+    [plan_overhead]); what this build or run cannot measure."""
     off_ms = res["offline"]["ms_per_frame"]
     rows = []
     for r in res["batches"]:
@@ -79,7 +92,9 @@ def efficiency_figures(res: dict) -> dict:
                 real_time=r["p99_us"] <= REAL_TIME_US,
             )
         )
-    not_measured = dict(NOT_MEASURED)
+    not_measured = {}
+    if not overhead.get("ok"):
+        not_measured["plan_overhead_ms"] = overhead.get("error", "not run")
     floor_ms = None
     if res.get("weights_nbytes") is None:
         not_measured["memory_floor_ms"] = NO_WEIGHTS_NBYTES
@@ -94,6 +109,7 @@ def efficiency_figures(res: dict) -> dict:
         "b1_over_floor": ratio(b1["median_us"] / 1e3, floor_ms) if b1 else None,
         "cpu_per_wall": round(cpu / wall, 2) if wall else None,
         "streams_held": max((r["batch"] for r in rows if r["real_time"]), default=0),
-        "plan_overhead_ms": None,
+        "plan_overhead_ms": overhead.get("no_products_median_ms"),
+        "plan_overhead_share": overhead.get("ratio"),
         "not_measured": not_measured,
     }

@@ -84,6 +84,23 @@ def run_native(binary: Path, steps: int, threads: int, timeout: float) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def run_overhead(frames: int, weights_dtype: str, threads: int, timeout: float) -> dict:
+    """The profile binary's `overhead` mode: B = 1 frames with every matrix product skipped
+    against whole frames, alternating in one process (`{"ok", "frame_median_ms",
+    "no_products_median_ms", "ratio"}`)."""
+    env = os.environ.copy()
+    env.update(thread_env(threads))
+    cmd = [str(PROFILE_BIN), "1", str(frames), weights_dtype, "overhead"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO))
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"overhead"')]
+    if proc.returncode != 0 or not lines:
+        return {"ok": False, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+    return dict(lines[-1]["overhead"], ok=True)
+
+
 def run_profile(batches: list, frames: int, weights_dtype: str, threads: int, timeout: float) -> dict:
     """The per-layer profile binary's lines (one per batch size): frame median and layer ms."""
     env = os.environ.copy()

@@ -560,6 +560,13 @@ def render_efficiency(L: list, s: dict, machine: dict) -> None:
     _render_efficiency_runs(L, s)
 
 
+def _overhead(r: dict) -> str:
+    """The plan's overhead: a B = 1 frame with the products skipped, and its share of a frame."""
+    if r.get("plan_overhead_ms") is None:
+        return "not measured"
+    return f"{r['plan_overhead_ms']:.2f} ms ({100 * r['plan_overhead_share']:.1f}% of a B=1 frame)"
+
+
 def _render_efficiency_runs(L: list, s: dict) -> None:
     """Per run: offline, read bandwidth, the B = 1 memory floor, CPU ÷ wall, streams held."""
     L += [
@@ -579,7 +586,7 @@ def _render_efficiency_runs(L: list, s: dict) -> None:
             f"{r['bandwidth']['gb_per_s']:.1f} | {fmt_bytes(r['weights_nbytes'], 1)} | "
             f"{fmt_us(None if floor is None else floor * 1e3)} | {fmt_x(r['b1_over_floor'])} | "
             f"{r['cpu_per_wall']:.2f} | {r['streams_held']} | "
-            f"{'not measured' if r['plan_overhead_ms'] is None else r['plan_overhead_ms']} |"
+            f"{_overhead(r)} |"
         )
     L.append("")
     L += [f"- {key}: not measured ({why})" for key, why in reasons.items()]

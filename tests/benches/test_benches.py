@@ -120,14 +120,17 @@ def test_efficiency_figures(monkeypatch):
         "weights_nbytes": 300_000_000,
         "bandwidth": {"gb_per_s": 20.0},
     }
-    fig = efficiency_figures(raw)
+    fig = efficiency_figures(raw, {"ok": False, "error": "not run"})
     assert [b["ms_per_stream_frame"] for b in fig["batches"]] == [20.0, 10.0, 7.5, 4.375]
     assert [b["over_offline"] for b in fig["batches"]] == [4.0, 2.0, 1.5, 0.875]
     assert fig["streams_held"] == 16  # B=8 misses (81 ms), the largest B within 80 ms counts
     assert fig["memory_floor_ms"] == 15.0 and fig["b1_over_floor"] == round(20 / 15, 3)
     assert fig["cpu_per_wall"] == 1.5
-    assert fig["plan_overhead_ms"] is None and set(fig["not_measured"]) == {"plan_overhead_ms"}
-    slow = efficiency_figures(dict(raw, weights_nbytes=None, batches=[frame(2, 90, 95)]))
+    assert fig["plan_overhead_ms"] is None and fig["not_measured"] == {"plan_overhead_ms": "not run"}
+    measured = efficiency_figures(raw, {"ok": True, "no_products_median_ms": 2.5, "ratio": 0.125})
+    assert measured["plan_overhead_ms"] == 2.5 and measured["plan_overhead_share"] == 0.125
+    assert measured["not_measured"] == {}
+    slow = efficiency_figures(dict(raw, weights_nbytes=None, batches=[frame(2, 90, 95)]), {"ok": False})
     assert slow["streams_held"] == 0 and slow["memory_floor_ms"] is None and slow["b1_over_floor"] is None
     assert set(slow["not_measured"]) == {"plan_overhead_ms", "memory_floor_ms"}
 
