@@ -141,9 +141,12 @@ fn overhead(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
     let f = codec.config().frame_size();
     let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
     let (mut whole, mut skipped) = (Vec::new(), Vec::new());
+    let mut layers: Vec<(String, f64)> = Vec::new(); // the skipped frames' time by layer
     for i in 0..2 * (frames + 3) {
         let pcm = Tensor::from_vec(noise(f, seed), (1, 1, f), &Device::Cpu)?;
         profile::skip_products(i % 2 == 1);
+        profile::take();
+        profile::enable(i % 2 == 1 && i >= 6);
         let t0 = Instant::now();
         if let Some(codes) = codec.encode_step(&mut enc, &pcm)? {
             // Skipped products leave the latents as they were: codes may be anything.
@@ -151,19 +154,32 @@ fn overhead(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
             codec.decode_step(&mut dec, &codes)?;
         }
         let ms = t0.elapsed().as_secs_f64() * 1e3;
+        profile::enable(false);
+        for e in profile::take() {
+            let ms = e.total.as_secs_f64() * 1e3 / frames as f64;
+            match layers.iter_mut().find(|(l, _)| *l == e.label) {
+                Some((_, t)) => *t += ms,
+                None => layers.push((e.label, ms)),
+            }
+        }
         if i >= 6 {
             [&mut whole, &mut skipped][i % 2].push(ms);
         }
     }
     profile::skip_products(false);
+    layers.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let top: Vec<String> = (layers.iter().take(8))
+        .map(|(l, ms)| format!("{{\"layer\": \"{l}\", \"ms\": {ms:.3}}}"))
+        .collect();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     let (w, s) = (median(&mut whole), median(&mut skipped));
     Ok(format!(
-        "{{\"overhead\": {{\"batch\": 1, \"frame_median_ms\": {w:.3}, \"no_products_median_ms\": {s:.3}, \"ratio\": {:.4}}}}}",
-        s / w
+        "{{\"overhead\": {{\"batch\": 1, \"frame_median_ms\": {w:.3}, \"no_products_median_ms\": {s:.3}, \"ratio\": {:.4}, \"top_layers\": [{}]}}}}",
+        s / w,
+        top.join(", ")
     ))
 }
 
