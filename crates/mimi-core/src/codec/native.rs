@@ -299,7 +299,12 @@ fn by_groups<S: Send, T: Send>(
     let threads = rayon::current_num_threads().max(1);
     let size = sts.len().div_ceil(threads).max(1);
     if sts.len() <= size {
-        return f(sts, xs); // one group: its layers' tiles keep the threads busy
+        return match threads {
+            // One thread: the rows one by one, as a group's (no joined copies).
+            1 => crate::conv::as_group(|| f(sts, xs)),
+            // One group: its layers' tiles keep the threads busy.
+            _ => f(sts, xs),
+        };
     }
     fn halves<S: Send, T: Send>(
         sts: &mut [S],
