@@ -44,7 +44,7 @@ impl Codec {
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<u32>> {
-        let pcm = self.check_pcm(pcm, None)?;
+        let (pcm, _) = self.check_pcm(pcm, None)?;
         let (b, s) = (pcm.shape[0], pcm.shape[2]);
         if let Some(l) = lengths {
             check_lengths(l, b, s, "samples")?;
@@ -69,7 +69,7 @@ impl Codec {
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
-        let pcm = self.check_pcm(pcm, None)?;
+        let (pcm, _) = self.check_pcm(pcm, None)?;
         let (b, s) = (pcm.shape[0], pcm.shape[2]);
         if let Some(l) = lengths {
             check_lengths(l, b, s, "samples")?;
@@ -140,9 +140,8 @@ impl Codec {
         step: EncodeStep,
     ) -> Result<Option<HostArray<u32>>> {
         check_last(step.active.as_ref(), step.last)?;
-        let b = self.pcm_shape(&pcm.shape)?[0];
-        let rows = Rows::or_all(step.active, b)?;
-        let pcm = self.check_pcm(pcm, Some(&rows))?;
+        let (pcm, rows) = self.check_pcm(pcm, step.active)?;
+        let b = pcm.shape[0];
         if step.last {
             let out = self.encode_last(s, &self.tensor(pcm)?)?;
             *s = self.encode_stream();
@@ -184,9 +183,8 @@ impl Codec {
         codes: HostArray<u32>,
         active: Option<Rows>,
     ) -> Result<Option<HostArray<f32>>> {
-        let [b, k, t] = self.codes_shape(&codes.shape, true)?;
-        let rows = Rows::or_all(active, b)?;
-        self.check_codes(&codes, Some(&rows), true)?;
+        let rows = self.check_codes(&codes, active, true)?;
+        let (b, k, t) = (codes.shape[0], codes.shape[1], codes.shape[2]);
         s.check_batch(b, "decoder")?;
         if t == 0 {
             return Ok(None); // no frames: the stream is not bound to this batch size

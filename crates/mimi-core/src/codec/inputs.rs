@@ -82,39 +82,40 @@ impl Codec {
         Ok([b, k, t])
     }
 
-    /// Every input rule for audio: [`Self::pcm_shape`], then finite samples in the rows that
-    /// step. Returns the array reshaped to `(batch, channels, samples)`.
+    /// Every input rule for audio: [`Self::pcm_shape`], the rows that step (`active`, all if
+    /// `None`), then finite samples in those rows. Returns the array reshaped to
+    /// `(batch, channels, samples)` and the rows.
     pub(crate) fn check_pcm(
         &self,
         mut pcm: HostArray<f32>,
-        rows: Option<&Rows>,
-    ) -> Result<HostArray<f32>> {
+        active: Option<Rows>,
+    ) -> Result<(HostArray<f32>, Rows)> {
         check_len(&pcm, "pcm")?;
         pcm.shape = self.pcm_shape(&pcm.shape)?.to_vec();
-        let stepping = rows.map(|r| r.indices());
-        check_finite(&pcm.data, &pcm.shape, stepping.as_deref(), "pcm")?;
-        Ok(pcm)
+        let rows = Rows::or_all(active, pcm.shape[0])?;
+        check_finite(&pcm.data, &pcm.shape, Some(&rows.indices()), "pcm")?;
+        Ok((pcm, rows))
     }
 
-    /// Every input rule for codes: [`Self::codes_shape`], then codes in range in the rows
-    /// that step.
+    /// Every input rule for codes: [`Self::codes_shape`], the rows that step (`active`, all
+    /// if `None`), then codes in range in those rows. Returns the rows.
     pub(crate) fn check_codes(
         &self,
         codes: &HostArray<u32>,
-        rows: Option<&Rows>,
+        active: Option<Rows>,
         decoded: bool,
-    ) -> Result<()> {
+    ) -> Result<Rows> {
         check_len(codes, "codes")?;
-        let [_, k, t] = self.codes_shape(&codes.shape, decoded)?;
+        let [b, k, t] = self.codes_shape(&codes.shape, decoded)?;
+        let rows = Rows::or_all(active, b)?;
         let bins = self.config().quantizer_bins;
-        let all = Rows::all(codes.shape[0]);
-        for &r in rows.unwrap_or(&all).indices().iter() {
+        for &r in rows.indices().iter() {
             let row = &codes.data[r * k * t..(r + 1) * k * t];
             if let Some(&c) = row.iter().find(|&&c| c as usize >= bins) {
                 return Err(code_value(c.into(), bins).unwrap_err());
             }
         }
-        Ok(())
+        Ok(rows)
     }
 }
 

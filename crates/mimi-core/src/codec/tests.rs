@@ -432,3 +432,83 @@ mod engines {
         }
     }
 }
+
+/// The calls on host arrays refuse bad input with the typed error the Python package raises,
+/// before anything runs or any state changes.
+mod host_calls {
+    use crate::codec::{Codec, EncodeStep, OpenOptions, Rows};
+    use crate::config::CodecConfig;
+    use crate::error::Error;
+    use crate::host::HostArray;
+
+    fn tiny() -> Codec {
+        let options = OpenOptions {
+            config: Some(CodecConfig::tiny()),
+            ..Default::default()
+        };
+        Codec::seeded(1, &options).unwrap()
+    }
+
+    #[test]
+    fn bad_inputs_get_typed_errors_and_change_nothing() {
+        let c = tiny();
+        let f = c.config().frame_size();
+        let pcm = |shape: Vec<usize>| HostArray::new(vec![0.01; shape.iter().product()], shape);
+        let shape_err = c.encode_host(pcm(vec![1, 2, f]), None, None);
+        assert!(matches!(shape_err, Err(Error::Shape(_))));
+        let mut nan = pcm(vec![2, 1, f]);
+        nan.data[f + 3] = f32::NAN;
+        assert!(matches!(
+            c.encode_host(nan.clone(), None, None),
+            Err(Error::InvalidInput(_))
+        ));
+        let short = HostArray {
+            data: vec![0.0; 3],
+            shape: vec![1, 1, 4],
+        };
+        assert!(matches!(
+            c.encode_host(short, None, None),
+            Err(Error::Shape(_))
+        ));
+        // A masked step reads only its active rows: row 1's NaN is not looked at.
+        let mut s = c.encode_stream();
+        let step = |active: Option<Rows>, last| EncodeStep { active, last };
+        let masked = step(Some(Rows::from_mask(&[true, false])), false);
+        assert!(c.encode_step_host(&mut s, nan.clone(), masked).is_ok());
+        assert_eq!(s.counts(), &[f as u64, 0]);
+        // last with a mask, or NaN in a stepping row: refused, the stream unchanged.
+        let both = step(Some(Rows::from_mask(&[true, true])), true);
+        let refused = c.encode_step_host(&mut s, pcm(vec![2, 1, f]), both);
+        assert!(matches!(refused, Err(Error::InvalidInput(_))));
+        let refused = c.encode_step_host(&mut s, nan, step(None, false));
+        assert!(matches!(refused, Err(Error::InvalidInput(_))));
+        assert_eq!(s.counts(), &[f as u64, 0]);
+        // Codes: in [0, bins), their shape (batch, num_codebooks, frames).
+        let (k, bins) = (c.config().quantizer_n_q, c.config().quantizer_bins as u32);
+        let codes = |v: u32| HostArray::new(vec![v; k * 2], vec![1, k, 2]);
+        assert_eq!(
+            c.decode_host(codes(bins - 1), None, None).unwrap().shape,
+            [1, 1, 2 * f]
+        );
+        let out_of_range = c.decode_host(codes(bins), None, None);
+        assert!(matches!(out_of_range, Err(Error::InvalidInput(m)) if m.contains("out of range")));
+        let wrong = HostArray::new(vec![0; k], vec![1, 1, k]);
+        assert!(matches!(
+            c.decode_host(wrong, None, None),
+            Err(Error::Shape(_))
+        ));
+        // A state copy between codecs of other configs is refused.
+        let mut other = CodecConfig::tiny();
+        other.quantizer_n_q = 2;
+        let options = OpenOptions {
+            config: Some(other),
+            ..Default::default()
+        };
+        let other = Codec::seeded(1, &options).unwrap();
+        assert!(c.check_state_source(&tiny()).is_ok());
+        assert!(matches!(
+            c.check_state_source(&other),
+            Err(Error::IncompatibleState(_))
+        ));
+    }
+}
