@@ -74,6 +74,6 @@ mod _core {
     /// Test hook: the exception class names the Rust error mapping uses.
     #[pyfunction]
     fn _error_class_names() -> Vec<&'static str> {
-        crate::py::errors::CLASS_NAMES.to_vec()
+        crate::py::errors::class_names()
     }
 }

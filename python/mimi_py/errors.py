@@ -1,9 +1,9 @@
 """The exception classes of mimi_py: the one place they are declared.
 
 Every error mimi_py raises derives from :class:`MimiError` *and* from the builtin it
-refines, so ``except ValueError`` keeps working. The Rust core maps each of its error kinds
-to one of these classes by name (``src/py/errors.rs``); a test checks that the two, the
-package's ``__all__`` and the README's table agree.
+refines, so ``except ValueError`` keeps working. The Rust core's table of error kinds
+(``ErrorKind`` in ``crates/mimi-core/src/error.rs``) names the class each kind raises; a test
+checks that the table, these classes, the package's ``__all__`` and the README's table agree.
 """
 
 from __future__ import annotations

@@ -1,49 +1,18 @@
 //! The mapping from the core's [`Error`] to Python exceptions.
 //!
-//! The classes are declared once, in `python/mimi_py/errors.py`; here each error kind names
-//! its class, and the class is looked up in that module when an error is raised. The test
-//! hook `_core._error_class_names()` exposes [`CLASS_NAMES`] so that a test can check that
-//! the two sides agree.
+//! The classes are declared in `python/mimi_py/errors.py`, under the names of the core's one
+//! table, [`ErrorKind`]: each error's kind names its class, looked up in that module when the
+//! error is raised. The test hook `_core._error_class_names()` gives the table's names, so
+//! that a test checks the two sides (and the README's table) agree.
 
-use mimi_core::error::Error;
+use mimi_core::error::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-/// Every class name the mapping uses (checked against `mimi_py.errors.__all__` by a test).
-pub const CLASS_NAMES: &[&str] = &[
-    "ComputeError",
-    "ConfigError",
-    "DTypeError",
-    "DepthMismatchError",
-    "DeviceError",
-    "IncompatibleStateError",
-    "InternalError",
-    "InvalidInputError",
-    "ResourceError",
-    "ShapeError",
-    "UnsupportedKvRepeatError",
-    "WeightsError",
-];
-
-/// The Python class of each error kind.
-fn class_name(e: &Error) -> &'static str {
-    match e {
-        Error::Config { .. } => "ConfigError",
-        Error::UnsupportedKvRepeat { .. } => "UnsupportedKvRepeatError",
-        Error::DepthMismatch { .. } => "DepthMismatchError",
-        Error::IncompatibleState(_) => "IncompatibleStateError",
-        Error::Shape(_) => "ShapeError",
-        Error::DType(_) => "DTypeError",
-        Error::InvalidInput(_) => "InvalidInputError",
-        Error::Resource(_) => "ResourceError",
-        Error::Weights(_) | Error::WeightsIo { .. } => "WeightsError",
-        Error::Device(_) => "DeviceError",
-        Error::Candle(_) => "ComputeError",
-        Error::Internal(_) => "InternalError",
-        // Never seen in Python: an interrupted call raises the signal handler's exception.
-        Error::Cancelled => "InternalError",
-    }
+/// Every class name the mapping uses, from the core's table.
+pub fn class_names() -> Vec<&'static str> {
+    ErrorKind::ALL.iter().map(|k| k.class_name()).collect()
 }
 
 static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
@@ -57,7 +26,7 @@ fn class<'py>(py: Python<'py>, name: &str) -> pyo3::PyResult<Bound<'py, PyType>>
 
 /// Converts a core error into its Python exception (an `OSError` cause for I/O failures).
 pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
-    let ty = match class(py, class_name(&e)) {
+    let ty = match class(py, e.kind().class_name()) {
         Ok(ty) => ty,
         Err(import_failed) => return import_failed,
     };

@@ -2,7 +2,8 @@
 //!
 //! Conditions are checked *before* candle sees the data, so the classification never depends
 //! on candle's message strings. Anything candle still reports ends up as [`Error::Candle`].
-//! The binding (`crate::py::errors`) maps each variant to one Python exception class.
+//! Each variant has one [`ErrorKind`], and each kind names the one exception class a binding
+//! raises: the table is declared here, once.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +66,82 @@ impl Error {
     }
 }
 
+/// The kinds of failure: one per exception class a binding raises (the Python package's
+/// `mimi_py.errors`, whose classes carry these names). The table is declared here, once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    Config,
+    UnsupportedKvRepeat,
+    DepthMismatch,
+    IncompatibleState,
+    Shape,
+    DType,
+    InvalidInput,
+    Resource,
+    Weights,
+    Device,
+    Compute,
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind.
+    pub const ALL: [ErrorKind; 12] = [
+        ErrorKind::Config,
+        ErrorKind::UnsupportedKvRepeat,
+        ErrorKind::DepthMismatch,
+        ErrorKind::IncompatibleState,
+        ErrorKind::Shape,
+        ErrorKind::DType,
+        ErrorKind::InvalidInput,
+        ErrorKind::Resource,
+        ErrorKind::Weights,
+        ErrorKind::Device,
+        ErrorKind::Compute,
+        ErrorKind::Internal,
+    ];
+
+    /// The name of the class a binding raises for this kind.
+    pub fn class_name(self) -> &'static str {
+        match self {
+            ErrorKind::Config => "ConfigError",
+            ErrorKind::UnsupportedKvRepeat => "UnsupportedKvRepeatError",
+            ErrorKind::DepthMismatch => "DepthMismatchError",
+            ErrorKind::IncompatibleState => "IncompatibleStateError",
+            ErrorKind::Shape => "ShapeError",
+            ErrorKind::DType => "DTypeError",
+            ErrorKind::InvalidInput => "InvalidInputError",
+            ErrorKind::Resource => "ResourceError",
+            ErrorKind::Weights => "WeightsError",
+            ErrorKind::Device => "DeviceError",
+            ErrorKind::Compute => "ComputeError",
+            ErrorKind::Internal => "InternalError",
+        }
+    }
+}
+
+impl Error {
+    /// This error's kind (the class a binding raises).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Config { .. } => ErrorKind::Config,
+            Error::UnsupportedKvRepeat { .. } => ErrorKind::UnsupportedKvRepeat,
+            Error::DepthMismatch { .. } => ErrorKind::DepthMismatch,
+            Error::IncompatibleState(_) => ErrorKind::IncompatibleState,
+            Error::Shape(_) => ErrorKind::Shape,
+            Error::DType(_) => ErrorKind::DType,
+            Error::InvalidInput(_) => ErrorKind::InvalidInput,
+            Error::Resource(_) => ErrorKind::Resource,
+            Error::Weights(_) | Error::WeightsIo { .. } => ErrorKind::Weights,
+            Error::Device(_) => ErrorKind::Device,
+            Error::Candle(_) => ErrorKind::Compute,
+            Error::Internal(_) => ErrorKind::Internal,
+            // Never seen in Python: an interrupted call raises the signal handler's exception.
+            Error::Cancelled => ErrorKind::Internal,
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -111,4 +188,44 @@ pub fn check_cancel(cancel: Cancel) -> Result<()> {
         return Err(Error::Cancelled);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant has a kind in [`ErrorKind::ALL`], and every kind of the table is used.
+    #[test]
+    fn the_kind_table_covers_every_error() {
+        let io = || std::io::Error::other("x");
+        let every = [
+            Error::config("f", "m"),
+            Error::UnsupportedKvRepeat { kv_repeat: 2 },
+            Error::DepthMismatch { dst: 1, src: 2 },
+            Error::IncompatibleState("x".into()),
+            Error::Shape("x".into()),
+            Error::DType("x".into()),
+            Error::InvalidInput("x".into()),
+            Error::Resource("x".into()),
+            Error::Weights("x".into()),
+            Error::WeightsIo {
+                msg: "x".into(),
+                source: io(),
+            },
+            Error::Device("x".into()),
+            Error::Candle(candle::Error::Msg("x".into())),
+            Error::Internal("x".into()),
+            Error::Cancelled,
+        ];
+        for e in &every {
+            assert!(ErrorKind::ALL.contains(&e.kind()), "{e:?}");
+        }
+        for k in ErrorKind::ALL {
+            assert!(every.iter().any(|e| e.kind() == k), "{k:?} is never raised");
+        }
+        let mut names: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.class_name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorKind::ALL.len(), "one class per kind");
+    }
 }
