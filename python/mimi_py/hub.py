@@ -182,7 +182,7 @@ def from_pretrained(
     filename: str | None = None,
     num_codebooks: int | None = None,
     device: str = "cpu",
-    dtype: Literal["float32"] = "float32",
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32",
     cache_dir: str | os.PathLike[str] | None = None,
     weights_dtype: Literal["float32", "bfloat16"] = "float32",
 ) -> MimiCodec:
@@ -213,7 +213,7 @@ def load_codec(
     *,
     num_codebooks: int | None = None,
     device: str = "cpu",
-    dtype: Literal["float32"] = "float32",
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32",
     weights_dtype: Literal["float32", "bfloat16"] = "float32",
     seed: int = 0,
 ) -> MimiCodec:

@@ -243,34 +243,17 @@ impl PyMimiCodec {
     /// The real checkpoint by name, through the Hugging Face cache (needs the `hub` extra):
     /// ``config.json`` + ``model.safetensors`` of ``repo_id`` (Hugging Face layout), or the
     /// named ``filename`` (for example Kyutai's moshi-layout tokenizer file). Works offline
-    /// from the cache. See ``mimi_py.hub.from_pretrained``.
+    /// from the cache. The arguments are ``mimi_py.hub.from_pretrained``'s, declared there
+    /// once: this passes them on as given.
     #[classmethod]
-    #[pyo3(signature = (repo_id="kyutai/mimi", *, revision=None, filename=None, num_codebooks=None, device="cpu", dtype="float32", cache_dir=None, weights_dtype="float32"))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*args, **kwargs))]
     fn from_pretrained<'py>(
         cls: &Bound<'py, pyo3::types::PyType>,
-        repo_id: &str,
-        revision: Option<&Bound<'py, PyAny>>,
-        filename: Option<&Bound<'py, PyAny>>,
-        num_codebooks: Option<&Bound<'py, PyAny>>,
-        device: &str,
-        dtype: &str,
-        cache_dir: Option<&Bound<'py, PyAny>>,
-        weights_dtype: &str,
+        args: &Bound<'py, pyo3::types::PyTuple>,
+        kwargs: Option<&Bound<'py, pyo3::types::PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = cls.py();
-        let kwargs = pyo3::types::PyDict::new(py);
-        kwargs.set_item("revision", revision)?;
-        kwargs.set_item("filename", filename)?;
-        kwargs.set_item("num_codebooks", num_codebooks)?;
-        kwargs.set_item("device", device)?;
-        kwargs.set_item("dtype", dtype)?;
-        kwargs.set_item("cache_dir", cache_dir)?;
-        kwargs.set_item("weights_dtype", weights_dtype)?;
-        py.import("mimi_py.hub")?
-            .getattr("from_pretrained")?
-            .call((repo_id,), Some(&kwargs))
-            .map_err(Into::into)
+        let hub = cls.py().import("mimi_py.hub")?;
+        Ok(hub.getattr("from_pretrained")?.call(args, kwargs)?)
     }
 
     /// Audio to codes. ``pcm``: (batch, channels, samples) or (samples,), any real float

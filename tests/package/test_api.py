@@ -143,3 +143,25 @@ def test_gil_is_released_during_compute():
     th.join()
     # if forward held the GIL, the ticker could not have run during it
     assert n1 - n0 >= 3
+
+
+def test_from_pretrained_is_declared_once_in_the_hub_and_the_stub_matches_it():
+    """`MimiCodec.from_pretrained` passes its arguments to `mimi_py.hub.from_pretrained` as
+    given; the stub declares the hub's parameters, names, kinds, defaults and annotations."""
+    import inspect
+
+    import mimi_py.hub
+
+    hub = inspect.signature(mimi_py.hub.from_pretrained)
+    stub_file = Path(_core.__file__).with_name("_core.pyi")
+    tree = ast.parse(stub_file.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MimiCodec")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "from_pretrained")
+    a = fn.args
+    stub = [(p.arg, "positional") for p in a.args[1:]] + [(p.arg, "keyword") for p in a.kwonlyargs]
+    defaults = [ast.literal_eval(d) for d in a.defaults] + [ast.literal_eval(d) for d in a.kw_defaults]
+    annotations = [ast.unparse(p.annotation) for p in a.args[1:] + a.kwonlyargs]
+    kind = {inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional", inspect.Parameter.KEYWORD_ONLY: "keyword"}
+    assert stub == [(p.name, kind[p.kind]) for p in hub.parameters.values()]
+    assert defaults == [p.default for p in hub.parameters.values()]
+    assert annotations == [str(p.annotation) for p in hub.parameters.values()]
