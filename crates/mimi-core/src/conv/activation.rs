@@ -1,6 +1,6 @@
 //! The ELU SEANet applies before its convolutions, computed once per element with a
-//! vectorisable exponential ([`crate::kernels::exp_nonpos`]), compiled for AVX2+FMA where
-//! the CPU has it. It stays beside the convolutions (rather than among the kernels) because
+//! vectorisable exponential ([`crate::kernels::exp_nonpos`]), compiled for AVX-512 or
+//! AVX2+FMA where the CPU has them (the same operations in the same order: the same bits). It stays beside the convolutions (rather than among the kernels) because
 //! only they apply it: on a copy of the input ([`copy_act`]) or on a fused block's hidden
 //! tile ([`elu_in_place`]).
 
@@ -24,6 +24,12 @@ unsafe fn copy_act_avx2(src: &[f32], dst: &mut [f32], alpha: f32) {
     copy_act_generic(src, dst, alpha)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn copy_act_avx512(src: &[f32], dst: &mut [f32], alpha: f32) {
+    copy_act_generic(src, dst, alpha)
+}
+
 #[inline(always)]
 fn elu_in_place_generic(v: &mut [f32], alpha: f32) {
     for x in v.iter_mut() {
@@ -38,11 +44,26 @@ unsafe fn elu_in_place_avx2(v: &mut [f32], alpha: f32) {
     elu_in_place_generic(v, alpha)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn elu_in_place_avx512(v: &mut [f32], alpha: f32) {
+    elu_in_place_generic(v, alpha)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
 /// `v = elu(v)` in place.
 pub(super) fn elu_in_place(v: &mut [f32], alpha: f32) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if std::is_x86_feature_detected!("avx512f") && avx2_fma() {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            return unsafe { elu_in_place_avx512(v, alpha) };
+        }
+        if avx2_fma() {
             // SAFETY: the CPU supports the features the function was compiled for.
             return unsafe { elu_in_place_avx2(v, alpha) };
         }
@@ -58,10 +79,45 @@ pub(super) fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
     };
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if std::is_x86_feature_detected!("avx512f") && avx2_fma() {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            return unsafe { copy_act_avx512(src, dst, alpha) };
+        }
+        if avx2_fma() {
             // SAFETY: the CPU supports the features the function was compiled for.
             return unsafe { copy_act_avx2(src, dst, alpha) };
         }
     }
     copy_act_generic(src, dst, alpha)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every compiled variant gives the portable loop's bits (the same operations in the
+    /// same order), on values around 0, large negatives and every tail length.
+    #[test]
+    fn variants_have_the_portable_bits() {
+        let src: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) * [1e-3, 0.1, 1.0, 80.0][i % 4])
+            .collect();
+        for n in [0, 1, 7, 15, 16, 17, 33, 1000] {
+            let mut want = vec![0f32; n];
+            copy_act_generic(&src[..n], &mut want, 0.7);
+            let mut got = vec![0f32; n];
+            copy_act(&src[..n], &mut got, Some(0.7));
+            let mut inplace = src[..n].to_vec();
+            elu_in_place(&mut inplace, 0.7);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "copy, {n}");
+            assert_eq!(bits(&inplace), bits(&want), "in place, {n}");
+            #[cfg(target_arch = "x86_64")]
+            if avx2_fma() {
+                // SAFETY: the CPU supports the features the function was compiled for.
+                unsafe { copy_act_avx2(&src[..n], &mut got, 0.7) };
+                assert_eq!(bits(&got), bits(&want), "avx2, {n}");
+            }
+        }
+    }
 }

@@ -17,7 +17,7 @@ use super::activation::{copy_act, elu_in_place};
 use super::frames::{par_rows, place, Frames, Joined, Padded};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{
-    epilogue, for_tiles, gemm_acc, grouped, matmul, max_cols, tiles, SharedMut, Tile,
+    epilogue, for_tiles, gemm_acc, matmul, max_cols, rows_alone_in_group, tiles, SharedMut, Tile,
 };
 use crate::config::PadMode;
 use crate::kernels::direct;
@@ -470,7 +470,9 @@ impl Conv1d {
         // Rows that take different strategies run alone, and so do the layers with a single
         // input or output channel (the SEANet's outer layers, next to the audio): little
         // arithmetic per frame, so joining their rows costs more in copies than it saves.
-        if ns.iter().any(|&n| n > 0 && n <= step) || self.cin.min(self.cout) == 1 || grouped() {
+        // So do a group's rows, unless the weights are too large to stay in cache.
+        let alone = rows_alone_in_group(self.w.nbytes());
+        if ns.iter().any(|&n| n > 0 && n <= step) || self.cin.min(self.cout) == 1 || alone {
             return fulls.iter().map(run).collect();
         }
         let s = self.stride;

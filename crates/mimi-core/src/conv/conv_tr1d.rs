@@ -10,7 +10,7 @@ use candle_nn::VarBuilder;
 
 use super::frames::{Frames, Joined};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
-use super::tiles::{for_tiles, grouped, matmul, max_cols, tiles, SharedMut};
+use super::tiles::{for_tiles, matmul, max_cols, rows_alone_in_group, tiles, SharedMut};
 
 /// A causal transposed convolution (`StreamableConvTranspose1d`), or the depthwise one of
 /// `ConvTrUpsample1d` (`depthwise`, no bias).
@@ -256,7 +256,8 @@ impl ConvTr1d {
         let step = self.w.gemv_frames();
         let few = xs.iter().all(|x| x.len <= step);
         let many = xs.iter().all(|x| x.len > step);
-        if self.depthwise || xs.len() < 2 || !(few || many) || (many && grouped()) {
+        let alone = rows_alone_in_group(self.w.nbytes());
+        if self.depthwise || xs.len() < 2 || !(few || many) || (many && alone) {
             return (sts.iter_mut().zip(xs))
                 .map(|(st, x)| self.step(st, x, act))
                 .collect();

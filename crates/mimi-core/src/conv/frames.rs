@@ -2,8 +2,6 @@
 //! buffers from the [`buffers`](super::buffers)), a row-parallel helper, and a causal
 //! convolution's padded view of its input ([`Padded`], padding never copied).
 
-use rayon::prelude::*;
-
 use super::activation::copy_act;
 use super::buffers;
 
@@ -141,13 +139,17 @@ pub(super) fn place(parts: &[&Frames], channels: usize, starts: &[usize], len: u
     out
 }
 
-/// `f(row index, row)` over the rows of `data`, in parallel when large.
+/// The values of one task of [`par_rows`].
+const ROWS_TASK: usize = 1 << 13;
+
+/// `f(row index, row)` over the rows of `data`, in parallel when large: tasks of about
+/// [`ROWS_TASK`] values (a few µs of copying, against ~1 µs to hand a task over).
 pub(super) fn par_rows(data: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    if data.len() >= 1 << 16 && rayon::current_num_threads() > 1 {
-        data.par_chunks_mut(len)
-            .with_min_len((1 << 15) / len.max(1) + 1)
-            .enumerate()
-            .for_each(|(c, row)| f(c, row));
+    if data.len() >= 2 * ROWS_TASK && rayon::current_num_threads() > 1 {
+        let per = ROWS_TASK / len.max(1) + 1; // rows per task
+        crate::kernels::for_each_chunk_mut(data, per * len.max(1), |i, rows| {
+            (rows.chunks_mut(len).enumerate()).for_each(|(j, row)| f(i * per + j, row))
+        });
     } else {
         data.chunks_mut(len)
             .enumerate()

@@ -58,4 +58,4 @@ pub use conv_tr1d::ConvTr1d;
 pub use frames::Frames;
 pub(crate) use spec::conv_weight;
 pub use spec::{ConvSpec, ConvState};
-pub(crate) use tiles::{as_group, grouped};
+pub(crate) use tiles::{as_group, rows_alone_in_group};

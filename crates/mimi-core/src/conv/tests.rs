@@ -268,18 +268,36 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
             vec![ConvState::default(); rows],
         );
         let (mut tr_together, mut tr_alone) = (together.clone(), alone.clone());
-        for (chunk, last) in [(0, false), (1, false), (2, true)] {
+        for (chunk, last) in [(0, false), (1, false), (2, false), (3, false), (4, true)] {
             let xs: Vec<Frames> = (0..rows)
                 .map(|r| {
-                    let len = (r + chunk) % 4 * 2 + 1;
+                    // Chunks 1-3 hold more frames than the matrix-vector kernel takes.
+                    let len = match chunk {
+                        1..=3 => 20 + 3 * r,
+                        _ => (r + chunk) % 4 * 2 + 1,
+                    };
                     let x = Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu).unwrap();
                     frames_of(&x)
                 })
                 .collect();
-            let mut sts: Vec<&mut ConvState> = together.iter_mut().collect();
-            let got = conv.step_rows(&mut sts, &xs, Some(1.0), last);
-            let mut sts: Vec<&mut ConvState> = tr_together.iter_mut().collect();
-            let got_tr = tr.step_rows(&mut sts, &xs, Some(1.0));
+            // Chunks 1 and 2 as one group of rows (`as_group`): rows one by one, then side by
+            // side on one thread, as weights too large to stay in cache run.
+            let group = |f: &mut dyn FnMut()| match chunk {
+                0 | 3 | 4 => f(),
+                _ => {
+                    let limit = [usize::MAX, 0][chunk - 1];
+                    let old = super::tiles::tests::CACHED_LIMIT.replace(limit);
+                    super::as_group(f);
+                    super::tiles::tests::CACHED_LIMIT.set(old);
+                }
+            };
+            let (mut got, mut got_tr) = (Vec::new(), Vec::new());
+            group(&mut || {
+                let mut sts: Vec<&mut ConvState> = together.iter_mut().collect();
+                got = conv.step_rows(&mut sts, &xs, Some(1.0), last);
+                let mut sts: Vec<&mut ConvState> = tr_together.iter_mut().collect();
+                got_tr = tr.step_rows(&mut sts, &xs, Some(1.0));
+            });
             for r in 0..rows {
                 let want = conv.step(&mut alone[r], &xs[r], Some(1.0), None, last);
                 assert_eq!(

@@ -3,8 +3,6 @@
 //! one thread with the `gemm` crate ([`matmul`]), bias and residual added while the tile is
 //! still in cache ([`epilogue`]), and the raw pointer the tiles share ([`SharedMut`]).
 
-use rayon::prelude::*;
-
 /// A raw pointer shared by tiles that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 pub(super) struct SharedMut(pub(super) *mut f32);
@@ -47,6 +45,31 @@ pub(crate) fn as_group<R>(f: impl FnOnce() -> R) -> R {
 /// Whether this thread runs one group of rows ([`as_group`]).
 pub(crate) fn grouped() -> bool {
     GROUPED.get()
+}
+
+/// Weights up to this size run a group's rows one by one: measured at B = 8 on a Xeon (2 MB
+/// of L2), the 1.3 MB layers ran faster so, and the 6 MB ones joined.
+const CACHED_WEIGHT_BYTES: usize = 4 << 20;
+
+/// Whether a layer of `weight_bytes` runs a group's rows one by one ([`as_group`]): when
+/// its weights stay in cache between rows. A larger layer joins the group's rows side by
+/// side instead, so that its weights are read once per group, not once per row (at B = 8,
+/// the encoder's third down-sampling, 6 MB in f32, read them 8 times a frame).
+pub(crate) fn rows_alone_in_group(weight_bytes: usize) -> bool {
+    #[cfg(test)]
+    let limit = tests::CACHED_LIMIT.get();
+    #[cfg(not(test))]
+    let limit = CACHED_WEIGHT_BYTES;
+    grouped() && weight_bytes <= limit
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    thread_local! {
+        /// [`super::CACHED_WEIGHT_BYTES`], which a test may lower to join small layers.
+        pub(in crate::conv) static CACHED_LIMIT: std::cell::Cell<usize> =
+            const { std::cell::Cell::new(super::CACHED_WEIGHT_BYTES) };
+    }
 }
 
 /// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
@@ -99,7 +122,7 @@ where
         SCRATCH.with(|s| f(&mut s.borrow_mut(), t));
     };
     if tiles.len() > 1 && rayon::current_num_threads() > 1 && flops > 1 << 21 {
-        tiles.par_iter().for_each(run);
+        crate::kernels::for_each_index(tiles.len(), |i| run(&tiles[i]));
     } else {
         tiles.iter().for_each(run);
     }

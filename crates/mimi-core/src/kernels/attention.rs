@@ -7,7 +7,6 @@
 
 use super::elementwise::exp_nonpos;
 use candle::{CpuStorage, Layout, Result, Shape};
-use rayon::prelude::*;
 
 /// `softmax(q k^T + mask) v` for queries at positions `pos..pos + t`, over keys at
 /// positions `key_pos` (any order: a ring buffer's old keys, then the new ones): query `p`
@@ -486,7 +485,7 @@ impl candle::CustomOp3 for WindowAttention {
             attend_head(self, Head { q, k, v, hd }, &mut Scratch::default(), o);
         };
         if b * h > 1 && rayon::current_num_threads() > 1 {
-            out.par_chunks_mut(t * hd).enumerate().for_each(head);
+            super::for_each_chunk_mut(&mut out, t * hd, |i, o| head((i, o)));
         } else {
             out.chunks_mut(t * hd).enumerate().for_each(head);
         }

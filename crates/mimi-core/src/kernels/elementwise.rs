@@ -4,7 +4,6 @@
 //! share (`exp_nonpos`), and `f32_slices`, the operand check of every two-input op here.
 
 use candle::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
 
 /// One operand of a custom op: its CPU storage and its layout.
 pub(super) type CpuOperand<'s, 'l> = (&'s CpuStorage, &'l Layout);
@@ -107,9 +106,9 @@ impl CustomOp1 for GeluErf {
         let mut out = vec![0f32; src.len()];
         const CHUNK: usize = 1 << 14;
         if src.len() > CHUNK && rayon::current_num_threads() > 1 {
-            out.par_chunks_mut(CHUNK)
-                .zip(src.par_chunks(CHUNK))
-                .for_each(|(d, s)| gelu_erf_slice(s, d));
+            super::for_each_chunk_mut(&mut out, CHUNK, |i, d| {
+                gelu_erf_slice(&src[i * CHUNK..][..d.len()], d)
+            });
         } else {
             gelu_erf_slice(src, &mut out);
         }
@@ -207,9 +206,10 @@ impl CustomOp2 for ResidualAdd {
         if x.len() < 4 * block || rayon::current_num_threads() <= 1 {
             self.rows(x, y, &mut out);
         } else {
-            out.par_chunks_mut(block)
-                .zip(x.par_chunks(block).zip(y.par_chunks(block)))
-                .for_each(|(o, (xb, yb))| self.rows(xb, yb, o));
+            super::for_each_chunk_mut(&mut out, block, |i, o| {
+                let (xb, yb) = (&x[i * block..][..o.len()], &y[i * block..][..o.len()]);
+                self.rows(xb, yb, o)
+            });
         }
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }

@@ -15,7 +15,6 @@
 //! result does not depend on how many rows share the call or which tile computed it.
 
 use half::bf16;
-use rayon::prelude::*;
 
 /// Input rows up to which the matrix-vector kernel is used.
 pub const GEMV_MAX_ROWS: usize = 32;
@@ -407,9 +406,9 @@ pub fn gemv_on<W: Weight>(isa: Isa, x: &[f32], w: &[W], m: usize, k: usize, n: u
             .zip(w.chunks(BLOCK * k))
             .for_each(run);
     } else {
-        yt.par_chunks_mut(BLOCK * m)
-            .zip(w.par_chunks(BLOCK * k))
-            .for_each(run);
+        super::for_each_chunk_mut(&mut yt, BLOCK * m, |i, y| {
+            run((y, &w[i * BLOCK * k..((i + 1) * BLOCK * k).min(w.len())]))
+        });
     }
     if m == 1 {
         return yt;

@@ -20,6 +20,8 @@
 //!   attention's softmax;
 //! * `workers.rs`: [`in_pool`] and [`spin`], the rayon pool whose workers keep awake for the
 //!   length of a call;
+//! * `team.rs`: [`for_each_index`], the step's parallel loops on the workers `in_pool` keeps
+//!   awake, without rayon's fork/join;
 //! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution.
 //!
 //! CPU features are chosen at run time, never at build time: each SIMD kernel is an
@@ -37,6 +39,7 @@ mod elementwise;
 mod gemv;
 mod linear;
 mod packed;
+mod team;
 mod workers;
 
 pub(crate) use attention::attend_visible;
@@ -46,4 +49,5 @@ pub use elementwise::{gelu_erf, residual_add};
 pub use gemv::{gemv, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;
 pub use packed::{Packed, PANEL};
+pub use team::{for_each_chunk_mut, for_each_index};
 pub use workers::{in_pool, spin};

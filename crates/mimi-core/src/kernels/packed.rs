@@ -20,7 +20,6 @@
 use super::gemv::Weight;
 #[cfg(test)]
 use half::bf16;
-use rayon::prelude::*;
 
 /// Output features per panel.
 pub const PANEL: usize = 16;
@@ -143,7 +142,7 @@ impl<W: Weight + Default> Packed<W> {
         if rayon::current_num_threads() <= 1 || n * k < 1 << 16 {
             (0..tasks).for_each(run);
         } else {
-            (0..tasks).into_par_iter().for_each(run);
+            super::for_each_index(tasks, run);
         }
     }
 

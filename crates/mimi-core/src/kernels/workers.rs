@@ -36,7 +36,7 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         }
         // Set on the way out, a panic included (it resurfaces once the keepers returned).
         let _finish = Finish(done);
-        f()
+        super::team::as_owner(f)
     })
 }
 
@@ -72,6 +72,10 @@ fn keep_awake(done: &AtomicBool, owner: Option<usize>) {
     KEEPING_AWAKE.with(|k| k.set(true));
     let mut idle = 0u32;
     while !done.load(Ordering::Acquire) {
+        if super::team::help() {
+            idle = 0;
+            continue;
+        }
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle = 0,
             _ => {

@@ -86,7 +86,9 @@ impl ResBlock {
     ) -> Vec<Frames> {
         let (c1, c2) = (&self.convs[0], &self.convs[1]);
         let fused = c1.stride == 1 && c2.k == 1 && self.shortcut.is_none();
-        let alone = xs.iter().any(|x| x.len <= crate::conv::STEP_FRAMES) || crate::conv::grouped();
+        let bytes = c1.weights_nbytes() + c2.weights_nbytes();
+        let alone = xs.iter().any(|x| x.len <= crate::conv::STEP_FRAMES)
+            || crate::conv::rows_alone_in_group(bytes);
         if xs.len() < 2 || !fused || alone {
             return (sts.iter_mut().zip(xs))
                 .map(|(st, x)| self.apply(st, x, alpha, last))

@@ -16,7 +16,6 @@ use crate::config::PositionalEmbedding;
 use crate::error::{Error, Result};
 use crate::kernels::{attend_visible, gelu_erf_slice};
 use candle::{CpuStorage, Tensor};
-use rayon::prelude::*;
 
 /// One layer's key and value rings on the host, `(batch, heads, context, head_dim)` each:
 /// slot `p % context` of a row and head holds position `p`.
@@ -355,7 +354,7 @@ impl Transformer {
         };
         let tasks = rows.len() * heads;
         if tasks > 1 && rayon::current_num_threads() > 1 {
-            (0..tasks).into_par_iter().for_each(task);
+            crate::kernels::for_each_index(tasks, task);
         } else {
             (0..tasks).for_each(task);
         }
