@@ -11,13 +11,18 @@ import hashlib
 import json
 import os
 import platform
-import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
+# The repository's one safetensors writer and reader, shared with the tests.
+if str(REPO / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO / "scripts"))
+from safetensors_file import read_shapes, write_safetensors  # noqa: E402
+
 # The test suite's copy of the reference data (tests/data/README.md): manifests and the small codec.
 CODEC_FIXTURES = REPO / "tests" / "data" / "codec"
 MOSHI_MANIFEST = CODEC_FIXTURES / "kyutai_moshi_mimi_manifest.json"
@@ -194,50 +199,7 @@ def smooth_noise(num_samples: int, seed: int = 0) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# safetensors
-
-
-_ST_CODES = {
-    np.dtype("float32"): "F32",
-    np.dtype("float16"): "F16",
-    np.dtype("float64"): "F64",
-    np.dtype("int64"): "I64",
-    np.dtype("int32"): "I32",
-    np.dtype("uint8"): "U8",
-}
-
-
-def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
-    """A minimal safetensors writer: 8-byte little-endian header length, JSON header padded to
-    8 bytes, then the raw little-endian C-order data of every tensor in name order."""
-    header, offset, arrays = {}, 0, []
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        header[name] = {
-            "dtype": _ST_CODES[a.dtype],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + a.nbytes],
-        }
-        arrays.append(a)
-        offset += a.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    tmp = Path(str(path) + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for a in arrays:
-            f.write(memoryview(a).cast("B"))
-    os.replace(tmp, path)
-
-
-def read_safetensors_shapes(path) -> dict[str, list[int]]:
-    """{name: shape} from a safetensors header (no data read)."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+# weights
 
 
 def manifest_shapes(manifest_path) -> dict[str, list[int]]:
@@ -294,7 +256,7 @@ def real_moshi_weights() -> Path:
 
 def small_moshi_weights() -> Path:
     """Random weights of the fixtures' small codec, in the moshi layout (tiny mode)."""
-    return random_weights_file(read_safetensors_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")
+    return random_weights_file(read_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")
 
 
 def bench_weights(small: bool) -> dict:

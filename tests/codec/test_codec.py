@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mimi_py
+from safetensors_file import read_safetensors, write_safetensors
 from support.models import small_codec_config
 from support.ondevice import assert_codes, make_codec, tolerance
 from support.paths import CODEC_DIR
 from support.reference import assert_close
-from support.safetensors import read_safetensors, write_safetensors
 
 CODEC = CODEC_DIR
 META = json.loads((CODEC / "mimi_small.json").read_text())

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the support package
-from support.safetensors import read_header, write_raw  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the safetensors writer
+from safetensors_file import read_header, write_raw  # noqa: E402
 
 CODEC = Path(__file__).resolve().parent / "codec"
 SOURCE = CODEC / "mimi_small_moshi.safetensors"

@@ -12,9 +12,9 @@ import pytest
 
 import mimi_py
 from mimi_py.hub import WeightsSpec, load_codec, parse_weights_spec
+from safetensors_file import read_safetensors, write_zeros
 from support.hub_cache import make_hf_cache
 from support.paths import CODEC_DIR
-from support.safetensors import read_safetensors, write_zeros
 
 CODEC = CODEC_DIR
 IO = dict(np.load(CODEC / "mimi_small_io.npz"))

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import mimi_py as M
+from safetensors_file import read_safetensors
 from support.hostile import FLOAT_DTYPES, LAYOUTS, call, lay_out, same
 from support.models import BINS, CODEC_FILE, FRAME, TF_CFG, D, K, small_codec_config, tf_pair, tf_weights
 from support.ondevice import make_codec, make_transformer
-from support.safetensors import read_safetensors
 
 TF_LAYOUT_SHAPES, TF_LAYOUT_AXES = [(2, 3, D), (1, 3, D)], (0, 1, 2)
 PCM_LAYOUT_SHAPE, PCM_LAYOUT_AXES = (2, 1, FRAME + 100), (0, 2)

@@ -1,7 +1,8 @@
 """Huge inputs and oversized models: zero-stride views of shapes that would not fit in memory
 (2**40 samples, 8 GB activations, 2**36 frames of codes) and configs too large to build, each
 in a subprocess limited to 4 GiB of address space. Each is a clear error (a MimiError, or
-numpy's own MemoryError while converting), never an abort or an OOM kill."""
+numpy's own MemoryError while converting), never an abort or an OOM kill. Inputs within the
+size limit whose call would not fit are refused by the memory estimate (ResourceError)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,16 @@ HUGE_SCRIPT = textwrap.dedent(
             small_codec().decode(np.broadcast_to(np.uint32(1), (1, 4, 2**36)))
         elif case == "decode_step":
             small_codec().decode_step(np.broadcast_to(np.uint32(1), (1, 4, 2**36)))
+        elif case == "encode_over_memory":
+            small_codec().encode(np.broadcast_to(np.float32(0.1), (1, 1, 2**27)))
+        elif case == "encode_latents_over_memory":
+            small_codec().encode_latents(np.broadcast_to(np.float32(0.1), (2**27,)))
+        elif case == "encode_step_over_memory":
+            small_codec().encode_step(np.broadcast_to(np.float32(0.1), (1, 1, 2**27)))
+        elif case == "decode_over_memory":
+            small_codec().decode(np.broadcast_to(np.uint32(1), (1, 4, 2**16)))
+        elif case == "decode_step_over_memory":
+            small_codec().decode_step(np.broadcast_to(np.uint32(1), (1, 4, 2**16)))
         elif case == "transformer_config":
             M.StreamingTransformer(M.TransformerConfig(d_model=2**16, num_heads=2, num_layers=64,
                                                        dim_feedforward=2**20))
@@ -81,6 +92,31 @@ def test_huge_sizes_are_a_clear_error_not_a_crash(case):
     """Zero-stride views of shapes that would not fit in memory (and oversized models), in a
     subprocess limited to 4 GiB of address space: a clear error (MimiError, or numpy's own
     MemoryError while converting), never an abort or an OOM kill."""
+    name, is_mimi, line = run_huge(case)
+    assert is_mimi or name == "MemoryError", line
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "encode_over_memory",
+        "encode_latents_over_memory",
+        "encode_step_over_memory",
+        "decode_over_memory",
+        "decode_step_over_memory",
+    ],
+)
+def test_calls_that_would_not_fit_are_refused_by_the_memory_estimate(case):
+    """Audio of 2**27 samples (or codes decoding to as many) is within the size limit, but the
+    call's working memory is not within 4 GiB of address space: offline and streaming calls
+    alike raise ResourceError (the core's one memory check), before computing anything."""
+    name, _, line = run_huge(case)
+    assert name == "ResourceError" and "GiB of memory" in line, line
+
+
+def run_huge(case):
+    """Runs one case of HUGE_SCRIPT in a subprocess limited to 4 GiB of address space; returns
+    the exception's class name ("ok" if none), whether it is a MimiError, and the line."""
     limit = 4 * 2**30
     env = dict(os.environ, RAYON_NUM_THREADS="1", MALLOC_ARENA_MAX="2", RUST_BACKTRACE="0")
     p = subprocess.run(
@@ -96,5 +132,4 @@ def test_huge_sizes_are_a_clear_error_not_a_crash(case):
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT")][-1]
     _, name, *rest = line.split(" ", 3)
     assert name != "ok", f"a huge input was accepted?: {line}"
-    is_mimi = rest and rest[0] == "True"
-    assert is_mimi or name == "MemoryError", line
+    return name, bool(rest) and rest[0] == "True", line

@@ -6,7 +6,6 @@
   are compared with);
 * ``ondevice``: the device the device-independent suites run on, and its tolerances;
 * ``models``: the small transformer config and the fixtures' small codec, and their factories;
-* ``safetensors``: the one safetensors writer and reader of the tests;
 * ``hub_cache``: a Hugging Face cache folder laid out as huggingface_hub lays it out;
 * ``hostile``: the hypothesis budget, strategies and outcome checks of the hostile-input tests;
 * ``extras``: the optional extras the suites need, and the ``extra`` marker's checks;

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import mimi_py
+from safetensors_file import read_safetensors, write_safetensors
 from support.hostile import assert_allowed, call
 from support.models import CODEC_FILE, TF_CFG, small_codec_config, tf_weights
 from support.ondevice import make_codec, make_transformer
 from support.reference import assert_close, load_case, to_hf_layout
-from support.safetensors import read_safetensors, write_safetensors
 
 
 @pytest.fixture(scope="module")

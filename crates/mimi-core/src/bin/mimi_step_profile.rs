@@ -13,7 +13,7 @@
 
 use mimi_core::candle::{DType, Device, Tensor};
 use mimi_core::runtime::device::WeightsDType;
-use mimi_core::runtime::profile;
+use mimi_core::runtime::profile::{self, Entry};
 use mimi_core::{Codec, CodecConfig, Result, TensorSource};
 use std::time::Instant;
 
@@ -25,6 +25,34 @@ fn noise(n: usize, seed: &mut u64) -> Vec<f32> {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+        })
+        .collect()
+}
+
+/// The median of `v` (the upper one of an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Every label of the timers' tables `frames` (one table per frame), in order of first
+/// appearance.
+fn labels(frames: &[Vec<Entry>]) -> Vec<String> {
+    let mut labels: Vec<String> = Vec::new();
+    for e in frames.iter().flatten() {
+        if !labels.contains(&e.label) {
+            labels.push(e.label.clone());
+        }
+    }
+    labels
+}
+
+/// `label`'s milliseconds in each of `frames` (0 in a frame without it).
+fn layer_ms(frames: &[Vec<Entry>], label: &str) -> Vec<f64> {
+    (frames.iter())
+        .map(|t| {
+            let e = t.iter().find(|e| e.label == label);
+            e.map_or(0.0, |e| e.total.as_secs_f64() * 1e3)
         })
         .collect()
 }
@@ -48,34 +76,23 @@ fn profile_batch(codec: &Codec, batch: usize, frames: usize, seed: &mut u64) -> 
             times.push((dt, profile::take()));
         }
     }
-    let mut frame_ms: Vec<f64> = times.iter().map(|(t, _)| *t).collect();
-    frame_ms.sort_by(f64::total_cmp);
-    // Per label: the median over frames of its milliseconds in that frame.
-    let labels: Vec<String> = times[0].1.iter().map(|e| e.label.clone()).collect();
-    let layers: Vec<String> = labels
-        .iter()
+    let (frame_ms, tables): (Vec<f64>, Vec<Vec<Entry>>) = times.into_iter().unzip();
+    // Per label of the first frame: the median over frames of its milliseconds in that frame.
+    let layers: Vec<String> = (labels(&tables[..1]).iter())
         .map(|l| {
-            let mut ms: Vec<f64> = (times.iter())
-                .map(|(_, t)| {
-                    let e = t.iter().find(|e| &e.label == l);
-                    e.map_or(0.0, |e| e.total.as_secs_f64() * 1e3)
-                })
-                .collect();
-            ms.sort_by(f64::total_cmp);
-            let calls = times[0]
-                .1
+            let calls = tables[0]
                 .iter()
                 .find(|e| &e.label == l)
                 .map_or(0, |e| e.calls);
             format!(
                 "{{\"layer\": \"{l}\", \"ms\": {:.3}, \"calls\": {calls}}}",
-                ms[ms.len() / 2]
+                median(layer_ms(&tables, l))
             )
         })
         .collect();
     Ok(format!(
         "{{\"batch\": {batch}, \"frames\": {frames}, \"frame_median_ms\": {:.3}, \"layers\": [{}]}}",
-        frame_ms[frame_ms.len() / 2],
+        median(frame_ms),
         layers.join(", ")
     ))
 }
@@ -141,7 +158,7 @@ fn overhead(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
     let f = codec.config().frame_size();
     let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
     let (mut whole, mut skipped) = (Vec::new(), Vec::new());
-    let mut layers: Vec<(String, f64)> = Vec::new(); // the skipped frames' time by layer
+    let mut tables = Vec::new(); // the skipped frames' timers
     for i in 0..2 * (frames + 3) {
         let pcm = Tensor::from_vec(noise(f, seed), (1, 1, f), &Device::Cpu)?;
         profile::skip_products(i % 2 == 1);
@@ -155,27 +172,30 @@ fn overhead(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
         }
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         profile::enable(false);
-        for e in profile::take() {
-            let ms = e.total.as_secs_f64() * 1e3 / frames as f64;
-            match layers.iter_mut().find(|(l, _)| *l == e.label) {
-                Some((_, t)) => *t += ms,
-                None => layers.push((e.label, ms)),
-            }
-        }
+        let table = profile::take();
         if i >= 6 {
             [&mut whole, &mut skipped][i % 2].push(ms);
+            if i % 2 == 1 {
+                tables.push(table);
+            }
         }
     }
     profile::skip_products(false);
+    // Per label: its milliseconds per skipped frame (the mean over them), largest first.
+    let mut layers: Vec<(String, f64)> = (labels(&tables).into_iter())
+        .map(|l| {
+            let ms = layer_ms(&tables, &l)
+                .iter()
+                .map(|ms| ms / frames as f64)
+                .sum();
+            (l, ms)
+        })
+        .collect();
     layers.sort_by(|a, b| b.1.total_cmp(&a.1));
     let top: Vec<String> = (layers.iter().take(8))
         .map(|(l, ms)| format!("{{\"layer\": \"{l}\", \"ms\": {ms:.3}}}"))
         .collect();
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (w, s) = (median(&mut whole), median(&mut skipped));
+    let (w, s) = (median(whole), median(skipped));
     Ok(format!(
         "{{\"overhead\": {{\"batch\": 1, \"frame_median_ms\": {w:.3}, \"no_products_median_ms\": {s:.3}, \"ratio\": {:.4}, \"top_layers\": [{}]}}}}",
         s / w,
@@ -222,6 +242,27 @@ mod tests {
         }
         assert!(line.contains("\"calls\": 1}"), "{line}");
         assert!(!profile::enabled(), "the timers are off again");
+        // The overhead mode (in the same test: the timers and the skip are process-wide).
+        let line = overhead(&codec, 2, &mut 1)?;
+        let head = "{\"overhead\": {\"batch\": 1, \"frame_median_ms\": ";
+        assert!(line.starts_with(head), "{line}");
+        assert!(line.contains("\"top_layers\": [{\"layer\": \""), "{line}");
+        assert!(!profile::enabled() && !profile::products_skipped());
         Ok(())
+    }
+
+    #[test]
+    fn medians_and_labels_read_every_frames_table() {
+        let entry = |label: &str, ms: u64| Entry {
+            label: label.into(),
+            total: std::time::Duration::from_millis(ms),
+            calls: 1,
+        };
+        let tables = vec![vec![entry("a", 1)], vec![entry("b", 2), entry("a", 3)]];
+        assert_eq!(labels(&tables), ["a", "b"]);
+        assert_eq!(labels(&tables[..1]), ["a"]);
+        assert_eq!(layer_ms(&tables, "b"), [0.0, 2.0]);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0]), 4.0);
     }
 }

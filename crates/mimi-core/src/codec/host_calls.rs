@@ -44,21 +44,12 @@ impl Codec {
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<u32>> {
-        let (pcm, _) = self.check_pcm(pcm, None)?;
-        let (b, s) = (pcm.shape[0], pcm.shape[2]);
-        if let Some(l) = lengths {
-            check_lengths(l, b, s, "samples")?;
-        }
-        if s == 0 {
-            return Ok(HostArray::new(
-                vec![],
-                vec![b, self.config().quantizer_n_q, 0],
-            ));
-        }
-        let x = self.tensor(pcm)?;
-        host_u32(&match lengths {
-            None => self.encode(&x, cancel)?,
-            Some(l) => self.encode_lengths(&x, l, cancel)?,
+        let n_q = self.config().quantizer_n_q;
+        self.offline_encode_host(pcm, lengths, n_q, |x, l| {
+            host_u32(&match l {
+                None => self.encode(x, cancel)?,
+                Some(l) => self.encode_lengths(x, l, cancel)?,
+            })
         })
     }
 
@@ -69,21 +60,12 @@ impl Codec {
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
-        let (pcm, _) = self.check_pcm(pcm, None)?;
-        let (b, s) = (pcm.shape[0], pcm.shape[2]);
-        if let Some(l) = lengths {
-            check_lengths(l, b, s, "samples")?;
-        }
-        if s == 0 {
-            return Ok(HostArray::new(
-                vec![],
-                vec![b, self.config().seanet.dimension, 0],
-            ));
-        }
-        let x = self.tensor(pcm)?;
-        host_f32(&match lengths {
-            None => self.encode_latents(&x, cancel)?,
-            Some(l) => self.encode_latents_lengths(&x, l, cancel)?,
+        let dimension = self.config().seanet.dimension;
+        self.offline_encode_host(pcm, lengths, dimension, |x, l| {
+            host_f32(&match l {
+                None => self.encode_latents(x, cancel)?,
+                Some(l) => self.encode_latents_lengths(x, l, cancel)?,
+            })
         })
     }
 
@@ -95,13 +77,12 @@ impl Codec {
         lengths: Option<&[usize]>,
     ) -> Result<HostArray<f32>> {
         self.check_codes(&codes, None, false)?;
-        if let Some(l) = lengths {
-            check_lengths(l, codes.shape[0], codes.shape[2], "frames")?;
-        }
-        let c = self.codes_tensor(codes)?;
-        host_f32(&match lengths {
-            None => self.decode_latents(&c)?,
-            Some(l) => self.decode_latents_lengths(&c, l)?,
+        let dimension = self.config().seanet.dimension;
+        self.offline_decode_host(codes, lengths, dimension, |c, l| {
+            host_f32(&match l {
+                None => self.decode_latents(c)?,
+                Some(l) => self.decode_latents_lengths(c, l)?,
+            })
         })
     }
 
@@ -116,18 +97,54 @@ impl Codec {
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
         self.check_codes(&codes, None, true)?;
+        let channels = self.config().channels;
+        self.offline_decode_host(codes, lengths, channels, |c, l| {
+            host_f32(&match l {
+                None => self.decode(c, cancel)?,
+                Some(l) => self.decode_lengths(c, l, cancel)?,
+            })
+        })
+    }
+
+    /// An offline call on audio: checks `pcm` and `lengths`, answers an empty input with
+    /// `(B, channels, 0)` (the output's channels), and otherwise runs `call` on the audio
+    /// and the lengths.
+    fn offline_encode_host<T>(
+        &self,
+        pcm: HostArray<f32>,
+        lengths: Option<&[usize]>,
+        channels: usize,
+        call: impl FnOnce(&Tensor, Option<&[usize]>) -> Result<HostArray<T>>,
+    ) -> Result<HostArray<T>> {
+        let (pcm, _) = self.check_pcm(pcm, None)?;
+        let (b, s) = (pcm.shape[0], pcm.shape[2]);
+        if let Some(l) = lengths {
+            check_lengths(l, b, s, "samples")?;
+        }
+        if s == 0 {
+            return Ok(HostArray::new(vec![], vec![b, channels, 0]));
+        }
+        call(&self.tensor(pcm)?, lengths)
+    }
+
+    /// An offline call on codes the caller checked (with or without the audio they decode
+    /// to): checks `lengths`, answers no frames with `(B, channels, 0)` (the output's
+    /// channels), and otherwise runs `call` on the codes and the lengths.
+    fn offline_decode_host<T>(
+        &self,
+        codes: HostArray<u32>,
+        lengths: Option<&[usize]>,
+        channels: usize,
+        call: impl FnOnce(&Tensor, Option<&[usize]>) -> Result<HostArray<T>>,
+    ) -> Result<HostArray<T>> {
         let (b, t) = (codes.shape[0], codes.shape[2]);
         if let Some(l) = lengths {
             check_lengths(l, b, t, "frames")?;
         }
         if t == 0 {
-            return Ok(HostArray::new(vec![], vec![b, self.config().channels, 0]));
+            return Ok(HostArray::new(vec![], vec![b, channels, 0]));
         }
-        let c = self.codes_tensor(codes)?;
-        host_f32(&match lengths {
-            None => self.decode(&c, cancel)?,
-            Some(l) => self.decode_lengths(&c, l, cancel)?,
-        })
+        call(&self.codes_tensor(codes)?, lengths)
     }
 
     /// One encoder step of `pcm` `(B, C, n)`: the codes `(B, n_q, frames)` of the frames it

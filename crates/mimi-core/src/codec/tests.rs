@@ -440,6 +440,7 @@ mod host_calls {
     use crate::config::CodecConfig;
     use crate::error::Error;
     use crate::host::HostArray;
+    use candle::{DType, Tensor};
 
     fn tiny() -> Codec {
         let options = OpenOptions {
@@ -510,5 +511,25 @@ mod host_calls {
             c.check_state_source(&other),
             Err(Error::IncompatibleState(_))
         ));
+    }
+
+    #[test]
+    fn empty_inputs_give_empty_outputs_of_each_calls_channels() {
+        let c = tiny();
+        let (k, dim) = (c.config().quantizer_n_q, c.config().seanet.dimension);
+        let pcm = HostArray::new(vec![], vec![2, 1, 0]);
+        let codes = c.encode_host(pcm.clone(), Some(&[0, 0]), None).unwrap();
+        assert_eq!((codes.shape, codes.data.len()), (vec![2, k, 0], 0));
+        let latents = c.encode_latents_host(pcm, None, None).unwrap();
+        assert_eq!((latents.shape, latents.data.len()), (vec![2, dim, 0], 0));
+        let codes = HostArray::new(vec![], vec![2, k, 0]);
+        let audio = c.decode_host(codes.clone(), None, None).unwrap();
+        assert_eq!((audio.shape, audio.data.len()), (vec![2, 1, 0], 0));
+        // The quantizer's own answer on no frames is the same empty array.
+        let direct = c.decode_latents(&Tensor::zeros((2, k, 0), DType::U32, c.device()).unwrap());
+        let direct = direct.unwrap();
+        let latents = c.decode_latents_host(codes, Some(&[0, 0])).unwrap();
+        assert_eq!(latents.shape, direct.dims());
+        assert_eq!((latents.shape, latents.data.len()), (vec![2, dim, 0], 0));
     }
 }

@@ -14,6 +14,28 @@ use crate::runtime::profile::time;
 pub mod topology;
 pub use topology::Topology;
 
+/// The native engine's layers ([`topology::Layers`]): `conv` layers, the ELU applied by the
+/// encoder and decoder (their `alpha`).
+struct Native;
+
+impl topology::Layers for Native {
+    type Conv = Conv1d;
+    type ConvTr = ConvTr1d;
+    type Block = ResBlock;
+
+    fn conv(&self, vb: &VarBuilder, l: &topology::Layer) -> Result<Conv1d> {
+        Ok(Conv1d::load(vb.pp(l.index), l.spec)?)
+    }
+
+    fn conv_tr(&self, vb: &VarBuilder, l: &topology::Layer) -> Result<ConvTr1d> {
+        Ok(ConvTr1d::load(vb.pp(l.index), l.spec)?)
+    }
+
+    fn block(&self, vb: &VarBuilder, b: &topology::Block) -> Result<ResBlock> {
+        ResBlock::load(vb, b)
+    }
+}
+
 #[derive(Clone, Debug)]
 struct ResBlock {
     convs: Vec<Conv1d>,
@@ -106,16 +128,6 @@ impl ResBlock {
     }
 }
 
-/// A stage's residual blocks, under `vb` (the checkpoint's `layers`).
-fn load_blocks(vb: &VarBuilder, blocks: &[topology::Block]) -> Result<Vec<ResBlock>> {
-    blocks.iter().map(|b| ResBlock::load(vb, b)).collect()
-}
-
-/// A convolution of the topology, under `vb` (the checkpoint's `layers`).
-fn load_conv(vb: &VarBuilder, l: &topology::Layer) -> Result<Conv1d> {
-    Ok(Conv1d::load(vb.pp(l.index), l.spec)?)
-}
-
 /// The SEANet encoder (`SeaNetEncoder`): audio (channels, samples) -> (dimension, frames).
 #[derive(Clone, Debug)]
 pub struct Encoder {
@@ -145,14 +157,11 @@ impl Encoder {
 
 impl Encoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let (t, vb) = (Topology::encoder(cfg), vb.pp("layers"));
-        let layers = (t.stages.iter())
-            .map(|s| Ok((load_blocks(&vb, &s.blocks)?, load_conv(&vb, &s.resample)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let built = topology::build_encoder(cfg, &Native, vb)?;
         Ok(Self {
-            init: load_conv(&vb, &t.init)?,
-            layers,
-            last: load_conv(&vb, &t.last)?,
+            init: built.init,
+            layers: built.stages,
+            last: built.last,
             alpha: cfg.activation.0 as f32,
         })
     }
@@ -375,17 +384,11 @@ impl Decoder {
     }
 
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let (t, vb) = (Topology::decoder(cfg), vb.pp("layers"));
-        let layers = (t.stages.iter())
-            .map(|s| {
-                let up = ConvTr1d::load(vb.pp(s.resample.index), s.resample.spec)?;
-                Ok((up, load_blocks(&vb, &s.blocks)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let built = topology::build_decoder(cfg, &Native, vb)?;
         Ok(Self {
-            init: load_conv(&vb, &t.init)?,
-            layers,
-            last: load_conv(&vb, &t.last)?,
+            init: built.init,
+            layers: built.stages,
+            last: built.last,
             alpha: cfg.activation.0 as f32,
         })
     }

@@ -1,9 +1,12 @@
 //! The SEANet's layers in the order they run, with their places in the checkpoint and their
 //! shapes: the one description of the encoder and the decoder that both engines build from
-//! ([`super::Encoder`] here, the candle engine's in `codec::candle_engine::seanet`).
+//! ([`super::Encoder`] here, the candle engine's in `codec::candle_engine::seanet`), each
+//! through [`build_encoder`] / [`build_decoder`] with its own [`Layers`].
 
 use crate::config::SeanetConfig;
 use crate::conv::ConvSpec;
+use crate::error::Result;
+use candle_nn::VarBuilder;
 
 /// One convolution at `layers.{index}`; `act`: the ELU is applied to its input.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +98,86 @@ impl Topology {
             last: layer(idx + 1, last, true),
         }
     }
+}
+
+/// An engine's layer constructors: each builds its own kind of layer from the layer's place
+/// in the topology, under `vb` (the checkpoint's `layers`).
+pub trait Layers {
+    /// A convolution (the first and last ones, the encoder's down-sampling).
+    type Conv;
+    /// A transposed convolution (the decoder's up-sampling).
+    type ConvTr;
+    /// A residual block.
+    type Block;
+    /// The convolution `l`.
+    fn conv(&self, vb: &VarBuilder, l: &Layer) -> Result<Self::Conv>;
+    /// The transposed convolution `l`.
+    fn conv_tr(&self, vb: &VarBuilder, l: &Layer) -> Result<Self::ConvTr>;
+    /// The residual block `b`.
+    fn block(&self, vb: &VarBuilder, b: &Block) -> Result<Self::Block>;
+}
+
+/// A SEANet's layers as an engine built them, in the topology's order; `S`: a stage's
+/// layers, in the order they run.
+pub struct Built<C, S> {
+    /// The first convolution.
+    pub init: C,
+    /// Each stage's layers.
+    pub stages: Vec<S>,
+    /// The last convolution.
+    pub last: C,
+}
+
+/// An encoder stage's layers: its residual blocks, then its down-sampling.
+pub type EncoderStage<L> = (Vec<<L as Layers>::Block>, <L as Layers>::Conv);
+/// A decoder stage's layers: its up-sampling, then its residual blocks.
+pub type DecoderStage<L> = (<L as Layers>::ConvTr, Vec<<L as Layers>::Block>);
+
+/// The encoder of `cfg`, by `layers`, from the checkpoint's encoder folder `vb`.
+pub fn build_encoder<L: Layers>(
+    cfg: &SeanetConfig,
+    layers: &L,
+    vb: VarBuilder,
+) -> Result<Built<L::Conv, EncoderStage<L>>> {
+    let vb = vb.pp("layers");
+    build(&Topology::encoder(cfg), layers, &vb, |s| {
+        let blocks = build_blocks(layers, &vb, &s.blocks)?;
+        Ok((blocks, layers.conv(&vb, &s.resample)?))
+    })
+}
+
+/// The decoder of `cfg`, by `layers`, from the checkpoint's decoder folder `vb`.
+pub fn build_decoder<L: Layers>(
+    cfg: &SeanetConfig,
+    layers: &L,
+    vb: VarBuilder,
+) -> Result<Built<L::Conv, DecoderStage<L>>> {
+    let vb = vb.pp("layers");
+    build(&Topology::decoder(cfg), layers, &vb, |s| {
+        let up = layers.conv_tr(&vb, &s.resample)?;
+        Ok((up, build_blocks(layers, &vb, &s.blocks)?))
+    })
+}
+
+/// Every layer of `t` under `vb` (the checkpoint's `layers`): each stage by `stage`, then
+/// the first and the last convolution.
+fn build<L: Layers, S>(
+    t: &Topology,
+    layers: &L,
+    vb: &VarBuilder,
+    stage: impl Fn(&Stage) -> Result<S>,
+) -> Result<Built<L::Conv, S>> {
+    let stages = t.stages.iter().map(stage).collect::<Result<Vec<_>>>()?;
+    Ok(Built {
+        init: layers.conv(vb, &t.init)?,
+        stages,
+        last: layers.conv(vb, &t.last)?,
+    })
+}
+
+/// A stage's residual blocks, under `vb` (the checkpoint's `layers`).
+fn build_blocks<L: Layers>(layers: &L, vb: &VarBuilder, blocks: &[Block]) -> Result<Vec<L::Block>> {
+    blocks.iter().map(|b| layers.block(vb, b)).collect()
 }
 
 fn layer(index: usize, spec: ConvSpec, act: bool) -> Layer {

@@ -6,7 +6,7 @@ use super::layers::{Conv, ConvTr, LayerState};
 use super::step_rows::StepRows;
 use crate::config::SeanetConfig;
 use crate::error::{check_cancel, Cancel, Error, Result};
-use crate::seanet::topology::{self, Topology};
+use crate::seanet::topology::{self, Layers};
 use candle::Tensor;
 use candle_nn::VarBuilder;
 use std::slice::IterMut;
@@ -83,14 +83,28 @@ impl ResBlock {
     }
 }
 
-/// A stage's residual blocks, under `vb` (the checkpoint's `layers`).
-fn load_blocks(vb: &VarBuilder, blocks: &[topology::Block], act: f64) -> Result<Vec<ResBlock>> {
-    blocks.iter().map(|b| ResBlock::load(vb, b, act)).collect()
+/// The candle engine's layers ([`Layers`]): each applies the ELU of alpha `act` to its
+/// input where the topology says so.
+struct Candle {
+    act: f64,
 }
 
-/// A convolution of the topology, under `vb` (the checkpoint's `layers`).
-fn load_conv(vb: &VarBuilder, l: &topology::Layer, act: f64) -> Result<Conv> {
-    Conv::load(vb.pp(l.index), l.spec, l.act.then_some(act))
+impl Layers for Candle {
+    type Conv = Conv;
+    type ConvTr = ConvTr;
+    type Block = ResBlock;
+
+    fn conv(&self, vb: &VarBuilder, l: &topology::Layer) -> Result<Conv> {
+        Conv::load(vb.pp(l.index), l.spec, l.act.then_some(self.act))
+    }
+
+    fn conv_tr(&self, vb: &VarBuilder, l: &topology::Layer) -> Result<ConvTr> {
+        ConvTr::load(vb.pp(l.index), l.spec, l.act.then_some(self.act))
+    }
+
+    fn block(&self, vb: &VarBuilder, b: &topology::Block) -> Result<ResBlock> {
+        ResBlock::load(vb, b, self.act)
+    }
 }
 
 /// The SEANet encoder: audio `(B, channels, samples)` -> `(B, dimension, frames)`.
@@ -113,17 +127,12 @@ impl Encoder {
 
 impl Encoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let (t, vb, act) = (Topology::encoder(cfg), vb.pp("layers"), cfg.activation.0);
-        let stages = (t.stages.iter())
-            .map(|s| {
-                let blocks = load_blocks(&vb, &s.blocks, act)?;
-                Ok((blocks, load_conv(&vb, &s.resample, act)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let act = cfg.activation.0;
+        let built = topology::build_encoder(cfg, &Candle { act }, vb)?;
         Ok(Self {
-            init: load_conv(&vb, &t.init, act)?,
-            stages,
-            last: load_conv(&vb, &t.last, act)?,
+            init: built.init,
+            stages: built.stages,
+            last: built.last,
         })
     }
 
@@ -188,18 +197,12 @@ impl Decoder {
 
 impl Decoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let (t, vb, act) = (Topology::decoder(cfg), vb.pp("layers"), cfg.activation.0);
-        let stages = (t.stages.iter())
-            .map(|s| {
-                let up = s.resample;
-                let up = ConvTr::load(vb.pp(up.index), up.spec, up.act.then_some(act))?;
-                Ok((up, load_blocks(&vb, &s.blocks, act)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let act = cfg.activation.0;
+        let built = topology::build_decoder(cfg, &Candle { act }, vb)?;
         Ok(Self {
-            init: load_conv(&vb, &t.init, act)?,
-            stages,
-            last: load_conv(&vb, &t.last, act)?,
+            init: built.init,
+            stages: built.stages,
+            last: built.last,
         })
     }
 

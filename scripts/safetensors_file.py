@@ -1,18 +1,23 @@
-"""The tests' one safetensors writer and reader (little-endian, C order), so that the tests need
-no extra package. A file is an 8-byte little-endian header length, a JSON header padded with
-spaces to 8 bytes (``__metadata__`` first, if any, then the tensors in the order written), and
-the tensors' bytes one after the other."""
+"""The repository's one safetensors writer and reader (little-endian, C order), shared by the
+tests (``pythonpath`` in pyproject.toml) and the benchmarks (``benches/common.py``), so that
+neither needs an extra package nor imports the other's code. A file is an 8-byte little-endian
+header length, a JSON header padded with spaces to 8 bytes (``__metadata__`` first, if any,
+then the tensors in the order written), and the tensors' bytes one after the other."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-# The safetensors dtype of each numpy dtype the tests write.
+# What ``write_raw`` takes as a tensor's data: bytes, or an array exposing its buffer.
+Buffer = bytes | bytearray | memoryview | np.ndarray
+
+# The safetensors dtype of each numpy dtype written here.
 DTYPES = {
     np.dtype("float32"): "F32",
     np.dtype("float16"): "F16",
@@ -36,25 +41,37 @@ def _head(layout: list[tuple[str, str, Sequence[int], int]], metadata: dict | No
     return struct.pack("<Q", len(raw)) + raw, offset
 
 
+def _bytes(b: Buffer) -> memoryview:
+    """The bytes of ``b`` (C-contiguous), without a copy."""
+    m = memoryview(b)
+    return m.cast("B") if m.nbytes else memoryview(b"")
+
+
 def write_raw(
-    path, tensors: dict[str, tuple[str, Sequence[int], bytes]], metadata: dict | None = None
+    path, tensors: dict[str, tuple[str, Sequence[int], Buffer]], metadata: dict | None = None
 ) -> None:
-    """Writes ``{name: (safetensors dtype, shape, little-endian C-order bytes)}`` in the order given,
-    with ``metadata`` as the ``__metadata__`` entry if given."""
-    head, _ = _head([(name, d, shape, len(b)) for name, (d, shape, b) in tensors.items()], metadata)
-    with open(path, "wb") as f:
+    """Writes ``{name: (safetensors dtype, shape, little-endian C-order bytes or a C-contiguous
+    array)}`` in the order given, with ``metadata`` as the ``__metadata__`` entry if given. The
+    file is written beside ``path`` and moved into place, so another process (the benchmarks'
+    workers share a cache of weight files) never reads a partial file."""
+    views = {name: (d, shape, _bytes(b)) for name, (d, shape, b) in tensors.items()}
+    head, _ = _head([(name, d, shape, v.nbytes) for name, (d, shape, v) in views.items()], metadata)
+    tmp = Path(f"{path}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
         f.write(head)
-        for _, _, b in tensors.values():
-            f.write(b)
+        for _, _, v in views.values():
+            f.write(v)
+    os.replace(tmp, path)
 
 
 def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
-    """Writes numpy arrays (any layout and byte order) in sorted name order."""
+    """Writes numpy arrays (any layout and byte order) in sorted name order; little-endian
+    C-ordered arrays are written without a copy."""
     raw = {}
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
-        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        raw[name] = (DTYPES[a.dtype], a.shape, data)
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        raw[name] = (DTYPES[a.dtype], a.shape, a)
     write_raw(path, raw)
 
 
@@ -66,6 +83,14 @@ def write_zeros(path, shapes: dict[str, Sequence[int]]) -> None:
     with open(path, "wb") as f:
         f.write(head)
         f.truncate(len(head) + size)
+
+
+def read_shapes(path) -> dict[str, list[int]]:
+    """``{name: shape}`` from a file's header alone (its data is not read)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
 
 
 def read_header(path) -> tuple[dict, bytes]:
