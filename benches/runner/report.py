@@ -572,8 +572,9 @@ def _render_efficiency_runs(L: list, s: dict) -> None:
     L += [
         "",
         "| threads | weights | offline ms per frame | read GB/s | weights read per frame | B=1 floor "
-        "| B=1 median ÷ floor | CPU÷wall, all frames | streams held | plan overhead |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| B=1 median ÷ floor | B=1 ÷ (floor + offline) | CPU÷wall, all frames | streams held "
+        "| plan overhead |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     reasons = {}
     for r in s["runs"]:
@@ -585,6 +586,7 @@ def _render_efficiency_runs(L: list, s: dict) -> None:
             f"| {r['threads']} | {r['weights_dtype']} | {r['offline']['ms_per_frame']:.2f} | "
             f"{r['bandwidth']['gb_per_s']:.1f} | {fmt_bytes(r['weights_nbytes'], 1)} | "
             f"{fmt_us(None if floor is None else floor * 1e3)} | {fmt_x(r['b1_over_floor'])} | "
+            f"{fmt_x(r.get('b1_over_floor_plus_offline'))} | "
             f"{r['cpu_per_wall']:.2f} | {r['streams_held']} | "
             f"{_overhead(r)} |"
         )

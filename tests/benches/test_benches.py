@@ -125,6 +125,7 @@ def test_efficiency_figures(monkeypatch):
     assert [b["over_offline"] for b in fig["batches"]] == [4.0, 2.0, 1.5, 0.875]
     assert fig["streams_held"] == 16  # B=8 misses (81 ms), the largest B within 80 ms counts
     assert fig["memory_floor_ms"] == 15.0 and fig["b1_over_floor"] == round(20 / 15, 3)
+    assert fig["b1_over_floor_plus_offline"] == 1.0  # 20 ms against 15 + 5
     assert fig["cpu_per_wall"] == 1.5
     assert fig["plan_overhead_ms"] is None and fig["not_measured"] == {"plan_overhead_ms": "not run"}
     measured = efficiency_figures(raw, {"ok": True, "no_products_median_ms": 2.5, "ratio": 0.125})
@@ -132,6 +133,7 @@ def test_efficiency_figures(monkeypatch):
     assert measured["not_measured"] == {}
     slow = efficiency_figures(dict(raw, weights_nbytes=None, batches=[frame(2, 90, 95)]), {"ok": False})
     assert slow["streams_held"] == 0 and slow["memory_floor_ms"] is None and slow["b1_over_floor"] is None
+    assert slow["b1_over_floor_plus_offline"] is None
     assert set(slow["not_measured"]) == {"plan_overhead_ms", "memory_floor_ms"}
 
 
