@@ -5,6 +5,7 @@
 //! quantizer, the wiring, the stream counters) is shared and never asks which it is. Both
 //! keep one streaming state per batch row.
 
+use super::activations::Activations;
 use super::offline::Offline;
 use crate::config::CodecConfig;
 use crate::error::{Cancel, Result};
@@ -63,12 +64,18 @@ pub(crate) trait Engine: Send + Sync {
 }
 
 /// An encoder stream's convolution states, by phase around the transformer. Each phase
-/// takes the rows that step and returns `None` when no frame comes out.
+/// takes the rows that step, in the engine's own [`Activations`] (the codec gives each
+/// engine its own form), and returns `None` when no frame comes out.
 pub trait EncodeConvs: Send {
     /// The SEANet encoder over new audio (the stepping rows of a `(rows, C, n)` chunk).
-    fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>>;
+    fn seanet(&mut self, rows: &Rows, pcm: Activations, last: bool) -> Result<Option<Activations>>;
     /// The downsampling of the transformer's output.
-    fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>>;
+    fn downsample(
+        &mut self,
+        rows: &Rows,
+        x: Activations,
+        last: bool,
+    ) -> Result<Option<Activations>>;
     /// Returns row `r` to a fresh state (if it has one yet).
     fn reset_row(&mut self, r: usize);
     /// An independent copy.
@@ -78,9 +85,9 @@ pub trait EncodeConvs: Send {
 /// A decoder stream's convolution states, by phase around the transformer.
 pub trait DecodeConvs: Send {
     /// The upsampling of the quantizer's latents.
-    fn upsample(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>>;
+    fn upsample(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>>;
     /// The SEANet decoder over the transformer's output.
-    fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>>;
+    fn seanet(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>>;
     /// Returns row `r` to a fresh state (if it has one yet).
     fn reset_row(&mut self, r: usize);
     /// An independent copy.

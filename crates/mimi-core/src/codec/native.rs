@@ -5,6 +5,7 @@
 //! frames, large weights) on shared matrix-vector calls, so their weights are read once per
 //! step rather than once per row, the high-rate layers on the rows side by side.
 
+use super::activations::Activations;
 use super::bridge::{from_frames, per_row, select_mut, to_frames};
 use super::engine::{DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::offline::{empty, split, stream_window};
@@ -250,7 +251,7 @@ struct NativeEncode {
 impl EncodeConvs for NativeEncode {
     /// Every layer's rows in shared products, each row still its own stream (see
     /// [`seanet::Encoder::high_rate_rows`], [`seanet::Encoder::frame_rate_rows`]).
-    fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, pcm: Activations, last: bool) -> Result<Option<Activations>> {
         self.items.resize_with(rows.batch(), Default::default);
         let enc = &self.engine.encoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
@@ -259,18 +260,21 @@ impl EncodeConvs for NativeEncode {
         let run = |sts: &mut [&mut seanet::EncoderState], xs: &[Frames]| {
             enc.high_rate_rows(sts, xs, last, None)
         };
-        let high = by_groups(&mut sts, &to_frames(pcm)?, &run)?;
-        from_frames(enc.frame_rate_rows(&mut sts, &high, last), pcm.device())
+        let high = by_groups(&mut sts, &pcm.into_frames()?, &run)?;
+        Activations::Frames(enc.frame_rate_rows(&mut sts, &high, last)).nonempty()
     }
 
-    fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn downsample(
+        &mut self,
+        rows: &Rows,
+        x: Activations,
+        last: bool,
+    ) -> Result<Option<Activations>> {
         let down = &self.engine.downsample;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
         let mut sts: Vec<&mut ConvState> = items.iter_mut().map(|it| &mut it.1).collect();
-        from_frames(
-            down.step_rows(&mut sts, &to_frames(x)?, None, last),
-            x.device(),
-        )
+        let ys = down.step_rows(&mut sts, &x.into_frames()?, None, last);
+        Activations::Frames(ys).nonempty()
     }
 
     fn reset_row(&mut self, r: usize) {
@@ -332,25 +336,29 @@ struct NativeDecode {
 }
 
 impl DecodeConvs for NativeDecode {
-    fn upsample(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    /// Each row through its own upsampling state.
+    fn upsample(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
         self.items.resize_with(rows.batch(), Default::default);
         let up = &self.engine.upsample;
-        let stage = |it: &mut DecodeItem, f: &Frames| Ok(up.step(&mut it.0, f, None));
-        per_row(&mut self.items, &rows.indices(), x, stage)
+        let items = select_mut(&mut self.items, &rows.indices())?;
+        let ys = (items.into_iter().zip(x.into_frames()?))
+            .map(|(it, f)| up.step(&mut it.0, &f, None))
+            .collect();
+        Activations::Frames(ys).nonempty()
     }
 
     /// The frame-rate layers, then the high-rate layers, each layer's rows in shared
     /// products (see [`seanet::Decoder::high_rate_rows`]).
-    fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
         let dec = &self.engine.decoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
         let mut sts: Vec<&mut seanet::DecoderState> =
             items.iter_mut().map(|it| &mut it.1).collect();
-        let low = dec.frame_rate_rows(&mut sts, &to_frames(x)?);
+        let low = dec.frame_rate_rows(&mut sts, &x.into_frames()?);
         let run = |sts: &mut [&mut seanet::DecoderState], xs: &[Frames]| {
             dec.high_rate_rows(sts, xs, None)
         };
-        from_frames(by_groups(&mut sts, &low, &run)?, x.device())
+        Activations::Frames(by_groups(&mut sts, &low, &run)?).nonempty()
     }
 
     fn reset_row(&mut self, r: usize) {

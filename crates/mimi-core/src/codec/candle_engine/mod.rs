@@ -14,6 +14,7 @@ mod step_rows;
 #[cfg(test)]
 mod tests;
 
+use super::activations::Activations;
 use super::engine::{DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
 use super::transform;
 use crate::config::{CodecConfig, PadMode};
@@ -54,8 +55,8 @@ impl Candle {
 }
 
 /// A phase's output, `None` when it holds no frame.
-fn nonempty(x: Tensor) -> Result<Option<Tensor>> {
-    Ok((x.dim(candle::D::Minus1)? > 0).then_some(x))
+fn nonempty(x: Tensor) -> Result<Option<Activations>> {
+    Activations::Tensor(x).nonempty()
 }
 
 impl Engine for Candle {
@@ -118,16 +119,23 @@ struct CandleEncode {
 }
 
 impl EncodeConvs for CandleEncode {
-    fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, pcm: Activations, last: bool) -> Result<Option<Activations>> {
+        let pcm = pcm.expect_tensor()?;
         let rows = StepRows::new(rows, pcm.device())?;
         let enc = &self.engine.encoder;
-        nonempty(enc.step(&mut self.seanet, &rows, pcm, last, None)?)
+        nonempty(enc.step(&mut self.seanet, &rows, &pcm, last, None)?)
     }
 
-    fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn downsample(
+        &mut self,
+        rows: &Rows,
+        x: Activations,
+        last: bool,
+    ) -> Result<Option<Activations>> {
+        let x = x.expect_tensor()?;
         let rows = StepRows::new(rows, x.device())?;
         let down = &self.engine.downsample;
-        nonempty(down.step(&mut self.downsample, &rows, x, last)?)
+        nonempty(down.step(&mut self.downsample, &rows, &x, last)?)
     }
 
     fn reset_row(&mut self, r: usize) {
@@ -151,15 +159,17 @@ struct CandleDecode {
 }
 
 impl DecodeConvs for CandleDecode {
-    fn upsample(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    fn upsample(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
+        let x = x.expect_tensor()?;
         let rows = StepRows::new(rows, x.device())?;
-        nonempty(self.engine.upsample.step(&mut self.upsample, &rows, x)?)
+        nonempty(self.engine.upsample.step(&mut self.upsample, &rows, &x)?)
     }
 
-    fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
+        let x = x.expect_tensor()?;
         let rows = StepRows::new(rows, x.device())?;
         let dec = &self.engine.decoder;
-        nonempty(dec.step(&mut self.seanet, &rows, x, None)?)
+        nonempty(dec.step(&mut self.seanet, &rows, &x, None)?)
     }
 
     fn reset_row(&mut self, r: usize) {
