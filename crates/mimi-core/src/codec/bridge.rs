@@ -1,8 +1,7 @@
 //! The bridge between candle tensors and the native engine's [`Frames`]: a `(B, C, T)`
 //! tensor as one `Frames` per batch item and back (the offline calls, and a streaming step's
-//! tensor ends), one per-row stage over them, the rows' frames as tokens and back (the
-//! transformer's and the quantizer's host entry points), and the stepping rows' states
-//! selected together.
+//! tensor ends), the rows' frames as tokens and back (the transformer's and the quantizer's
+//! host entry points), and the stepping rows' states selected together.
 
 use crate::conv::Frames;
 use crate::error::Result;
@@ -35,21 +34,6 @@ pub(crate) fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor
         xs.iter().flat_map(|f| f.data.iter().copied()).collect()
     };
     Ok(Some(Tensor::from_vec(data, (b, c, t), dev)?))
-}
-
-/// One per-item stage of the native engine (a SEANet, a down/upsampling) on each row of
-/// `x`: row `i` continues the state `items[rows[i]]`. `None` when no frame comes out.
-pub(crate) fn per_row<I>(
-    items: &mut [I],
-    rows: &[usize],
-    x: &Tensor,
-    mut stage: impl FnMut(&mut I, &Frames) -> Result<Frames>,
-) -> Result<Option<Tensor>> {
-    let mut ys = Vec::with_capacity(rows.len());
-    for (f, &r) in to_frames(x)?.iter().zip(rows) {
-        ys.push(stage(&mut items[r], f)?);
-    }
-    from_frames(ys, x.device())
 }
 
 /// The items of `rows` (ascending and distinct, as [`crate::rows::Rows`] holds them),

@@ -267,7 +267,7 @@ impl Codec {
 
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
     pub fn encode_latents(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        offline_call(|| self.engine.encode(&self.parts, pcm, cancel))
+        offline_call(|| offline::encode(&*self.engine, &self.parts, pcm, cancel))
     }
 
     /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
@@ -286,7 +286,7 @@ impl Codec {
     pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
         offline_call(|| {
             let x = self.decode_latents(codes)?.to_dtype(self.parts.dtype)?;
-            self.engine.decode(&self.parts, &x, cancel)
+            offline::decode(&*self.engine, &self.parts, &x, cancel)
         })
     }
 

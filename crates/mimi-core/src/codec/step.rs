@@ -9,7 +9,7 @@
 use super::activations::{Activations, Codes};
 use super::bridge::{from_tokens, tokens};
 use super::{transform, Codec, DecodeStream, EncodeStream, EngineKind, Rows};
-use crate::error::{Error, Result};
+use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
 use crate::runtime::profile::time;
@@ -21,10 +21,10 @@ fn transform_rows(
     model: &Transformer,
     state: &mut State,
     xs: &Tensor,
-    rows: &Rows,
+    (rows, cancel): (&Rows, Cancel),
 ) -> Result<Tensor> {
     if !rows.is_masked() {
-        return transform(model, state, xs, None);
+        return transform(model, state, xs, cancel);
     }
     model.start(state, rows.batch())?;
     let x = xs.transpose(1, 2)?.contiguous()?;
@@ -41,18 +41,18 @@ pub(super) fn transform_step(
     model: &Transformer,
     state: &mut State,
     x: Activations,
-    rows: &Rows,
+    (rows, cancel): (&Rows, Cancel),
 ) -> Result<Activations> {
     let xs = match x {
         Activations::Tensor(t) => {
-            return Ok(Activations::Tensor(transform_rows(model, state, &t, rows)?))
+            let y = transform_rows(model, state, &t, (rows, cancel))?;
+            return Ok(Activations::Tensor(y));
         }
         Activations::Frames(xs) if !model.takes_host_step() => {
             let dev = model.device().clone();
             let t = Activations::Frames(xs).into_tensor(&dev)?;
-            return Ok(Activations::Frames(
-                Activations::Tensor(transform_rows(model, state, &t, rows)?).into_frames()?,
-            ));
+            let y = transform_rows(model, state, &t, (rows, cancel))?;
+            return Ok(Activations::Frames(Activations::Tensor(y).into_frames()?));
         }
         Activations::Frames(xs) => xs,
     };
@@ -64,7 +64,7 @@ pub(super) fn transform_step(
     let x = tokens(&xs);
     drop(xs);
     let mut out = vec![0f32; x.len()];
-    model.step_host(state, &x, &rows.indices(), &mut out, None)?;
+    model.step_host(state, &x, &rows.indices(), &mut out, cancel)?;
     Ok(Activations::Frames(from_tokens(&out, rows.count(), d)))
 }
 
@@ -185,7 +185,7 @@ impl Codec {
         let x = match s.convs.seanet(rows, pcm, last)? {
             Some(x) => time(
                 || "enc.transformer".into(),
-                || transform_step(&p.enc_tr, &mut s.tr, x, rows),
+                || transform_step(&p.enc_tr, &mut s.tr, x, (rows, None)),
             )?,
             // Nothing new for the transformer, but the last chunk still flushes the
             // downsampling's padding.
@@ -267,7 +267,7 @@ impl Codec {
             };
             let x = time(
                 || "dec.transformer".into(),
-                || transform_step(&p.dec_tr, &mut s.tr, x, rows),
+                || transform_step(&p.dec_tr, &mut s.tr, x, (rows, None)),
             )?;
             s.convs.seanet(rows, x)
         })?;

@@ -567,10 +567,10 @@ mod steps {
             let x = Tensor::from_vec(test_input(k, d, t, step as u64), (k, d, t), &Device::Cpu)
                 .unwrap();
             let frames = Activations::from_tensor(EngineKind::Native, &x).unwrap();
-            let a = transform_step(model, &mut on_frames, frames, &rows).unwrap();
+            let a = transform_step(model, &mut on_frames, frames, (&rows, None)).unwrap();
             assert!(matches!(a, Activations::Frames(_)));
             let a = a.into_tensor(&Device::Cpu).unwrap();
-            let b = transform_step(model, &mut on_tensor, Activations::Tensor(x), &rows)
+            let b = transform_step(model, &mut on_tensor, Activations::Tensor(x), (&rows, None))
                 .unwrap()
                 .expect_tensor()
                 .unwrap();
