@@ -165,24 +165,68 @@ impl Residual {
             });
         }
         let sum = sum.ok_or_else(|| Error::Internal("decoding with no codebook".into()))?;
-        let (b, dim, t) = sum.dims3()?;
+        let (b, _, t) = sum.dims3()?;
         if !sum.device().is_cpu() || sum.dtype() != DType::F32 {
             return Ok(self.output_proj.forward(&sum)?);
         }
-        // On the matrix-vector kernel, GEMV_MAX_ROWS rows a call: its rows do not depend on
-        // each other, so a frame decodes to the same bits in any batch (a batched step's row
-        // as its own step) and any call length.
         let xs = sum.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let y = self.project_out(&xs)?;
         let out = self.output_proj.weight().dim(0)?;
-        let mut y = Vec::with_capacity(b * t * out);
+        Ok(Tensor::from_vec(y, (b, t, out), sum.device())?
+            .t()?
+            .contiguous()?)
+    }
+
+    /// The output projection of tokens `xs` (tokens, dim): (tokens, input_dim). On the
+    /// matrix-vector kernel, GEMV_MAX_ROWS rows a call: its rows do not depend on each
+    /// other, so a frame decodes to the same bits in any batch (a batched step's row as its
+    /// own step) and any call length.
+    fn project_out(&self, xs: &[f32]) -> Result<Vec<f32>> {
+        let (out, dim, _) = self.output_proj.weight().dims3()?;
+        let mut y = Vec::with_capacity(xs.len() / dim.max(1) * out);
         with_slice(self.output_proj.weight(), |w| {
             for rows in xs.chunks(GEMV_MAX_ROWS * dim) {
                 y.extend(gemv(rows, w, rows.len() / dim, dim, out));
             }
         })?;
-        Ok(Tensor::from_vec(y, (b, t, out), sum.device())?
-            .t()?
-            .contiguous()?)
+        Ok(y)
+    }
+
+    /// [`Self::decode`] on slices: the codebooks `first..` of `codes` (rows, n_q, frames)
+    /// give the latents' tokens (rows × frames, input_dim), the same bits as `decode` on the
+    /// CPU in f32 (the centroids summed in the same order).
+    fn decode_tokens(
+        &self,
+        codes: &[u32],
+        (rows, n_q, t): (usize, usize, usize),
+        first: usize,
+    ) -> Result<Vec<f32>> {
+        let dim = self.output_proj.weight().dim(1)?;
+        let mut sum = vec![0f32; rows * t * dim];
+        for (j, book) in self.codebooks.iter().enumerate() {
+            with_slice(&book.centroids, |e| {
+                let bins = e.len() / dim.max(1);
+                for (i, s) in sum.chunks_exact_mut(dim).enumerate() {
+                    let (row, frame) = (i / t, i % t);
+                    let code = codes[(row * n_q + first + j) * t + frame] as usize;
+                    if code >= bins {
+                        return Err(Error::InvalidInput(format!(
+                            "code {code} is out of range for a codebook of {bins} entries"
+                        )));
+                    }
+                    let c = &e[code * dim..(code + 1) * dim];
+                    match j {
+                        0 => s.copy_from_slice(c),
+                        _ => s.iter_mut().zip(c).for_each(|(a, c)| *a += c),
+                    }
+                }
+                Ok(())
+            })??;
+        }
+        if self.codebooks.is_empty() {
+            return Err(Error::Internal("decoding with no codebook".into()));
+        }
+        self.project_out(&sum)
     }
 }
 
@@ -229,13 +273,56 @@ impl Quantizer {
                 .collect::<Result<Vec<_>>>()?;
             return Ok(Tensor::cat(&parts, 1)?);
         }
-        let n_q = self.n_q();
         let xs = x.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let mut codes = vec![0u32; rows * n_q];
-        self.parts[0].encode_rows(&xs, rows, &mut codes, n_q)?;
-        self.parts[1].encode_rows(&xs, rows, &mut codes[1..], n_q)?;
-        let codes = Tensor::from_vec(codes, (b, t, n_q), x.device())?;
+        let codes = self.encode_tokens(&xs, rows)?;
+        let codes = Tensor::from_vec(codes, (b, t, self.n_q()), x.device())?;
         Ok(codes.t()?.contiguous()?)
+    }
+
+    /// Whether [`Self::encode_tokens`] takes `rows` tokens: one to [`GEMV_MAX_ROWS`]
+    /// (more take [`Self::encode`]'s tensor path).
+    pub fn takes_tokens(rows: usize) -> bool {
+        (1..=GEMV_MAX_ROWS).contains(&rows)
+    }
+
+    /// Codes of `rows` tokens `xs` (rows, input_dim) on slices: (rows, n_q), each token's
+    /// codes together; the bits of [`Self::encode`] on the CPU in f32. Refuses more rows
+    /// than [`Self::takes_tokens`] allows.
+    pub fn encode_tokens(&self, xs: &[f32], rows: usize) -> Result<Vec<u32>> {
+        if !Self::takes_tokens(rows) {
+            return Err(Error::Internal(format!(
+                "the quantizer's slice path takes 1 to {GEMV_MAX_ROWS} rows, got {rows}"
+            )));
+        }
+        let n_q = self.n_q();
+        let mut codes = vec![0u32; rows * n_q];
+        self.parts[0].encode_rows(xs, rows, &mut codes, n_q)?;
+        self.parts[1].encode_rows(xs, rows, &mut codes[1..], n_q)?;
+        Ok(codes)
+    }
+
+    /// The reconstruction of codes `(rows, k, frames)` (C order; the first `n_q` of the `k`
+    /// read) on slices: the latents' tokens (rows × frames, input_dim), the bits of
+    /// [`Self::decode`] on the CPU in f32.
+    pub fn decode_tokens(
+        &self,
+        codes: &[u32],
+        (rows, k, frames): (usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        if k < self.n_q() || codes.len() != rows * k * frames {
+            return Err(Error::Shape(format!(
+                "expected codes of shape ({rows}, >= {}, {frames}), got {} values in ({rows}, {k}, {frames})",
+                self.n_q(),
+                codes.len()
+            )));
+        }
+        let shape = (rows, k, frames);
+        let mut y = self.parts[0].decode_tokens(codes, shape, 0)?;
+        if self.n_q() > 1 {
+            let acoustic = self.parts[1].decode_tokens(codes, shape, 1)?;
+            y.iter_mut().zip(&acoustic).for_each(|(s, a)| *s += a);
+        }
+        Ok(y)
     }
 
     /// The reconstruction of codes (B, n_q, T): latents (B, input_dim, T).
@@ -316,6 +403,52 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The slice paths a native streaming step takes give the bits of the tensor paths:
+    /// encoding any number of tokens the slice path takes, decoding any number of frames
+    /// (more codebooks in the codes than the quantizer reads included); a code out of range
+    /// is refused.
+    #[test]
+    fn token_paths_give_the_tensor_paths_bits() {
+        let dev = Device::Cpu;
+        let cfg = CodecConfig::mimi(4);
+        let source = Arc::new(TensorSource::seeded(5, None));
+        let q =
+            Quantizer::load(&cfg, &source.var_builder(DType::F32, &dev).pp("quantizer")).unwrap();
+        let d = cfg.seanet.dimension;
+        for (b, t) in [(1, 1), (2, 3), (4, 8), (3, 11)] {
+            let x = Tensor::from_vec(test_input(b, d, t, 7), (b, d, t), &dev).unwrap();
+            let x = (x * 4.0).unwrap();
+            let codes = q.encode(&x).unwrap();
+            if Quantizer::takes_tokens(b * t) {
+                let xs = x.t().unwrap().contiguous().unwrap().flatten_all().unwrap();
+                let got = q
+                    .encode_tokens(&xs.to_vec1::<f32>().unwrap(), b * t)
+                    .unwrap();
+                let want = codes
+                    .t()
+                    .unwrap()
+                    .contiguous()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap();
+                assert_eq!(got, want.to_vec1::<u32>().unwrap(), "b {b} t {t}");
+            }
+            for extra in [0, 2] {
+                let k = 4 + extra;
+                let pad = Tensor::zeros((b, extra, t), DType::U32, &dev).unwrap();
+                let wide = Tensor::cat(&[&codes, &pad], 1).unwrap();
+                let host = wide.flatten_all().unwrap().to_vec1::<u32>().unwrap();
+                let got = q.decode_tokens(&host, (b, k, t)).unwrap();
+                let want = q.decode(&wide).unwrap().t().unwrap().contiguous().unwrap();
+                assert_eq!(got, want.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            }
+        }
+        let bins = cfg.quantizer_bins as u32;
+        assert!(q.decode_tokens(&[0, 1, bins, 2], (1, 4, 1)).is_err());
+        assert!(q.decode_tokens(&[0, 1, 2], (1, 3, 1)).is_err());
+        assert!(q.encode_tokens(&[], 0).is_err());
     }
 
     #[test]

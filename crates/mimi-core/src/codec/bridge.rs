@@ -1,6 +1,7 @@
 //! The bridge between candle tensors and the native engine's [`Frames`]: a `(B, C, T)`
-//! tensor as one `Frames` per batch item and back, one per-row stage over them, and the
-//! stepping rows' states selected together.
+//! tensor as one `Frames` per batch item and back (the offline calls, and a streaming step's
+//! tensor ends), the rows' frames as tokens and back (the transformer's and the quantizer's
+//! host entry points), and the stepping rows' states selected together.
 
 use crate::conv::Frames;
 use crate::error::Result;
@@ -35,21 +36,6 @@ pub(crate) fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor
     Ok(Some(Tensor::from_vec(data, (b, c, t), dev)?))
 }
 
-/// One per-item stage of the native engine (a SEANet, a down/upsampling) on each row of
-/// `x`: row `i` continues the state `items[rows[i]]`. `None` when no frame comes out.
-pub(crate) fn per_row<I>(
-    items: &mut [I],
-    rows: &[usize],
-    x: &Tensor,
-    mut stage: impl FnMut(&mut I, &Frames) -> Result<Frames>,
-) -> Result<Option<Tensor>> {
-    let mut ys = Vec::with_capacity(rows.len());
-    for (f, &r) in to_frames(x)?.iter().zip(rows) {
-        ys.push(stage(&mut items[r], f)?);
-    }
-    from_frames(ys, x.device())
-}
-
 /// The items of `rows` (ascending and distinct, as [`crate::rows::Rows`] holds them),
 /// mutably and in that order.
 pub(crate) fn select_mut<'a, I>(items: &'a mut [I], rows: &[usize]) -> Result<Vec<&'a mut I>> {
@@ -68,4 +54,38 @@ pub(crate) fn select_mut<'a, I>(items: &'a mut [I], rows: &[usize]) -> Result<Ve
         )));
     }
     Ok(out)
+}
+
+/// The rows' frames `(channels, frames)` as tokens: `(rows, frames, channels)` values, row
+/// after row, each frame's channels together (what the transformer's and the quantizer's
+/// host entry points take).
+pub(crate) fn tokens(xs: &[Frames]) -> Vec<f32> {
+    let (c, t) = xs.first().map_or((0, 0), |f| (f.channels, f.len));
+    let mut out = vec![0f32; xs.len() * t * c];
+    for (f, o) in xs.iter().zip(out.chunks_exact_mut((t * c).max(1))) {
+        for (ch, row) in f.data.chunks_exact(t.max(1)).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                o[j * c + ch] = v;
+            }
+        }
+    }
+    out
+}
+
+/// [`tokens`] back: `rows` rows of `frames` tokens of `channels` values as one [`Frames`]
+/// `(channels, frames)` each.
+pub(crate) fn from_tokens(data: &[f32], rows: usize, channels: usize) -> Vec<Frames> {
+    let t = data.len() / (rows * channels).max(1);
+    (0..rows)
+        .map(|i| {
+            let x = &data[i * t * channels..(i + 1) * t * channels];
+            let mut out = vec![0f32; t * channels];
+            for (j, tok) in x.chunks_exact(channels).enumerate() {
+                for (ch, &v) in tok.iter().enumerate() {
+                    out[ch * t + j] = v;
+                }
+            }
+            Frames::new(channels, t, out)
+        })
+        .collect()
 }

@@ -5,6 +5,7 @@
 //! steps them, and scatters the result back into the whole batch (inactive rows' output is
 //! zeros).
 
+use super::activations::{Activations, Codes};
 use super::inputs::check_last;
 use super::lengths::check_lengths;
 use super::{host_f32, host_u32, Codec, DecodeStream, EncodeStream, Rows};
@@ -158,25 +159,28 @@ impl Codec {
     ) -> Result<Option<HostArray<u32>>> {
         check_last(step.active.as_ref(), step.last)?;
         let (pcm, rows) = self.check_pcm(pcm, step.active)?;
-        let b = pcm.shape[0];
+        let (b, c, n) = (pcm.shape[0], pcm.shape[1], pcm.shape[2]);
+        let on = (self.device(), self.dtype());
         if step.last {
-            let out = self.encode_last(s, &self.tensor(pcm)?)?;
+            self.check_encode_last(s, b)?;
+            let x = Activations::from_host(self.engine(), pcm.data, (b, c, n), on)?;
+            let out = self.step_encode(s, x, (n, &Rows::all(b)), true)?;
             *s = self.encode_stream();
-            return out.map(|c| host_u32(&c)).transpose();
+            return out.map(Codes::into_host).transpose();
         }
-        let (c, n) = (pcm.shape[1], pcm.shape[2]);
         if !rows.is_masked() && n == 0 {
             s.check_batch(b, "encoder")?;
             return Ok(None);
         }
-        let x = Tensor::from_vec(
-            rows.select(&pcm.data, c * n),
-            (rows.count(), c, n),
-            self.device(),
-        )?;
-        let out = self.encode_step_rows(s, &x.to_dtype(self.dtype())?, &rows)?;
+        self.check_encode_rows(s, n, &rows)?;
+        let data = match rows.is_masked() {
+            true => rows.select(&pcm.data, c * n),
+            false => pcm.data,
+        };
+        let x = Activations::from_host(self.engine(), data, (rows.count(), c, n), on)?;
+        let out = self.step_encode(s, x, (n, &rows), false)?;
         if !rows.is_masked() {
-            return out.map(|c| host_u32(&c)).transpose();
+            return out.map(Codes::into_host).transpose();
         }
         let k = self.config().quantizer_n_q;
         let frames = n / self.config().frame_size();
@@ -184,7 +188,7 @@ impl Codec {
             return Ok(None);
         }
         let codes = match out {
-            Some(codes) => host_u32(&codes)?.data,
+            Some(codes) => codes.into_host()?.data,
             None => vec![0; rows.count() * k * frames],
         };
         let codes = rows.scatter(codes, k * frames);
@@ -206,15 +210,18 @@ impl Codec {
         if t == 0 {
             return Ok(None); // no frames: the stream is not bound to this batch size
         }
-        let x = rows.select(&codes.data, k * t);
-        let x = Tensor::from_vec(x, (rows.count(), k, t), self.device())?;
-        let out = self.decode_step_rows(s, &x, &rows)?;
+        let x = match rows.is_masked() {
+            true => rows.select(&codes.data, k * t),
+            false => codes.data,
+        };
+        let x = Codes::Host(HostArray::new(x, vec![rows.count(), k, t]));
+        let out = self.step_decode(s, x, &rows)?;
         if !rows.is_masked() {
-            return out.map(|a| host_f32(&a)).transpose();
+            return out.map(Activations::into_host).transpose();
         }
         let (ch, len) = (self.config().channels, t * self.config().frame_size());
         let audio = match out {
-            Some(a) => host_f32(&a)?.data,
+            Some(a) => a.into_host()?.data,
             None => vec![0.0; rows.count() * ch * len],
         };
         let audio = rows.scatter(audio, ch * len);

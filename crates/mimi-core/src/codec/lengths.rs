@@ -75,7 +75,7 @@ impl Codec {
         let p = &self.parts;
         let spec = (p.cfg.seanet.dimension, p.dtype);
         offline_call(|| {
-            let f = |x: &Tensor| self.engine.encode(p, x, cancel);
+            let f = |x: &Tensor| super::offline::encode(&*self.engine, p, x, cancel);
             per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
         })
     }
@@ -93,7 +93,7 @@ impl Codec {
         let spec = (p.cfg.quantizer_n_q, DType::U32);
         offline_call(|| {
             let f = |x: &Tensor| {
-                let latents = self.engine.encode(p, x, cancel)?;
+                let latents = super::offline::encode(&*self.engine, p, x, cancel)?;
                 self.quantizer.encode(&latents.to_dtype(DType::F32)?)
             };
             per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
@@ -122,7 +122,7 @@ impl Codec {
         offline_call(|| {
             let f = |c: &Tensor| {
                 let x = self.decode_latents(c)?.to_dtype(p.dtype)?;
-                self.engine.decode(p, &x, cancel)
+                super::offline::decode(&*self.engine, p, &x, cancel)
             };
             per_item_padded(codes, frames, spec, |f| f * fs, f)
         })

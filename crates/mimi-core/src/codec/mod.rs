@@ -11,6 +11,7 @@
 //! Offline calls use fresh, private state and never touch the streaming state; streaming
 //! calls go through [`EncodeStream`] / [`DecodeStream`].
 
+pub mod activations;
 mod bridge;
 pub mod candle_engine;
 pub mod checkpoint;
@@ -21,6 +22,7 @@ mod lengths;
 pub mod native;
 mod offline;
 pub mod open;
+pub mod step;
 pub mod stream;
 #[cfg(test)]
 mod tests;
@@ -34,11 +36,10 @@ pub use stream::{DecodeStream, EncodeStream};
 
 use self::candle_engine::Candle;
 use crate::config::CodecConfig;
-use crate::error::{Cancel, Error, Result};
+use crate::error::{Cancel, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
 use crate::runtime::device::WeightsDType;
-use crate::runtime::profile::time;
 use crate::transformer::{State, Transformer};
 use crate::weights::{self, QkLayout, TensorSource};
 use ::candle::{DType, Device, Tensor};
@@ -58,22 +59,6 @@ pub(crate) fn transform(
 ) -> Result<Tensor> {
     let x = xs.transpose(1, 2)?.contiguous()?;
     let y = model.forward_cancellable(state, &x, cancel)?;
-    Ok(y.transpose(1, 2)?.contiguous()?)
-}
-
-/// [`transform`] for the rows of a stream that step (`xs` holds those rows).
-fn transform_rows(
-    model: &Transformer,
-    state: &mut State,
-    xs: &Tensor,
-    rows: &Rows,
-) -> Result<Tensor> {
-    if !rows.is_masked() {
-        return transform(model, state, xs, None);
-    }
-    model.start(state, rows.batch())?;
-    let x = xs.transpose(1, 2)?.contiguous()?;
-    let y = model.forward_rows(state, &x, &rows.indices())?;
     Ok(y.transpose(1, 2)?.contiguous()?)
 }
 
@@ -282,7 +267,7 @@ impl Codec {
 
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
     pub fn encode_latents(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        offline_call(|| self.engine.encode(&self.parts, pcm, cancel))
+        offline_call(|| offline::encode(&*self.engine, &self.parts, pcm, cancel))
     }
 
     /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
@@ -301,7 +286,7 @@ impl Codec {
     pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
         offline_call(|| {
             let x = self.decode_latents(codes)?.to_dtype(self.parts.dtype)?;
-            self.engine.decode(&self.parts, &x, cancel)
+            offline::decode(&*self.engine, &self.parts, &x, cancel)
         })
     }
 
@@ -313,156 +298,5 @@ impl Codec {
     /// A fresh decoder stream.
     pub fn decode_stream(&self) -> DecodeStream {
         Stream::new(self.engine.clone().decode_convs())
-    }
-
-    /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
-    /// completed by this chunk (possibly none).
-    pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        self.encode_step_rows(s, pcm, &Rows::all(pcm.dim(0)?))
-    }
-
-    /// [`Self::encode_step`] for the rows `rows` of the stream (`pcm` holds those rows, in
-    /// order): each continues its own stream, the others are untouched. A masked step takes
-    /// whole frames.
-    pub fn encode_step_rows(
-        &self,
-        s: &mut EncodeStream,
-        pcm: &Tensor,
-        rows: &Rows,
-    ) -> Result<Option<Tensor>> {
-        let n = pcm.dim(2)?;
-        self.check_encode_rows(s, n, rows)?;
-        s.start(rows.batch());
-        if rows.count() == 0 {
-            return Ok(None);
-        }
-        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
-            match self.latents_step(s, pcm, rows, false)? {
-                Some(x) => time(
-                    || "quantizer.encode".into(),
-                    || Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
-                ),
-                None => Ok(None),
-            }
-        })?;
-        s.advance(&rows.indices(), n);
-        Ok(out)
-    }
-
-    /// The stream's last chunk (possibly empty): the codes of every frame it completes, then
-    /// of the last partial frame, padded as the offline `encode` pads it (every layer's right
-    /// padding). The concatenated codes of a stream ended this way are `encode`'s. The stream
-    /// is spent afterwards: start a new one.
-    pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        let b = pcm.dim(0)?;
-        s.check_batch(b, "encoder")?;
-        if s.uneven(self.parts.cfg.frame_size()) {
-            return Err(Error::Shape(
-                "last=True ends every row at once, but the rows hold different partial frames \
-                 (after a per-row reset)"
-                    .into(),
-            ));
-        }
-        s.start(b);
-        let n = pcm.dim(2)?;
-        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
-            match self.latents_step(s, pcm, &Rows::all(b), true)? {
-                Some(x) => Ok(Some(self.quantizer.encode(&x.to_dtype(DType::F32)?)?)),
-                None => Ok(None),
-            }
-        })?;
-        s.advance(&Rows::all(b).indices(), n);
-        Ok(out)
-    }
-
-    /// Refuses a step the stream cannot take, before anything changes: another batch size,
-    /// or a chunk of `n` samples that would make
-    /// rows emit different numbers of frames (masked steps take whole frames, and so does
-    /// any step once rows hold different partial frames after a per-row reset).
-    fn check_encode_rows(&self, s: &EncodeStream, n: usize, rows: &Rows) -> Result<()> {
-        s.check_batch(rows.batch(), "encoder")?;
-        let f = self.parts.cfg.frame_size();
-        if !n.is_multiple_of(f) && (rows.is_masked() || s.uneven(f)) {
-            return Err(Error::Shape(format!(
-                "chunks must be a whole number of frames (multiples of frame_size={f} samples) \
-                 {}, got {n} samples",
-                if rows.is_masked() {
-                    "when active= is given"
-                } else {
-                    "while rows hold different partial frames (after a per-row reset)"
-                }
-            )));
-        }
-        Ok(())
-    }
-
-    /// The latents (before quantization) of the frames this chunk completes: the SEANet,
-    /// the transformer, the downsampling. With `last`, the audio ends here and the last
-    /// partial frame is padded as offline.
-    fn latents_step(
-        &self,
-        s: &mut EncodeStream,
-        pcm: &Tensor,
-        rows: &Rows,
-        last: bool,
-    ) -> Result<Option<Tensor>> {
-        let p = &self.parts;
-        let x = match s.convs.seanet(rows, pcm, last)? {
-            Some(x) => time(
-                || "enc.transformer".into(),
-                || transform_rows(&p.enc_tr, &mut s.tr, &x, rows),
-            )?,
-            // Nothing new for the transformer, but the last chunk still flushes the
-            // downsampling's padding.
-            None if last => Tensor::zeros(
-                (rows.count(), p.cfg.seanet.dimension, 0),
-                pcm.dtype(),
-                &p.device,
-            )?,
-            None => return Ok(None),
-        };
-        time(
-            || "downsample".into(),
-            || s.convs.downsample(rows, &x, last),
-        )
-    }
-
-    /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
-    pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
-        self.decode_step_rows(s, codes, &Rows::all(codes.dim(0)?))
-    }
-
-    /// [`Self::decode_step`] for the rows `rows` of the stream (see
-    /// [`Self::encode_step_rows`]).
-    pub fn decode_step_rows(
-        &self,
-        s: &mut DecodeStream,
-        codes: &Tensor,
-        rows: &Rows,
-    ) -> Result<Option<Tensor>> {
-        s.check_batch(rows.batch(), "decoder")?;
-        s.start(rows.batch());
-        if rows.count() == 0 {
-            return Ok(None);
-        }
-        let t = codes.dim(2)?;
-        let p = &self.parts;
-        let out = crate::kernels::in_pool(|| -> Result<Option<Tensor>> {
-            let x = time(|| "quantizer.decode".into(), || self.decode_latents(codes))?;
-            let Some(x) = time(
-                || "upsample".into(),
-                || s.convs.upsample(rows, &x.to_dtype(p.dtype)?),
-            )?
-            else {
-                return Ok(None);
-            };
-            let x = time(
-                || "dec.transformer".into(),
-                || transform_rows(&p.dec_tr, &mut s.tr, &x, rows),
-            )?;
-            s.convs.seanet(rows, &x)
-        })?;
-        s.advance(&rows.indices(), t);
-        Ok(out)
     }
 }

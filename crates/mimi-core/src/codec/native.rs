@@ -5,17 +5,18 @@
 //! frames, large weights) on shared matrix-vector calls, so their weights are read once per
 //! step rather than once per row, the high-rate layers on the rows side by side.
 
-use super::bridge::{from_frames, per_row, select_mut, to_frames};
-use super::engine::{DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
-use super::offline::{empty, split, stream_window};
-use super::transform;
+use super::activations::Activations;
+use super::bridge::{from_frames, select_mut, to_frames};
+use super::engine::{
+    DecodeBlocks, DecodeConvs, EncodeBlocks, EncodeConvs, Engine, EngineKind, Parts,
+};
+use super::offline::{empty, segments, split, stream_window};
 use crate::config::{CodecConfig, PadMode};
 use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
-use crate::error::{check_cancel, Cancel, Result};
+use crate::error::{Cancel, Result};
 use crate::rows::Rows;
 use crate::seanet;
-use crate::transformer::State;
-use candle::{DType, Tensor};
+use candle::Tensor;
 use candle_nn::VarBuilder;
 use std::sync::Arc;
 
@@ -139,80 +140,45 @@ impl Engine for Native {
             + (self.downsample.weights_nbytes() + self.upsample.weights_nbytes())
     }
 
-    /// Per block of `offline.block` tokens: the SEANet encoder over the block's samples
-    /// ([`Self::encode_block`]; the last segment flushes the offline right padding), one
-    /// transformer call, then the downsampling, whose stream runs on across blocks.
-    fn encode(&self, p: &Parts, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        let (b, len) = (pcm.dim(0)?, pcm.dim(2)?);
-        let hop = self.encoder.hop();
+    /// Blocks of `offline.block` tokens: the SEANet encoder over each block's samples
+    /// ([`Self::encode_block`]; the last segment flushes the offline right padding), and
+    /// the downsampling, whose stream runs on across blocks.
+    fn encode_blocks<'a>(
+        &'a self,
+        p: &'a Parts,
+        pcm: &Tensor,
+        cancel: Cancel<'a>,
+    ) -> Result<Box<dyn EncodeBlocks + 'a>> {
         let audio = to_frames(pcm)?;
-        let mut items: Vec<EncodeItem> = (0..b).map(|_| Default::default()).collect();
-        let mut tr = State::default();
-        let all: Vec<usize> = (0..b).collect();
-        let (mut parts, mut b0) = (Vec::new(), 0);
-        while b0 < len {
-            check_cancel(cancel)?;
-            let b1 = (b0 + p.offline.block.max(1) * hop).min(len);
-            let last = b1 == len;
-            let x = self.encode_block(p, &audio, (b0, b1), last, cancel)?;
-            // The transformer's output; empty frames still flush the downsampling's padding.
-            let x = match from_frames(x, &p.device)? {
-                Some(x) => transform(&p.enc_tr, &mut tr, &x, cancel)?,
-                None => Tensor::zeros((b, p.cfg.seanet.dimension, 0), DType::F32, &p.device)?,
-            };
-            let down = |it: &mut EncodeItem, f: &Frames| {
-                Ok(self.downsample.step(&mut it.1, f, None, None, last))
-            };
-            parts.extend(per_row(&mut items, &all, &x, down)?);
-            b0 = b1;
-        }
-        if parts.is_empty() {
-            return Err(empty());
-        }
-        Ok(Tensor::cat(&parts, 2)?)
+        Ok(Box::new(NativeEncodeBlocks {
+            engine: self,
+            p,
+            items: (0..audio.len()).map(|_| Default::default()).collect(),
+            audio,
+            cancel,
+        }))
     }
 
-    /// The decoder pads nothing on the right, so a stream gives the offline result. Per
-    /// block of `offline.block` tokens: the upsampling (a stream across blocks) and one
-    /// transformer call, then the SEANet decoder over the block ([`Self::decode_block`]);
-    /// each item keeps the transformer's last frames as the next block's warm-up.
-    fn decode(&self, p: &Parts, x: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        let (b, len) = (x.dim(0)?, x.dim(2)?);
-        let mut items: Vec<DecodeItem> = (0..b).map(|_| Default::default()).collect();
-        let mut tr = State::default();
-        let all: Vec<usize> = (0..b).collect();
-        let up = |it: &mut DecodeItem, f: &Frames| Ok(self.upsample.step(&mut it.0, f, None));
-        let dim = p.cfg.seanet.dimension;
-        let mut tails = vec![Frames::empty(dim); b];
-        let mut audio: Vec<Vec<Frames>> = (0..b).map(|_| Vec::new()).collect();
-        let block = p.offline.block.div_ceil(p.cfg.downsample_stride()).max(1);
-        for t0 in (0..len).step_by(block) {
-            check_cancel(cancel)?;
-            let n = block.min(len - t0);
-            let Some(u) = per_row(&mut items, &all, &x.narrow(2, t0, n)?, up)? else {
-                continue;
-            };
-            let y = to_frames(&transform(&p.dec_tr, &mut tr, &u, cancel)?)?;
-            // Each item's frames: the warm-up kept from earlier blocks, then this block's.
-            let ext: Vec<Frames> = tails
-                .iter()
-                .zip(y)
-                .map(|(t, y)| Frames::cat(dim, &[t.window(0, t.len), y]))
-                .collect();
-            for (out, y) in
-                audio
-                    .iter_mut()
-                    .zip(self.decode_block(p, &ext, tails[0].len, cancel)?)
-            {
-                out.push(y);
-            }
-            tails = ext.iter().map(|e| e.tail(self.decoder.warmup())).collect();
-        }
-        let audio = audio
-            .into_iter()
-            .map(|parts| Frames::cat(p.cfg.seanet.channels, &parts))
-            .collect();
-        from_frames(audio, &p.device)?.ok_or_else(empty)
+    /// The decoder pads nothing on the right, so a stream gives the offline result. Blocks
+    /// of `offline.block` tokens: the upsampling (a stream across blocks), then the SEANet
+    /// decoder over the block ([`Self::decode_block`]); each item keeps the transformer's
+    /// last frames as the next block's warm-up.
+    fn decode_blocks<'a>(
+        &'a self,
+        p: &'a Parts,
+        latents: &Tensor,
+        cancel: Cancel<'a>,
+    ) -> Result<Box<dyn DecodeBlocks + 'a>> {
+        let latents = to_frames(latents)?;
+        let b = latents.len();
+        Ok(Box::new(NativeDecodeBlocks {
+            engine: self,
+            p,
+            latents,
+            items: (0..b).map(|_| Default::default()).collect(),
+            tails: vec![Frames::empty(p.cfg.seanet.dimension); b],
+            cancel,
+        }))
     }
 
     /// SEANet activations take about 2 KB per sample of audio in flight (measured on the
@@ -241,6 +207,105 @@ impl Engine for Native {
     }
 }
 
+/// Each item's blocks (one [`Activations`] of frames per block) joined along time.
+fn join_blocks(parts: Vec<Activations>, items: usize, channels: usize) -> Result<Vec<Frames>> {
+    let mut per_item: Vec<Vec<Frames>> = (0..items).map(|_| Vec::new()).collect();
+    for part in parts {
+        for (out, f) in per_item.iter_mut().zip(part.into_frames()?) {
+            out.push(f);
+        }
+    }
+    Ok(per_item
+        .iter()
+        .map(|fs| Frames::cat(channels, fs))
+        .collect())
+}
+
+/// An offline encode on the native engine: the audio as frames and each item's states.
+struct NativeEncodeBlocks<'a> {
+    engine: &'a Native,
+    p: &'a Parts,
+    audio: Vec<Frames>,
+    items: Vec<EncodeItem>,
+    cancel: Cancel<'a>,
+}
+
+impl EncodeBlocks for NativeEncodeBlocks<'_> {
+    fn blocks(&self) -> Vec<(usize, usize)> {
+        let len = self.audio.first().map_or(0, |f| f.len);
+        let hop = self.engine.encoder.hop();
+        segments(0, len, self.p.offline.block.max(1) * hop)
+    }
+
+    fn seanet(&mut self, block: (usize, usize), last: bool) -> Result<Option<Activations>> {
+        let x = (self.engine).encode_block(self.p, &self.audio, block, last, self.cancel)?;
+        Activations::Frames(x).nonempty()
+    }
+
+    fn downsample(&mut self, x: Activations, last: bool) -> Result<Option<Activations>> {
+        let down = &self.engine.downsample;
+        let ys = (self.items.iter_mut().zip(x.into_frames()?))
+            .map(|(it, f)| down.step(&mut it.1, &f, None, None, last))
+            .collect();
+        Activations::Frames(ys).nonempty()
+    }
+
+    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
+        let dim = self.p.cfg.seanet.dimension;
+        let latents = join_blocks(parts, self.items.len(), dim)?;
+        from_frames(latents, &self.p.device)?.ok_or_else(empty)
+    }
+}
+
+/// An offline decode on the native engine: the latents as frames, each item's states and
+/// the transformer's last frames (the next block's warm-up).
+struct NativeDecodeBlocks<'a> {
+    engine: &'a Native,
+    p: &'a Parts,
+    latents: Vec<Frames>,
+    items: Vec<DecodeItem>,
+    tails: Vec<Frames>,
+    cancel: Cancel<'a>,
+}
+
+impl DecodeBlocks for NativeDecodeBlocks<'_> {
+    fn blocks(&self) -> Vec<(usize, usize)> {
+        let len = self.latents.first().map_or(0, |f| f.len);
+        let per_block = self
+            .p
+            .offline
+            .block
+            .div_ceil(self.p.cfg.downsample_stride());
+        segments(0, len, per_block.max(1))
+    }
+
+    fn upsample(&mut self, (t0, t1): (usize, usize)) -> Result<Option<Activations>> {
+        let up = &self.engine.upsample;
+        let ys = (self.items.iter_mut().zip(&self.latents))
+            .map(|(it, f)| up.step(&mut it.0, &f.window(t0, t1), None))
+            .collect();
+        Activations::Frames(ys).nonempty()
+    }
+
+    fn seanet(&mut self, x: Activations) -> Result<Activations> {
+        let dim = self.p.cfg.seanet.dimension;
+        // Each item's frames: the warm-up kept from earlier blocks, then this block's.
+        let ext: Vec<Frames> = (self.tails.iter().zip(x.into_frames()?))
+            .map(|(t, y)| Frames::cat(dim, &[t.window(0, t.len), y]))
+            .collect();
+        let off = self.tails.first().map_or(0, |t| t.len);
+        let audio = (self.engine).decode_block(self.p, &ext, off, self.cancel)?;
+        let warm = self.engine.decoder.warmup();
+        self.tails = ext.iter().map(|e| e.tail(warm)).collect();
+        Ok(Activations::Frames(audio))
+    }
+
+    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
+        let audio = join_blocks(parts, self.items.len(), self.p.cfg.seanet.channels)?;
+        from_frames(audio, &self.p.device)?.ok_or_else(empty)
+    }
+}
+
 /// An encoder stream on the native engine: one state per batch row.
 struct NativeEncode {
     engine: Arc<Native>,
@@ -250,7 +315,7 @@ struct NativeEncode {
 impl EncodeConvs for NativeEncode {
     /// Every layer's rows in shared products, each row still its own stream (see
     /// [`seanet::Encoder::high_rate_rows`], [`seanet::Encoder::frame_rate_rows`]).
-    fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, pcm: Activations, last: bool) -> Result<Option<Activations>> {
         self.items.resize_with(rows.batch(), Default::default);
         let enc = &self.engine.encoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
@@ -259,18 +324,21 @@ impl EncodeConvs for NativeEncode {
         let run = |sts: &mut [&mut seanet::EncoderState], xs: &[Frames]| {
             enc.high_rate_rows(sts, xs, last, None)
         };
-        let high = by_groups(&mut sts, &to_frames(pcm)?, &run)?;
-        from_frames(enc.frame_rate_rows(&mut sts, &high, last), pcm.device())
+        let high = by_groups(&mut sts, &pcm.into_frames()?, &run)?;
+        Activations::Frames(enc.frame_rate_rows(&mut sts, &high, last)).nonempty()
     }
 
-    fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn downsample(
+        &mut self,
+        rows: &Rows,
+        x: Activations,
+        last: bool,
+    ) -> Result<Option<Activations>> {
         let down = &self.engine.downsample;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
         let mut sts: Vec<&mut ConvState> = items.iter_mut().map(|it| &mut it.1).collect();
-        from_frames(
-            down.step_rows(&mut sts, &to_frames(x)?, None, last),
-            x.device(),
-        )
+        let ys = down.step_rows(&mut sts, &x.into_frames()?, None, last);
+        Activations::Frames(ys).nonempty()
     }
 
     fn reset_row(&mut self, r: usize) {
@@ -332,25 +400,29 @@ struct NativeDecode {
 }
 
 impl DecodeConvs for NativeDecode {
-    fn upsample(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    /// Each row through its own upsampling state.
+    fn upsample(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
         self.items.resize_with(rows.batch(), Default::default);
         let up = &self.engine.upsample;
-        let stage = |it: &mut DecodeItem, f: &Frames| Ok(up.step(&mut it.0, f, None));
-        per_row(&mut self.items, &rows.indices(), x, stage)
+        let items = select_mut(&mut self.items, &rows.indices())?;
+        let ys = (items.into_iter().zip(x.into_frames()?))
+            .map(|(it, f)| up.step(&mut it.0, &f, None))
+            .collect();
+        Activations::Frames(ys).nonempty()
     }
 
     /// The frame-rate layers, then the high-rate layers, each layer's rows in shared
     /// products (see [`seanet::Decoder::high_rate_rows`]).
-    fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
         let dec = &self.engine.decoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
         let mut sts: Vec<&mut seanet::DecoderState> =
             items.iter_mut().map(|it| &mut it.1).collect();
-        let low = dec.frame_rate_rows(&mut sts, &to_frames(x)?);
+        let low = dec.frame_rate_rows(&mut sts, &x.into_frames()?);
         let run = |sts: &mut [&mut seanet::DecoderState], xs: &[Frames]| {
             dec.high_rate_rows(sts, xs, None)
         };
-        from_frames(by_groups(&mut sts, &low, &run)?, x.device())
+        Activations::Frames(by_groups(&mut sts, &low, &run)?).nonempty()
     }
 
     fn reset_row(&mut self, r: usize) {

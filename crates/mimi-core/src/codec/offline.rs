@@ -1,9 +1,18 @@
-//! How offline calls are cut: the plan ([`Offline`]: chunks, transformer blocks, parallel
-//! segments), the segment jobs ([`split`]), a fresh stream over a window ([`stream_window`]),
-//! and the call wrapper that runs inside the compute pool under the working-memory policy.
+//! The offline calls: their one order of stages for both engines ([`encode`], [`decode`]:
+//! per block of the engine's cut, the convolutions and the transformer on the engine's own
+//! activations), how the native engine cuts them (the plan, [`Offline`]: chunks, transformer
+//! blocks, parallel segments; the segment jobs, [`split`]; a fresh stream over a window,
+//! [`stream_window`]), and the call wrapper that runs inside the compute pool under the
+//! working-memory policy.
 
+use super::activations::Activations;
+use super::engine::{Engine, Parts};
+use super::step::transform_step;
 use crate::conv::{self, Frames};
-use crate::error::{Error, Result};
+use crate::error::{check_cancel, Cancel, Error, Result};
+use crate::rows::Rows;
+use crate::transformer::State;
+use candle::Tensor;
 use rayon::prelude::*;
 
 /// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
@@ -18,6 +27,62 @@ pub(crate) fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     });
     crate::runtime::memory::trim_heap_after(before);
     r
+}
+
+/// Offline latents before quantization, (B, C, S) -> (B, dimension, frames), in the one
+/// order of stages both engines share: per block of the engine's cut, the SEANet encoder,
+/// the transformer (its stream runs on across blocks), the downsampling.
+pub(crate) fn encode(
+    engine: &dyn Engine,
+    p: &Parts,
+    pcm: &Tensor,
+    cancel: Cancel,
+) -> Result<Tensor> {
+    let b = pcm.dim(0)?;
+    let mut job = engine.encode_blocks(p, pcm, cancel)?;
+    let (mut tr, all) = (State::default(), Rows::all(b));
+    let blocks = job.blocks();
+    let mut parts = Vec::with_capacity(blocks.len());
+    for (i, &block) in blocks.iter().enumerate() {
+        check_cancel(cancel)?;
+        let last = i + 1 == blocks.len();
+        // Empty frames still flush the downsampling's padding.
+        let x = match job.seanet(block, last)? {
+            Some(x) => transform_step(&p.enc_tr, &mut tr, x, (&all, cancel))?,
+            None => {
+                let shape = (b, p.cfg.seanet.dimension);
+                Activations::empty(engine.kind(), shape, (&p.device, p.dtype))?
+            }
+        };
+        check_cancel(cancel)?;
+        parts.extend(job.downsample(x, last)?);
+    }
+    job.finish(parts)
+}
+
+/// Offline audio from the quantizer's latents, (B, dimension, T) -> (B, C, T * frame), in
+/// the one order of stages both engines share: per block of the engine's cut, the
+/// upsampling, the transformer (its stream runs on across blocks), the SEANet decoder.
+pub(crate) fn decode(
+    engine: &dyn Engine,
+    p: &Parts,
+    latents: &Tensor,
+    cancel: Cancel,
+) -> Result<Tensor> {
+    let all = Rows::all(latents.dim(0)?);
+    let mut job = engine.decode_blocks(p, latents, cancel)?;
+    let mut tr = State::default();
+    let mut parts = Vec::new();
+    for block in job.blocks() {
+        check_cancel(cancel)?;
+        let Some(x) = job.upsample(block)? else {
+            continue;
+        };
+        let x = transform_step(&p.dec_tr, &mut tr, x, (&all, cancel))?;
+        check_cancel(cancel)?;
+        parts.push(job.seanet(x)?);
+    }
+    job.finish(parts)
 }
 
 /// The error of an input too short to give any output.

@@ -533,3 +533,112 @@ mod host_calls {
         assert_eq!((latents.shape, latents.data.len()), (vec![2, dim, 0], 0));
     }
 }
+
+/// The streaming steps' stages on the engines' own activations.
+mod steps {
+    use super::super::activations::Activations;
+    use super::super::step::transform_step;
+    use crate::codec::{Codec, EncodeStep, EngineKind, Rows};
+    use crate::config::CodecConfig;
+    use crate::host::HostArray;
+    use crate::testutil::test_input;
+    use crate::transformer::State;
+    use candle::{DType, Device, Tensor};
+
+    fn tiny(engine: EngineKind) -> Codec {
+        let cfg = CodecConfig::tiny();
+        let source = crate::weights::TensorSource::seeded(4, cfg.transformer.layer_scale);
+        Codec::with_engine(&cfg, source, &Device::Cpu, DType::F32, engine).unwrap()
+    }
+
+    /// The native engine's frames through the transformer's host entry point give the bits
+    /// of its tensor entry point, masked or not, over several steps of a stream.
+    #[test]
+    fn the_transformer_on_frames_gives_the_bits_of_its_tensor_entry() {
+        let codec = tiny(EngineKind::Native);
+        let model = &codec.parts.enc_tr;
+        assert!(model.takes_host_step());
+        let d = codec.config().seanet.dimension;
+        let (mut on_frames, mut on_tensor) = (State::default(), State::default());
+        let masks = [[true; 3], [true, false, true], [false, true, false]];
+        for (step, mask) in masks.iter().enumerate() {
+            let rows = Rows::from_mask(mask);
+            let (k, t) = (rows.count(), step + 1);
+            let x = Tensor::from_vec(test_input(k, d, t, step as u64), (k, d, t), &Device::Cpu)
+                .unwrap();
+            let frames = Activations::from_tensor(EngineKind::Native, &x).unwrap();
+            let a = transform_step(model, &mut on_frames, frames, (&rows, None)).unwrap();
+            assert!(matches!(a, Activations::Frames(_)));
+            let a = a.into_tensor(&Device::Cpu).unwrap();
+            let b = transform_step(model, &mut on_tensor, Activations::Tensor(x), (&rows, None))
+                .unwrap()
+                .expect_tensor()
+                .unwrap();
+            let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+            assert_eq!(
+                a.to_vec1::<f32>().unwrap(),
+                b.to_vec1::<f32>().unwrap(),
+                "step {step}"
+            );
+        }
+    }
+
+    /// On either engine, the host calls (activations made from host values, no tensor on
+    /// the native engine) give the bits of the tensor calls: masked steps, a last chunk,
+    /// and the decoder over the codes.
+    #[test]
+    fn host_steps_give_the_bits_of_tensor_steps() {
+        for engine in [EngineKind::Native, EngineKind::Candle] {
+            let c = tiny(engine);
+            let (f, dev) = (c.config().frame_size(), Device::Cpu);
+            let (mut hs, mut ts) = (c.encode_stream(), c.encode_stream());
+            let (mut hd, mut td) = (c.decode_stream(), c.decode_stream());
+            let masks: [Option<[bool; 2]>; 3] = [None, Some([false, true]), None];
+            for (step, mask) in masks.iter().enumerate() {
+                let rows = mask.map_or(Rows::all(2), |m| Rows::from_mask(&m));
+                let n = 2 * f;
+                let data = test_input(2, n, 1, 10 + step as u64);
+                let active = mask.map(|m| Rows::from_mask(&m));
+                let step_of = EncodeStep {
+                    active: active.clone(),
+                    last: false,
+                };
+                let host = HostArray::new(data.clone(), vec![2, 1, n]);
+                let got = c.encode_step_host(&mut hs, host, step_of).unwrap().unwrap();
+                let k = rows.count();
+                let x = Tensor::from_vec(rows.select(&data, n), (k, 1, n), &dev).unwrap();
+                let want = c.encode_step_rows(&mut ts, &x, &rows).unwrap().unwrap();
+                let want_codes = want.flatten_all().unwrap().to_vec1::<u32>().unwrap();
+                let per_row = want_codes.len() / k;
+                assert_eq!(
+                    got.data,
+                    rows.scatter(want_codes, per_row),
+                    "{engine:?} {step}"
+                );
+                let codes = HostArray::new(rows.select(&got.data, per_row), want.dims().to_vec());
+                let audio = c.decode_step_host(&mut hd, got, active).unwrap().unwrap();
+                let want = c.decode_step_rows(&mut td, &want, &rows).unwrap().unwrap();
+                let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(
+                    rows.select(&audio.data, want.len() / k),
+                    want,
+                    "{engine:?} {step}"
+                );
+                assert_eq!(codes.shape[0], k);
+            }
+            let data = test_input(2, f / 2, 1, 99);
+            let last = EncodeStep {
+                active: None,
+                last: true,
+            };
+            let host = HostArray::new(data.clone(), vec![2, 1, f / 2]);
+            let got = c.encode_step_host(&mut hs, host, last).unwrap().unwrap();
+            let x = Tensor::from_vec(data, (2, 1, f / 2), &dev).unwrap();
+            let want = c.encode_last(&mut ts, &x).unwrap().unwrap();
+            assert_eq!(
+                got.data,
+                want.flatten_all().unwrap().to_vec1::<u32>().unwrap()
+            );
+        }
+    }
+}

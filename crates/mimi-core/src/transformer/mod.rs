@@ -348,6 +348,12 @@ impl Transformer {
         })
     }
 
+    /// Whether this model takes the planned step, and so [`Self::step_host`] (an f32 model
+    /// on the CPU with the plain feed-forward block).
+    pub fn takes_host_step(&self) -> bool {
+        self.planned()
+    }
+
     /// Allocates the buffers for batch size `b` at the first call (no-op afterwards).
     pub fn start(&self, state: &mut State, b: usize) -> Result<()> {
         if state.batch().is_some() {

@@ -14,13 +14,14 @@ mod step_rows;
 #[cfg(test)]
 mod tests;
 
-use super::engine::{DecodeConvs, EncodeConvs, Engine, EngineKind, Parts};
-use super::transform;
+use super::activations::Activations;
+use super::engine::{
+    DecodeBlocks, DecodeConvs, EncodeBlocks, EncodeConvs, Engine, EngineKind, Parts,
+};
 use crate::config::{CodecConfig, PadMode};
 use crate::conv::ConvSpec;
-use crate::error::{check_cancel, Cancel, Result};
+use crate::error::{Cancel, Result};
 use crate::rows::Rows;
-use crate::transformer::State;
 use candle::Tensor;
 use candle_nn::VarBuilder;
 use layers::{Conv, Depthwise, LayerState};
@@ -54,8 +55,8 @@ impl Candle {
 }
 
 /// A phase's output, `None` when it holds no frame.
-fn nonempty(x: Tensor) -> Result<Option<Tensor>> {
-    Ok((x.dim(candle::D::Minus1)? > 0).then_some(x))
+fn nonempty(x: Tensor) -> Result<Option<Activations>> {
+    Activations::Tensor(x).nonempty()
 }
 
 impl Engine for Candle {
@@ -68,23 +69,40 @@ impl Engine for Candle {
             + (self.downsample.weights_nbytes() + self.upsample.weights_nbytes())
     }
 
-    fn encode(&self, p: &Parts, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        let rows = StepRows::new(&Rows::all(pcm.dim(0)?), pcm.device())?;
-        let x = self
-            .encoder
-            .step(&mut States::new(), &rows, pcm, true, cancel)?;
-        check_cancel(cancel)?;
-        let x = transform(&p.enc_tr, &mut State::default(), &x, cancel)?;
-        check_cancel(cancel)?;
-        self.downsample
-            .step(&mut LayerState::default(), &rows, &x, true)
+    /// One block: the whole call, as one step of a fresh stream with `last`.
+    fn encode_blocks<'a>(
+        &'a self,
+        p: &'a Parts,
+        pcm: &Tensor,
+        cancel: Cancel<'a>,
+    ) -> Result<Box<dyn EncodeBlocks + 'a>> {
+        Ok(Box::new(CandleEncodeBlocks {
+            engine: self,
+            p,
+            rows: StepRows::new(&Rows::all(pcm.dim(0)?), pcm.device())?,
+            pcm: pcm.clone(),
+            seanet: States::new(),
+            downsample: LayerState::default(),
+            cancel,
+        }))
     }
 
-    fn decode(&self, p: &Parts, x: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        let rows = StepRows::new(&Rows::all(x.dim(0)?), x.device())?;
-        let x = self.upsample.step(&mut LayerState::default(), &rows, x)?;
-        let x = transform(&p.dec_tr, &mut State::default(), &x, cancel)?;
-        self.decoder.step(&mut States::new(), &rows, &x, cancel)
+    /// One block: the whole call, as one step of a fresh stream.
+    fn decode_blocks<'a>(
+        &'a self,
+        p: &'a Parts,
+        latents: &Tensor,
+        cancel: Cancel<'a>,
+    ) -> Result<Box<dyn DecodeBlocks + 'a>> {
+        Ok(Box::new(CandleDecodeBlocks {
+            engine: self,
+            p,
+            rows: StepRows::new(&Rows::all(latents.dim(0)?), latents.device())?,
+            latents: latents.clone(),
+            upsample: LayerState::default(),
+            seanet: States::new(),
+            cancel,
+        }))
     }
 
     /// The whole call's activations at once, about 2 KB per sample (see the native engine).
@@ -109,6 +127,84 @@ impl Engine for Candle {
     }
 }
 
+/// The one block's output of an offline call, or no frames of `channels`.
+fn only_block(parts: Vec<Activations>, p: &Parts, (b, channels): (usize, usize)) -> Result<Tensor> {
+    match parts.into_iter().next() {
+        Some(x) => x.expect_tensor(),
+        None => Ok(Tensor::zeros((b, channels, 0), p.dtype, &p.device)?),
+    }
+}
+
+/// An offline encode on the candle engine: the audio and a fresh stream's states.
+struct CandleEncodeBlocks<'a> {
+    engine: &'a Candle,
+    p: &'a Parts,
+    rows: StepRows,
+    pcm: Tensor,
+    seanet: States,
+    downsample: LayerState,
+    cancel: Cancel<'a>,
+}
+
+impl EncodeBlocks for CandleEncodeBlocks<'_> {
+    fn blocks(&self) -> Vec<(usize, usize)> {
+        vec![(0, self.pcm.dims().last().copied().unwrap_or(0))]
+    }
+
+    fn seanet(&mut self, _: (usize, usize), last: bool) -> Result<Option<Activations>> {
+        let enc = &self.engine.encoder;
+        nonempty(enc.step(&mut self.seanet, &self.rows, &self.pcm, last, self.cancel)?)
+    }
+
+    fn downsample(&mut self, x: Activations, last: bool) -> Result<Option<Activations>> {
+        let down = &self.engine.downsample;
+        let x = x.expect_tensor()?;
+        nonempty(down.step(&mut self.downsample, &self.rows, &x, last)?)
+    }
+
+    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
+        let shape = (self.rows.batch, self.p.cfg.seanet.dimension);
+        only_block(parts, self.p, shape)
+    }
+}
+
+/// An offline decode on the candle engine: the latents and a fresh stream's states.
+struct CandleDecodeBlocks<'a> {
+    engine: &'a Candle,
+    p: &'a Parts,
+    rows: StepRows,
+    latents: Tensor,
+    upsample: LayerState,
+    seanet: States,
+    cancel: Cancel<'a>,
+}
+
+impl DecodeBlocks for CandleDecodeBlocks<'_> {
+    fn blocks(&self) -> Vec<(usize, usize)> {
+        vec![(0, self.latents.dims().last().copied().unwrap_or(0))]
+    }
+
+    fn upsample(&mut self, _: (usize, usize)) -> Result<Option<Activations>> {
+        let up = &self.engine.upsample;
+        nonempty(up.step(&mut self.upsample, &self.rows, &self.latents)?)
+    }
+
+    fn seanet(&mut self, x: Activations) -> Result<Activations> {
+        let dec = &self.engine.decoder;
+        let y = dec.step(
+            &mut self.seanet,
+            &self.rows,
+            &x.expect_tensor()?,
+            self.cancel,
+        )?;
+        Ok(Activations::Tensor(y))
+    }
+
+    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
+        only_block(parts, self.p, (self.rows.batch, self.p.cfg.channels))
+    }
+}
+
 /// An encoder stream on the candle engine: every layer's per-row state.
 #[derive(Clone)]
 struct CandleEncode {
@@ -118,16 +214,23 @@ struct CandleEncode {
 }
 
 impl EncodeConvs for CandleEncode {
-    fn seanet(&mut self, rows: &Rows, pcm: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, pcm: Activations, last: bool) -> Result<Option<Activations>> {
+        let pcm = pcm.expect_tensor()?;
         let rows = StepRows::new(rows, pcm.device())?;
         let enc = &self.engine.encoder;
-        nonempty(enc.step(&mut self.seanet, &rows, pcm, last, None)?)
+        nonempty(enc.step(&mut self.seanet, &rows, &pcm, last, None)?)
     }
 
-    fn downsample(&mut self, rows: &Rows, x: &Tensor, last: bool) -> Result<Option<Tensor>> {
+    fn downsample(
+        &mut self,
+        rows: &Rows,
+        x: Activations,
+        last: bool,
+    ) -> Result<Option<Activations>> {
+        let x = x.expect_tensor()?;
         let rows = StepRows::new(rows, x.device())?;
         let down = &self.engine.downsample;
-        nonempty(down.step(&mut self.downsample, &rows, x, last)?)
+        nonempty(down.step(&mut self.downsample, &rows, &x, last)?)
     }
 
     fn reset_row(&mut self, r: usize) {
@@ -151,15 +254,17 @@ struct CandleDecode {
 }
 
 impl DecodeConvs for CandleDecode {
-    fn upsample(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    fn upsample(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
+        let x = x.expect_tensor()?;
         let rows = StepRows::new(rows, x.device())?;
-        nonempty(self.engine.upsample.step(&mut self.upsample, &rows, x)?)
+        nonempty(self.engine.upsample.step(&mut self.upsample, &rows, &x)?)
     }
 
-    fn seanet(&mut self, rows: &Rows, x: &Tensor) -> Result<Option<Tensor>> {
+    fn seanet(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
+        let x = x.expect_tensor()?;
         let rows = StepRows::new(rows, x.device())?;
         let dec = &self.engine.decoder;
-        nonempty(dec.step(&mut self.seanet, &rows, x, None)?)
+        nonempty(dec.step(&mut self.seanet, &rows, &x, None)?)
     }
 
     fn reset_row(&mut self, r: usize) {

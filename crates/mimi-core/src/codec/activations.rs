@@ -1,0 +1,179 @@
+//! What a streaming step passes between its stages ([`Activations`]) and what it returns
+//! ([`Codes`]), in each engine's own form. The codec runs one order of stages for both
+//! engines ([`super::Codec::encode_step_rows`], [`super::Codec::decode_step_rows`]); the
+//! native engine's activations stay the rows' [`Frames`] from the first stage to the last,
+//! through the transformer's and the quantizer's host entry points, so a step converts its
+//! data only at its two ends. The candle engine's stay device tensors.
+
+use super::bridge::{from_frames, to_frames};
+use super::engine::EngineKind;
+use crate::conv::Frames;
+use crate::error::{Error, Result};
+use crate::host::HostArray;
+use candle::{DType, Device, Tensor};
+
+/// A stage's activations for the stepping rows: the native engine's one [`Frames`] per
+/// row `(channels, frames)`, or the candle engine's `(rows, channels, frames)` tensor.
+pub enum Activations {
+    Frames(Vec<Frames>),
+    Tensor(Tensor),
+}
+
+impl Activations {
+    /// The values `data` of `rows` rows of `channels` × `len` (C order) in `engine`'s form,
+    /// on `dev` in `dtype` for the candle engine.
+    pub(crate) fn from_host(
+        engine: EngineKind,
+        data: Vec<f32>,
+        (rows, channels, len): (usize, usize, usize),
+        (dev, dtype): (&Device, DType),
+    ) -> Result<Self> {
+        match engine {
+            EngineKind::Native => Ok(Self::Frames(split_rows(data, rows, channels, len))),
+            EngineKind::Candle => {
+                let t = Tensor::from_vec(data, (rows, channels, len), dev)?;
+                Ok(Self::Tensor(t.to_dtype(dtype)?))
+            }
+        }
+    }
+
+    /// A `(rows, channels, frames)` tensor in `engine`'s form (the native engine's rows'
+    /// frames: one conversion, at a step's end).
+    pub(crate) fn from_tensor(engine: EngineKind, x: &Tensor) -> Result<Self> {
+        match engine {
+            EngineKind::Native => Ok(Self::Frames(to_frames(x)?)),
+            EngineKind::Candle => Ok(Self::Tensor(x.clone())),
+        }
+    }
+
+    /// No frames for `rows` rows of `channels` (in `engine`'s form).
+    pub(crate) fn empty(
+        engine: EngineKind,
+        (rows, channels): (usize, usize),
+        (dev, dtype): (&Device, DType),
+    ) -> Result<Self> {
+        match engine {
+            EngineKind::Native => Ok(Self::Frames(vec![Frames::empty(channels); rows])),
+            EngineKind::Candle => Ok(Self::Tensor(Tensor::zeros(
+                (rows, channels, 0),
+                dtype,
+                dev,
+            )?)),
+        }
+    }
+
+    /// Frames per row.
+    pub(crate) fn len(&self) -> Result<usize> {
+        match self {
+            Self::Frames(xs) => Ok(xs.first().map_or(0, |f| f.len)),
+            Self::Tensor(t) => Ok(t.dim(candle::D::Minus1)?),
+        }
+    }
+
+    /// `Some(self)` when it holds a frame, `None` when it holds none.
+    pub(crate) fn nonempty(self) -> Result<Option<Self>> {
+        Ok((self.len()? > 0).then_some(self))
+    }
+
+    /// The rows' frames (a tensor's rows converted).
+    pub(crate) fn into_frames(self) -> Result<Vec<Frames>> {
+        match self {
+            Self::Frames(xs) => Ok(xs),
+            Self::Tensor(t) => to_frames(&t),
+        }
+    }
+
+    /// The candle engine's tensor; the native engine's frames are refused, since a stage
+    /// that takes tensors has no device to put them on.
+    pub(crate) fn expect_tensor(self) -> Result<Tensor> {
+        match self {
+            Self::Tensor(t) => Ok(t),
+            Self::Frames(_) => Err(Error::Internal(
+                "the candle engine was given the native engine's frames".into(),
+            )),
+        }
+    }
+
+    /// The activations as a `(rows, channels, frames)` f32 tensor on `dev` (the native
+    /// engine's rows' frames: one conversion, at a step's end).
+    pub(crate) fn into_tensor(self, dev: &Device) -> Result<Tensor> {
+        match self {
+            Self::Tensor(t) => Ok(t),
+            Self::Frames(xs) => match xs.first() {
+                None => Err(Error::Internal("activations of no rows".into())),
+                Some(f) if f.len == 0 => {
+                    Ok(Tensor::zeros((xs.len(), f.channels, 0), DType::F32, dev)?)
+                }
+                Some(_) => from_frames(xs, dev)?
+                    .ok_or_else(|| Error::Internal("frames of no length".into())),
+            },
+        }
+    }
+
+    /// The values as a host array `(rows, channels, frames)` in f32.
+    pub(crate) fn into_host(self) -> Result<HostArray<f32>> {
+        match self {
+            Self::Tensor(t) => super::host_f32(&t),
+            Self::Frames(xs) => {
+                let (c, n) = xs.first().map_or((0, 0), |f| (f.channels, f.len));
+                let shape = vec![xs.len(), c, n];
+                let data = match xs.len() {
+                    1 => xs
+                        .into_iter()
+                        .next()
+                        .map(Frames::into_data)
+                        .unwrap_or_default(),
+                    _ => xs.iter().flat_map(|f| f.data.iter().copied()).collect(),
+                };
+                Ok(HostArray::new(data, shape))
+            }
+        }
+    }
+}
+
+/// `rows` rows of `channels` × `len` values (C order) as one [`Frames`] each.
+fn split_rows(data: Vec<f32>, rows: usize, channels: usize, len: usize) -> Vec<Frames> {
+    if rows == 1 {
+        return vec![Frames::new(channels, len, data)];
+    }
+    (data.chunks_exact((channels * len).max(1)).take(rows))
+        .map(|d| Frames::new(channels, len, d.to_vec()))
+        .chain(std::iter::repeat_with(|| {
+            Frames::new(channels, 0, Vec::new())
+        }))
+        .take(rows)
+        .collect()
+}
+
+/// The codes a streaming encode step returns: the native engine's on the host, the candle
+/// engine's (and those of the quantizer's tensor path) as a `(rows, n_q, frames)` tensor.
+pub enum Codes {
+    Host(HostArray<u32>),
+    Tensor(Tensor),
+}
+
+impl Codes {
+    /// Frames per row.
+    pub(crate) fn frames(&self) -> Result<usize> {
+        match self {
+            Self::Host(h) => Ok(h.shape[2]),
+            Self::Tensor(t) => Ok(t.dim(2)?),
+        }
+    }
+
+    /// The codes as a tensor on `dev`.
+    pub(crate) fn into_tensor(self, dev: &Device) -> Result<Tensor> {
+        match self {
+            Self::Tensor(t) => Ok(t),
+            Self::Host(h) => Ok(Tensor::from_vec(h.data, h.shape.as_slice(), dev)?),
+        }
+    }
+
+    /// The codes on the host.
+    pub(crate) fn into_host(self) -> Result<HostArray<u32>> {
+        match self {
+            Self::Host(h) => Ok(h),
+            Self::Tensor(t) => super::host_u32(&t),
+        }
+    }
+}

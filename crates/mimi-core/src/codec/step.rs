@@ -1,0 +1,299 @@
+//! The streaming steps: one order of stages for both engines. Encoding: the SEANet
+//! encoder, the transformer, the downsampling, the quantizer; decoding: the quantizer, the
+//! upsampling, the transformer, the SEANet decoder. The stages pass the engine's own
+//! [`Activations`]: the native engine's rows' frames go through the transformer's and the
+//! quantizer's host entry points ([`Transformer::step_host`],
+//! [`crate::quantizer::Quantizer::encode_tokens`], `decode_tokens`), so a native step
+//! converts its data only at its two ends (none at all from [`super::host_calls`]).
+
+use super::activations::{Activations, Codes};
+use super::bridge::{from_tokens, tokens};
+use super::{transform, Codec, DecodeStream, EncodeStream, EngineKind, Rows};
+use crate::error::{Cancel, Error, Result};
+use crate::host::HostArray;
+use crate::quantizer::Quantizer;
+use crate::runtime::profile::time;
+use crate::transformer::{State, Transformer};
+use candle::{DType, Tensor};
+
+/// [`transform`] for the rows of a stream that step (`xs` holds those rows).
+fn transform_rows(
+    model: &Transformer,
+    state: &mut State,
+    xs: &Tensor,
+    (rows, cancel): (&Rows, Cancel),
+) -> Result<Tensor> {
+    if !rows.is_masked() {
+        return transform(model, state, xs, cancel);
+    }
+    model.start(state, rows.batch())?;
+    let x = xs.transpose(1, 2)?.contiguous()?;
+    let y = model.forward_rows(state, &x, &rows.indices())?;
+    Ok(y.transpose(1, 2)?.contiguous()?)
+}
+
+/// The transformer over the stepping rows' activations: the native engine's frames as
+/// tokens through [`Transformer::step_host`] (the bits of the tensor entry point, which
+/// takes the same step on the same values), the candle engine's tensor through
+/// [`transform_rows`]. A model without the planned step (gating, another dtype or device)
+/// takes the native engine's frames as a tensor.
+pub(super) fn transform_step(
+    model: &Transformer,
+    state: &mut State,
+    x: Activations,
+    (rows, cancel): (&Rows, Cancel),
+) -> Result<Activations> {
+    let xs = match x {
+        Activations::Tensor(t) => {
+            let y = transform_rows(model, state, &t, (rows, cancel))?;
+            return Ok(Activations::Tensor(y));
+        }
+        Activations::Frames(xs) if !model.takes_host_step() => {
+            let dev = model.device().clone();
+            let t = Activations::Frames(xs).into_tensor(&dev)?;
+            let y = transform_rows(model, state, &t, (rows, cancel))?;
+            return Ok(Activations::Frames(Activations::Tensor(y).into_frames()?));
+        }
+        Activations::Frames(xs) => xs,
+    };
+    let d = xs.first().map_or(0, |f| f.channels);
+    if xs.first().is_none_or(|f| f.len == 0) {
+        return Ok(Activations::Frames(xs));
+    }
+    model.start(state, rows.batch())?;
+    let x = tokens(&xs);
+    drop(xs);
+    let mut out = vec![0f32; x.len()];
+    model.step_host(state, &x, &rows.indices(), &mut out, cancel)?;
+    Ok(Activations::Frames(from_tokens(&out, rows.count(), d)))
+}
+
+impl Codec {
+    /// The engine's form of a step's activations.
+    fn form(&self) -> EngineKind {
+        self.engine.kind()
+    }
+
+    /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
+    /// completed by this chunk (possibly none).
+    pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
+        self.encode_step_rows(s, pcm, &Rows::all(pcm.dim(0)?))
+    }
+
+    /// [`Self::encode_step`] for the rows `rows` of the stream (`pcm` holds those rows, in
+    /// order): each continues its own stream, the others are untouched. A masked step takes
+    /// whole frames.
+    pub fn encode_step_rows(
+        &self,
+        s: &mut EncodeStream,
+        pcm: &Tensor,
+        rows: &Rows,
+    ) -> Result<Option<Tensor>> {
+        let n = pcm.dim(2)?;
+        self.check_encode_rows(s, n, rows)?;
+        let x = Activations::from_tensor(self.form(), pcm)?;
+        let out = self.step_encode(s, x, (n, rows), false)?;
+        out.map(|c| c.into_tensor(self.device())).transpose()
+    }
+
+    /// The stream's last chunk (possibly empty): the codes of every frame it completes, then
+    /// of the last partial frame, padded as the offline `encode` pads it (every layer's right
+    /// padding). The concatenated codes of a stream ended this way are `encode`'s. The stream
+    /// is spent afterwards: start a new one.
+    pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
+        let b = pcm.dim(0)?;
+        self.check_encode_last(s, b)?;
+        let x = Activations::from_tensor(self.form(), pcm)?;
+        let out = self.step_encode(s, x, (pcm.dim(2)?, &Rows::all(b)), true)?;
+        out.map(|c| c.into_tensor(self.device())).transpose()
+    }
+
+    /// Refuses a last chunk of `b` rows the stream cannot take: another batch size, or rows
+    /// that hold different partial frames.
+    pub(crate) fn check_encode_last(&self, s: &EncodeStream, b: usize) -> Result<()> {
+        s.check_batch(b, "encoder")?;
+        if s.uneven(self.parts.cfg.frame_size()) {
+            return Err(Error::Shape(
+                "last=True ends every row at once, but the rows hold different partial frames \
+                 (after a per-row reset)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a step the stream cannot take, before anything changes: another batch size,
+    /// or a chunk of `n` samples that would make
+    /// rows emit different numbers of frames (masked steps take whole frames, and so does
+    /// any step once rows hold different partial frames after a per-row reset).
+    pub(crate) fn check_encode_rows(&self, s: &EncodeStream, n: usize, rows: &Rows) -> Result<()> {
+        s.check_batch(rows.batch(), "encoder")?;
+        let f = self.parts.cfg.frame_size();
+        if !n.is_multiple_of(f) && (rows.is_masked() || s.uneven(f)) {
+            return Err(Error::Shape(format!(
+                "chunks must be a whole number of frames (multiples of frame_size={f} samples) \
+                 {}, got {n} samples",
+                if rows.is_masked() {
+                    "when active= is given"
+                } else {
+                    "while rows hold different partial frames (after a per-row reset)"
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    /// A checked encoder step of `n` samples for `rows` (`pcm`: those rows, in the engine's
+    /// form; with `last`, every row, ending here): the stages in the pool, then the rows'
+    /// counters.
+    pub(crate) fn step_encode(
+        &self,
+        s: &mut EncodeStream,
+        pcm: Activations,
+        (n, rows): (usize, &Rows),
+        last: bool,
+    ) -> Result<Option<Codes>> {
+        s.start(rows.batch());
+        if rows.count() == 0 {
+            return Ok(None);
+        }
+        let out = crate::kernels::in_pool(|| -> Result<Option<Codes>> {
+            match self.latents_step(s, pcm, rows, last)? {
+                Some(x) => time(|| "quantizer.encode".into(), || self.quantize(x).map(Some)),
+                None => Ok(None),
+            }
+        })?;
+        s.advance(&rows.indices(), n);
+        Ok(out)
+    }
+
+    /// The latents (before quantization) of the frames this chunk completes: the SEANet,
+    /// the transformer, the downsampling. With `last`, the audio ends here and the last
+    /// partial frame is padded as offline.
+    fn latents_step(
+        &self,
+        s: &mut EncodeStream,
+        pcm: Activations,
+        rows: &Rows,
+        last: bool,
+    ) -> Result<Option<Activations>> {
+        let p = &self.parts;
+        let dtype = match &pcm {
+            Activations::Tensor(t) => t.dtype(),
+            Activations::Frames(_) => DType::F32,
+        };
+        let x = match s.convs.seanet(rows, pcm, last)? {
+            Some(x) => time(
+                || "enc.transformer".into(),
+                || transform_step(&p.enc_tr, &mut s.tr, x, (rows, None)),
+            )?,
+            // Nothing new for the transformer, but the last chunk still flushes the
+            // downsampling's padding.
+            None if last => {
+                let shape = (rows.count(), p.cfg.seanet.dimension);
+                Activations::empty(self.form(), shape, (&p.device, dtype))?
+            }
+            None => return Ok(None),
+        };
+        time(|| "downsample".into(), || s.convs.downsample(rows, x, last))
+    }
+
+    /// The codes of latents: the native engine's frames on the quantizer's slice path
+    /// (up to [`crate::kernels::GEMV_MAX_ROWS`] frames in all, on the CPU), the rest on its
+    /// tensor path (the bits of an offline call).
+    fn quantize(&self, x: Activations) -> Result<Codes> {
+        let xs = match x {
+            Activations::Frames(xs) if self.parts.device.is_cpu() => xs,
+            x => {
+                let x = x.into_tensor(&self.parts.device)?;
+                return Ok(Codes::Tensor(
+                    self.quantizer.encode(&x.to_dtype(DType::F32)?)?,
+                ));
+            }
+        };
+        let (b, t) = (xs.len(), xs.first().map_or(0, |f| f.len));
+        if !Quantizer::takes_tokens(b * t) {
+            let x = Activations::Frames(xs).into_tensor(&self.parts.device)?;
+            return Ok(Codes::Tensor(self.quantizer.encode(&x)?));
+        }
+        let by_token = self.quantizer.encode_tokens(&tokens(&xs), b * t)?;
+        let n_q = by_token.len() / (b * t);
+        let mut codes = vec![0u32; by_token.len()];
+        for (i, c) in by_token.chunks_exact(n_q).enumerate() {
+            let (row, frame) = (i / t, i % t);
+            for (j, &code) in c.iter().enumerate() {
+                codes[(row * n_q + j) * t + frame] = code;
+            }
+        }
+        Ok(Codes::Host(HostArray::new(codes, vec![b, n_q, t])))
+    }
+
+    /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
+    pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
+        self.decode_step_rows(s, codes, &Rows::all(codes.dim(0)?))
+    }
+
+    /// [`Self::decode_step`] for the rows `rows` of the stream (see
+    /// [`Self::encode_step_rows`]).
+    pub fn decode_step_rows(
+        &self,
+        s: &mut DecodeStream,
+        codes: &Tensor,
+        rows: &Rows,
+    ) -> Result<Option<Tensor>> {
+        let out = self.step_decode(s, Codes::Tensor(codes.clone()), rows)?;
+        out.map(|a| a.into_tensor(self.device())).transpose()
+    }
+
+    /// [`Self::decode_step_rows`] on codes `(rows, n_q, T)` in either form: the stages in
+    /// the pool, then the rows' counters.
+    pub(crate) fn step_decode(
+        &self,
+        s: &mut DecodeStream,
+        codes: Codes,
+        rows: &Rows,
+    ) -> Result<Option<Activations>> {
+        s.check_batch(rows.batch(), "decoder")?;
+        s.start(rows.batch());
+        if rows.count() == 0 {
+            return Ok(None);
+        }
+        let t = codes.frames()?;
+        let p = &self.parts;
+        let out = crate::kernels::in_pool(|| -> Result<Option<Activations>> {
+            let x = time(|| "quantizer.decode".into(), || self.dequantize(codes))?;
+            let Some(x) = time(|| "upsample".into(), || s.convs.upsample(rows, x))? else {
+                return Ok(None);
+            };
+            let x = time(
+                || "dec.transformer".into(),
+                || transform_step(&p.dec_tr, &mut s.tr, x, (rows, None)),
+            )?;
+            s.convs.seanet(rows, x)
+        })?;
+        s.advance(&rows.indices(), t);
+        Ok(out)
+    }
+
+    /// The latents of codes in the engine's form: the native engine's rows' frames from the
+    /// quantizer's slice path (on the CPU), the candle engine's tensor in the codec's dtype.
+    fn dequantize(&self, codes: Codes) -> Result<Activations> {
+        let p = &self.parts;
+        if self.form() == EngineKind::Native && p.device.is_cpu() {
+            let c = codes.into_host()?;
+            let (b, k, t) = (c.shape[0], c.shape[1], c.shape[2]);
+            let x = self.quantizer.decode_tokens(&c.data, (b, k, t))?;
+            return Ok(Activations::Frames(from_tokens(
+                &x,
+                b,
+                p.cfg.seanet.dimension,
+            )));
+        }
+        let x = self.decode_latents(&codes.into_tensor(&p.device)?)?;
+        let x = Activations::Tensor(x.to_dtype(p.dtype)?);
+        match self.form() {
+            EngineKind::Native => Ok(Activations::Frames(x.into_frames()?)),
+            EngineKind::Candle => Ok(x),
+        }
+    }
+}
