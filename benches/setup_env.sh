@@ -2,7 +2,7 @@
 # The bench's own environment, with every peer: mimi_py (built from this checkout, release),
 # rustymimi, transformers' MimiModel and moshi's Mimi on torch (CPU).
 #
-#   bash benches/setup_env.sh [VENV]        # default .venv-bench; then:
+#   bash benches/setup_env.sh [VENV]        # default: .venv-bench at the checkout's root; then:
 #   VENV/bin/python benches/run.py --engines mimi_py,rustymimi,moshi,transformers ...
 #
 # moshi 0.2.13 pins torch < 2.10 and pulls in its server's dependencies (sounddevice,
@@ -12,7 +12,7 @@
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU-only one where that index is
 # reachable. Both run the same CPU kernels.
 set -euo pipefail
-VENV=${1:-.venv-bench}
+VENV=$(realpath -m "${1:-$(dirname "$0")/../.venv-bench}")
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 "$PY" -m venv "$VENV"

@@ -78,8 +78,8 @@ def suite_efficiency(args, weights) -> dict:
 def efficiency_figures(res: dict, overhead: dict) -> dict:
     """The figures derived from one child's raw result: per batch size, ms per stream-frame and
     its ratio to the offline ms per frame; the B = 1 memory floor, and the B = 1 frame against
-    that floor plus the offline ms per frame (the bound of a step that reads its weights and
-    then computes, without overlapping the two); CPU ÷ wall over all the
+    that floor plus the offline ms per frame (a model of a step that reads its weights, then
+    computes, without overlapping the two); CPU ÷ wall over all the
     streaming frames; the streams held in real time; the plan's overhead (`overhead`, from
     [plan_overhead]); what this build or run cannot measure."""
     off_ms = res["offline"]["ms_per_frame"]
@@ -110,7 +110,9 @@ def efficiency_figures(res: dict, overhead: dict) -> dict:
         "memory_floor_ms": floor_ms,
         "b1_over_floor": ratio(b1["median_us"] / 1e3, floor_ms) if b1 else None,
         "b1_over_floor_plus_offline": (
-            ratio(b1["median_us"] / 1e3, floor_ms + off_ms) if b1 and floor_ms else None
+            ratio(b1["median_us"] / 1e3, floor_ms + off_ms)
+            if b1 and floor_ms and off_ms is not None
+            else None
         ),
         "cpu_per_wall": round(cpu / wall, 2) if wall else None,
         "streams_held": max((r["batch"] for r in rows if r["real_time"]), default=0),

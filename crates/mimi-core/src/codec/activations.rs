@@ -3,7 +3,8 @@
 //! engines ([`super::Codec::encode_step_rows`], [`super::Codec::decode_step_rows`]); the
 //! native engine's activations stay the rows' [`Frames`] from the first stage to the last,
 //! through the transformer's and the quantizer's host entry points, so a step converts its
-//! data only at its two ends. The candle engine's stay device tensors.
+//! data only at its two ends (up to `GEMV_MAX_ROWS` tokens to quantize, and a transformer
+//! that takes the host step: see [`super::step`]). The candle engine's stay device tensors.
 
 use super::bridge::{from_frames, to_frames};
 use super::engine::EngineKind;
@@ -15,7 +16,9 @@ use candle::{DType, Device, Tensor};
 /// A stage's activations for the stepping rows: the native engine's one [`Frames`] per
 /// row `(channels, frames)`, or the candle engine's `(rows, channels, frames)` tensor.
 pub enum Activations {
+    /// The native engine's: one `(channels, frames)` per stepping row.
     Frames(Vec<Frames>),
+    /// The candle engine's: `(rows, channels, frames)` on the codec's device.
     Tensor(Tensor),
 }
 
@@ -29,7 +32,7 @@ impl Activations {
         (dev, dtype): (&Device, DType),
     ) -> Result<Self> {
         match engine {
-            EngineKind::Native => Ok(Self::Frames(split_rows(data, rows, channels, len))),
+            EngineKind::Native => Ok(Self::Frames(split_rows(data, rows, channels, len)?)),
             EngineKind::Candle => {
                 let t = Tensor::from_vec(data, (rows, channels, len), dev)?;
                 Ok(Self::Tensor(t.to_dtype(dtype)?))
@@ -132,23 +135,28 @@ impl Activations {
 }
 
 /// `rows` rows of `channels` × `len` values (C order) as one [`Frames`] each.
-fn split_rows(data: Vec<f32>, rows: usize, channels: usize, len: usize) -> Vec<Frames> {
-    if rows == 1 {
-        return vec![Frames::new(channels, len, data)];
+fn split_rows(data: Vec<f32>, rows: usize, channels: usize, len: usize) -> Result<Vec<Frames>> {
+    let per = channels * len;
+    if data.len() != rows * per {
+        return Err(Error::Internal(format!(
+            "{} values for {rows} rows of {channels} x {len}",
+            data.len()
+        )));
     }
-    (data.chunks_exact((channels * len).max(1)).take(rows))
-        .map(|d| Frames::new(channels, len, d.to_vec()))
-        .chain(std::iter::repeat_with(|| {
-            Frames::new(channels, 0, Vec::new())
-        }))
-        .take(rows)
-        .collect()
+    if rows == 1 {
+        return Ok(vec![Frames::new(channels, len, data)]);
+    }
+    Ok((0..rows)
+        .map(|r| Frames::new(channels, len, data[r * per..(r + 1) * per].to_vec()))
+        .collect())
 }
 
 /// The codes a streaming encode step returns: the native engine's on the host, the candle
 /// engine's (and those of the quantizer's tensor path) as a `(rows, n_q, frames)` tensor.
 pub enum Codes {
+    /// `(rows, n_q, frames)` on the host (the native engine's, and the host calls').
     Host(HostArray<u32>),
+    /// `(rows, n_q, frames)` u32 on the codec's device.
     Tensor(Tensor),
 }
 

@@ -4,7 +4,10 @@
 //! [`Activations`]: the native engine's rows' frames go through the transformer's and the
 //! quantizer's host entry points ([`Transformer::step_host`],
 //! [`crate::quantizer::Quantizer::encode_tokens`], `decode_tokens`), so a native step
-//! converts its data only at its two ends (none at all from [`super::host_calls`]).
+//! converts its data only at its two ends (none at all from [`super::host_calls`]) when it
+//! quantizes up to [`crate::kernels::GEMV_MAX_ROWS`] tokens with a transformer that takes
+//! the host step. More tokens (to keep the tensor path's codes) or a gated transformer go
+//! through one tensor round trip at that stage.
 
 use super::activations::{Activations, Codes};
 use super::bridge::{from_tokens, tokens};
@@ -70,10 +73,6 @@ pub(super) fn transform_step(
 
 impl Codec {
     /// The engine's form of a step's activations.
-    fn form(&self) -> EngineKind {
-        self.engine.kind()
-    }
-
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
     /// completed by this chunk (possibly none).
     pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
@@ -90,8 +89,9 @@ impl Codec {
         rows: &Rows,
     ) -> Result<Option<Tensor>> {
         let n = pcm.dim(2)?;
+        check_row_count(pcm.dim(0)?, rows, "pcm")?;
         self.check_encode_rows(s, n, rows)?;
-        let x = Activations::from_tensor(self.form(), pcm)?;
+        let x = Activations::from_tensor(self.engine(), pcm)?;
         let out = self.step_encode(s, x, (n, rows), false)?;
         out.map(|c| c.into_tensor(self.device())).transpose()
     }
@@ -103,7 +103,7 @@ impl Codec {
     pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
         let b = pcm.dim(0)?;
         self.check_encode_last(s, b)?;
-        let x = Activations::from_tensor(self.form(), pcm)?;
+        let x = Activations::from_tensor(self.engine(), pcm)?;
         let out = self.step_encode(s, x, (pcm.dim(2)?, &Rows::all(b)), true)?;
         out.map(|c| c.into_tensor(self.device())).transpose()
     }
@@ -191,7 +191,7 @@ impl Codec {
             // downsampling's padding.
             None if last => {
                 let shape = (rows.count(), p.cfg.seanet.dimension);
-                Activations::empty(self.form(), shape, (&p.device, dtype))?
+                Activations::empty(self.engine(), shape, (&p.device, dtype))?
             }
             None => return Ok(None),
         };
@@ -241,7 +241,18 @@ impl Codec {
         codes: &Tensor,
         rows: &Rows,
     ) -> Result<Option<Tensor>> {
-        let out = self.step_decode(s, Codes::Tensor(codes.clone()), rows)?;
+        check_row_count(codes.dim(0)?, rows, "codes")?;
+        // Codes of any integer dtype, as u32 (a negative code becomes one out of range).
+        let codes = match codes.dtype() {
+            DType::U32 => codes.clone(),
+            DType::U8 | DType::I64 => codes.to_dtype(DType::U32)?,
+            other => {
+                return Err(Error::DType(format!(
+                    "codes must hold integers (u8, u32 or i64), got {other:?}"
+                )))
+            }
+        };
+        let out = self.step_decode(s, Codes::Tensor(codes), rows)?;
         out.map(|a| a.into_tensor(self.device())).transpose()
     }
 
@@ -254,11 +265,11 @@ impl Codec {
         rows: &Rows,
     ) -> Result<Option<Activations>> {
         s.check_batch(rows.batch(), "decoder")?;
+        let t = codes.frames()?;
         s.start(rows.batch());
         if rows.count() == 0 {
             return Ok(None);
         }
-        let t = codes.frames()?;
         let p = &self.parts;
         let out = crate::kernels::in_pool(|| -> Result<Option<Activations>> {
             let x = time(|| "quantizer.decode".into(), || self.dequantize(codes))?;
@@ -279,7 +290,7 @@ impl Codec {
     /// quantizer's slice path (on the CPU), the candle engine's tensor in the codec's dtype.
     fn dequantize(&self, codes: Codes) -> Result<Activations> {
         let p = &self.parts;
-        if self.form() == EngineKind::Native && p.device.is_cpu() {
+        if self.engine() == EngineKind::Native && p.device.is_cpu() {
             let c = codes.into_host()?;
             let (b, k, t) = (c.shape[0], c.shape[1], c.shape[2]);
             let x = self.quantizer.decode_tokens(&c.data, (b, k, t))?;
@@ -291,9 +302,21 @@ impl Codec {
         }
         let x = self.decode_latents(&codes.into_tensor(&p.device)?)?;
         let x = Activations::Tensor(x.to_dtype(p.dtype)?);
-        match self.form() {
+        match self.engine() {
             EngineKind::Native => Ok(Activations::Frames(x.into_frames()?)),
             EngineKind::Candle => Ok(x),
         }
+    }
+}
+
+/// Refuses `what` of `n` rows for a step of `rows` (it holds the stepping rows, in order).
+fn check_row_count(n: usize, rows: &Rows, what: &str) -> Result<()> {
+    match n == rows.count() {
+        true => Ok(()),
+        false => Err(Error::Shape(format!(
+            "{what} holds {n} rows, but the step advances {} of the stream's {}",
+            rows.count(),
+            rows.batch()
+        ))),
     }
 }

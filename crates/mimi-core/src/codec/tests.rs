@@ -641,4 +641,32 @@ mod steps {
             );
         }
     }
+
+    /// The tensor calls refuse inputs whose rows do not match the step's and codes that are
+    /// not integers, before anything changes; integer codes of any width decode alike.
+    #[test]
+    fn tensor_steps_check_rows_and_code_dtypes() {
+        use crate::error::Error;
+        for engine in [EngineKind::Native, EngineKind::Candle] {
+            let c = tiny(engine);
+            let (f, dev) = (c.config().frame_size(), Device::Cpu);
+            let one = Rows::from_mask(&[false, true]);
+            let mut enc = c.encode_stream();
+            let pcm = Tensor::from_vec(test_input(2, f, 1, 3), (2, 1, f), &dev).unwrap();
+            let err = c.encode_step_rows(&mut enc, &pcm, &one).unwrap_err();
+            assert!(matches!(err, Error::Shape(_)), "{engine:?}: {err}");
+            let codes = c.encode_step(&mut enc, &pcm).unwrap().unwrap();
+            let (mut a, mut b) = (c.decode_stream(), c.decode_stream());
+            let err = c.decode_step_rows(&mut a, &codes, &one).unwrap_err();
+            assert!(matches!(err, Error::Shape(_)), "{engine:?}: {err}");
+            let floats = codes.to_dtype(DType::F32).unwrap();
+            let err = c.decode_step(&mut a, &floats).unwrap_err();
+            assert!(matches!(err, Error::DType(_)), "{engine:?}: {err}");
+            let want = c.decode_step(&mut a, &codes).unwrap().unwrap();
+            let wide = codes.to_dtype(DType::I64).unwrap();
+            let got = c.decode_step(&mut b, &wide).unwrap().unwrap();
+            let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(bits(&got), bits(&want), "{engine:?}");
+        }
+    }
 }

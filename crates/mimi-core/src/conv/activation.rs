@@ -1,8 +1,9 @@
 //! The ELU SEANet applies before its convolutions, computed once per element with a
 //! vectorisable exponential ([`crate::kernels::exp_nonpos`]), compiled for AVX-512 or
-//! AVX2+FMA where the CPU has them (the same operations in the same order: the same bits). It stays beside the convolutions (rather than among the kernels) because
-//! only they apply it: on a copy of the input ([`copy_act`]) or on a fused block's hidden
-//! tile ([`elu_in_place`]).
+//! AVX2+FMA where the CPU has them (the same operations in the same order: the same bits).
+//! It stays beside the convolutions (rather than among the kernels) because only they apply
+//! it: on a copy of the input ([`copy_act`]) or on a fused block's hidden tile
+//! ([`elu_in_place`]).
 
 /// `e^x - 1` for `x <= 0`, vectorisable.
 #[inline(always)]
@@ -95,7 +96,7 @@ pub(super) fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
 mod tests {
     use super::*;
 
-    /// Every compiled variant gives the portable loop's bits (the same operations in the
+    /// Every compiled variant this CPU runs gives the portable loop's bits (the same operations in the
     /// same order), on values around 0, large negatives and every tail length.
     #[test]
     fn variants_have_the_portable_bits() {
@@ -113,10 +114,24 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "copy, {n}");
             assert_eq!(bits(&inplace), bits(&want), "in place, {n}");
             #[cfg(target_arch = "x86_64")]
-            if avx2_fma() {
-                // SAFETY: the CPU supports the features the function was compiled for.
-                unsafe { copy_act_avx2(&src[..n], &mut got, 0.7) };
-                assert_eq!(bits(&got), bits(&want), "avx2, {n}");
+            {
+                let avx512 = std::is_x86_feature_detected!("avx512f") && avx2_fma();
+                type Variants = (
+                    unsafe fn(&[f32], &mut [f32], f32),
+                    unsafe fn(&mut [f32], f32),
+                );
+                let variants: [(bool, Variants, &str); 2] = [
+                    (avx2_fma(), (copy_act_avx2, elu_in_place_avx2), "avx2"),
+                    (avx512, (copy_act_avx512, elu_in_place_avx512), "avx512"),
+                ];
+                for (_, (copy, in_place), name) in variants.into_iter().filter(|v| v.0) {
+                    let mut inplace = src[..n].to_vec();
+                    // SAFETY: the CPU supports the features the functions were compiled for.
+                    unsafe { copy(&src[..n], &mut got, 0.7) };
+                    unsafe { in_place(&mut inplace, 0.7) };
+                    assert_eq!(bits(&got), bits(&want), "{name} copy, {n}");
+                    assert_eq!(bits(&inplace), bits(&want), "{name} in place, {n}");
+                }
             }
         }
     }

@@ -286,9 +286,9 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
                 0 | 3 | 4 => f(),
                 _ => {
                     let limit = [usize::MAX, 0][chunk - 1];
-                    let old = super::tiles::tests::CACHED_LIMIT.replace(limit);
+                    let old = super::tiles::test_hooks::CACHED_LIMIT.replace(limit);
                     super::as_group(f);
-                    super::tiles::tests::CACHED_LIMIT.set(old);
+                    super::tiles::test_hooks::CACHED_LIMIT.set(old);
                 }
             };
             let (mut got, mut got_tr) = (Vec::new(), Vec::new());

@@ -57,14 +57,14 @@ const CACHED_WEIGHT_BYTES: usize = 4 << 20;
 /// the encoder's third down-sampling, 6 MB in f32, read them 8 times a frame).
 pub(crate) fn rows_alone_in_group(weight_bytes: usize) -> bool {
     #[cfg(test)]
-    let limit = tests::CACHED_LIMIT.get();
+    let limit = test_hooks::CACHED_LIMIT.get();
     #[cfg(not(test))]
     let limit = CACHED_WEIGHT_BYTES;
     grouped() && weight_bytes <= limit
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(super) mod test_hooks {
     thread_local! {
         /// [`super::CACHED_WEIGHT_BYTES`], which a test may lower to join small layers.
         pub(in crate::conv) static CACHED_LIMIT: std::cell::Cell<usize> =

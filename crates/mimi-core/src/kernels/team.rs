@@ -11,12 +11,16 @@
 //! done. Which thread runs a task never changes what it computes, so results do not depend
 //! on the threads.
 //!
-//! Anywhere else (no keepers, one thread, inside a task, the slot taken by another call) the
-//! loop runs on rayon's `par_iter`, as before.
+//! With one thread, one task, or inside a task, the loop runs in place. On a thread that is
+//! not an owner (the other group of rows at B >= 2, which `by_groups` hands to rayon), or
+//! while another call holds the slot, it runs on rayon's `par_iter`, as before. A panic in a
+//! task reaches the owner with its own payload once every task is done.
 
 use rayon::prelude::*;
+use std::any::Any;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// A loop's tasks, as run by a worker: `&(dyn Fn(usize) + Sync)` on the owner's stack.
 type Task<'a> = &'a (dyn Fn(usize) + Sync);
@@ -34,8 +38,10 @@ struct Slot {
     done: AtomicUsize,
     /// The current loop's `Task`, behind a thin pointer.
     task: AtomicPtr<()>,
-    /// A task of the current loop panicked on a keeper.
+    /// A task of the current loop panicked (its payload is in `payload`).
     panicked: AtomicBool,
+    /// The first panic's payload, for the owner to resume.
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 static SLOT: Slot = Slot {
@@ -44,6 +50,7 @@ static SLOT: Slot = Slot {
     done: AtomicUsize::new(0),
     task: AtomicPtr::new(std::ptr::null_mut()),
     panicked: AtomicBool::new(false),
+    payload: Mutex::new(None),
 };
 
 const FIELD: u32 = 20;
@@ -104,9 +111,19 @@ pub fn for_each_index(n: usize, f: impl Fn(usize) + Sync) {
             false => std::hint::spin_loop(),
         }
     }
-    let panicked = SLOT.panicked.load(Ordering::Relaxed);
+    let payload = match SLOT.panicked.load(Ordering::Acquire) {
+        true => lock_payload().take(),
+        false => None,
+    };
     SLOT.held.store(false, Ordering::Release);
-    assert!(!panicked, "a task of a parallel loop panicked");
+    if let Some(payload) = payload {
+        std::panic::resume_unwind(payload);
+    }
+}
+
+/// The slot's panic payload (a poisoned lock still holds it).
+fn lock_payload() -> std::sync::MutexGuard<'static, Option<Box<dyn Any + Send>>> {
+    SLOT.payload.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Claims the next task of the loop whose state was `seen` (sequence and count), if that
@@ -133,8 +150,9 @@ fn run(task: Task, i: usize) {
     let outer = IN_TASK.replace(true);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(i)));
     IN_TASK.set(outer);
-    if r.is_err() {
-        SLOT.panicked.store(true, Ordering::Relaxed);
+    if let Err(payload) = r {
+        lock_payload().get_or_insert(payload);
+        SLOT.panicked.store(true, Ordering::Release);
     }
     SLOT.done.fetch_add(1, Ordering::Release);
 }
@@ -144,9 +162,10 @@ pub(super) fn help() -> bool {
     let seen = SLOT.state.load(Ordering::Acquire);
     let mut ran = false;
     while let Some(i) = claim(seen) {
-        // SAFETY: the claim succeeded, so the loop `seen` names is unfinished (its count
-        // of done tasks needs this one) and its task pointer, stored before its state was
-        // published, points at the owner's live `Task`.
+        // SAFETY: the claim's compare-and-swap replaced a state of an unfinished loop (task
+        // `i` was unclaimed, and the loop's count of done tasks needs it), so the owner is
+        // still waiting and the task pointer, stored before that state was published,
+        // points at its live `Task`.
         let task = unsafe { *(SLOT.task.load(Ordering::Acquire) as *const Task) };
         run(task, i);
         ran = true;
@@ -188,13 +207,15 @@ pub fn for_each_chunk_mut<T: Send>(out: &mut [T], len: usize, f: impl Fn(usize, 
 mod tests {
     use super::*;
 
-    /// `f` as a step runs it: on the global pool's owner, with its keepers polling.
+    /// `f` as a step runs it: on the global pool's owner, with its keepers polling (with
+    /// two threads or more, and `MIMI_PY_SPIN` on).
     fn on_owner(f: impl FnOnce() + Send) {
-        assert!(
-            rayon::current_num_threads() > 1,
-            "these tests need two threads"
-        );
         super::super::in_pool(f);
+    }
+
+    /// Whether loops go through the slot here.
+    fn slot_in_use() -> bool {
+        rayon::current_num_threads() > 1 && super::super::spin()
     }
 
     /// Every task runs exactly once, loop after loop, the slot's or rayon's; a nested loop
@@ -215,18 +236,25 @@ mod tests {
                     });
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "{n}");
-                if round >= 40 && SLOT_LOOPS.get() > before {
+                if round >= 40 && (SLOT_LOOPS.get() > before || !slot_in_use()) {
                     break;
                 }
             }
-            assert!(SLOT_LOOPS.get() > before, "no loop ran through the slot");
+            // With one thread, or the keepers off, every loop runs without the slot.
+            assert_eq!(
+                SLOT_LOOPS.get() > before,
+                slot_in_use(),
+                "loops through the slot"
+            );
             let mut v = vec![0usize; 1001];
             for_each_chunk_mut(&mut v, 64, |i, c| c.iter_mut().for_each(|x| *x += i + 1));
             assert!(v.iter().enumerate().all(|(j, &x)| x == j / 64 + 1));
             let r = std::panic::catch_unwind(|| {
                 for_each_index(64, |i| assert!(i != 40, "task 40"));
             });
-            assert!(r.is_err());
+            let payload = r.expect_err("the panic reaches the caller");
+            let message = payload.downcast_ref::<&str>().copied();
+            assert_eq!(message, Some("task 40"), "the task's own payload");
             let count = AtomicUsize::new(0);
             for_each_index(64, |_| {
                 count.fetch_add(1, Ordering::Relaxed);

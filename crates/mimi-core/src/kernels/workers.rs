@@ -61,8 +61,9 @@ thread_local! {
     static KEEPING_AWAKE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A worker's loop while an [`in_pool`] call runs on `owner`: run whatever job the pool
-/// offers, spin when there is none, return once `done`. It returns at once on the owner
+/// A worker's loop while an [`in_pool`] call runs on `owner`: run the tasks of the owner's
+/// team loops ([`super::team::help`]) and whatever job the pool offers, spin when there is
+/// none, return once `done`. It returns at once on the owner
 /// itself (which may pick it up while it waits inside a join: spinning there would never
 /// let the call finish) and on a worker already keeping awake.
 fn keep_awake(done: &AtomicBool, owner: Option<usize>) {
