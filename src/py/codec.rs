@@ -161,9 +161,8 @@ impl PyMimiCodec {
         self.codec.config().channels
     }
 
-    /// pcm: (batch, channels, samples) or (samples,), read as f32 once its dtype, shape and
-    /// size pass the core's rules (the core's host call checks the rest, the memory the call
-    /// needs included, once); with `active=`, its rows.
+    /// pcm: (batch, channels, samples) or (samples,), read as f32 once its dtype and shape
+    /// pass the core's rules (the core checks the rest); with `active=`, its rows.
     fn read_pcm_rows(
         &self,
         x: &Bound<'_, PyAny>,
@@ -181,9 +180,8 @@ impl PyMimiCodec {
     }
 
     /// codes: (batch, num_codebooks, frames) integers, read as u32 once their dtype and
-    /// shape pass the core's rules (`decoded`: the size of the audio they decode to, too; the
-    /// core's host call checks the decoder's memory); with `active=`, its rows (only those
-    /// are read and range-checked).
+    /// shape pass the core's rules (`decoded`: the audio they decode to, too); with
+    /// `active=`, its rows (only those are read and range-checked).
     fn read_codes_rows(
         &self,
         x: &Bound<'_, PyAny>,

@@ -1,8 +1,9 @@
-//! The rules a codec call's inputs obey, checked by the host calls ([`super::host_calls`])
-//! before anything runs: the shapes of audio and codes, their size, the memory a call needs,
-//! finite samples and codes in range. The shape and size rules are public so that a binding
-//! can check them while it still holds the caller's array (before copying it); the memory a
-//! call needs is checked once, by the host call.
+//! The rules a codec call's inputs obey, checked by the host calls
+//! ([`super::host_calls`]) before anything runs, and public so that a binding can check them
+//! while it still holds the caller's array (before copying it): the shapes of audio and
+//! codes, their size, the memory a call needs, finite samples and codes in range. A binding
+//! that checks the shape first reads the memory estimate twice per call (three `/proc`
+//! files, some µs): the price of refusing a call before copying its input.
 
 use super::Codec;
 use crate::error::{Error, Result};
@@ -31,8 +32,7 @@ pub(crate) fn check_last(rows: Option<&Rows>, last: bool) -> Result<()> {
 
 impl Codec {
     /// Audio of `shape` as the codec reads it, `(batch, channels, samples)`: that shape, or
-    /// `(samples,)` for a mono codec (one item). Refuses other shapes and inputs of more
-    /// values than one call reads (the memory the call needs is the host call's check).
+    /// `(samples,)` for a mono codec (one item). Refuses other shapes and inputs too large.
     pub fn pcm_shape(&self, shape: &[usize]) -> Result<[usize; 3]> {
         let c = self.config().channels;
         let shape3 = match shape {
@@ -51,11 +51,16 @@ impl Codec {
             }
         };
         check_size(&shape3, "pcm")?;
+        self.check_offline_memory(
+            shape3[0],
+            shape3[2],
+            "encode long audio in chunks with encode_step (or the CLI, which streams)",
+        )?;
         Ok(shape3)
     }
 
-    /// Checks codes of `shape`, `(batch, num_codebooks, frames)`, and the size of the audio
-    /// they decode to when `decoded` (the decoder's memory is the host call's check).
+    /// Checks codes of `shape`, `(batch, num_codebooks, frames)`, and the audio they decode
+    /// to (its size and the decoder's memory) when `decoded`.
     pub fn codes_shape(&self, shape: &[usize], decoded: bool) -> Result<[usize; 3]> {
         let k = self.config().quantizer_n_q;
         let [b, t] = match shape {
@@ -70,13 +75,18 @@ impl Codec {
         if decoded {
             let samples = t.saturating_mul(self.config().frame_size());
             check_size(&[b, self.config().channels, samples], "decoded audio")?;
+            self.check_offline_memory(
+                b,
+                samples,
+                "decode long code sequences in shorter chunks (decode_step streams them)",
+            )?;
         }
         Ok([b, k, t])
     }
 
-    /// Every input rule for audio: [`Self::pcm_shape`], the memory the call needs, the rows
-    /// that step (`active`, all if `None`), then finite samples in those rows. Returns the
-    /// array reshaped to `(batch, channels, samples)` and the rows.
+    /// Every input rule for audio: [`Self::pcm_shape`], the rows that step (`active`, all if
+    /// `None`), then finite samples in those rows. Returns the array reshaped to
+    /// `(batch, channels, samples)` and the rows.
     pub(crate) fn check_pcm(
         &self,
         mut pcm: HostArray<f32>,
@@ -84,19 +94,13 @@ impl Codec {
     ) -> Result<(HostArray<f32>, Rows)> {
         check_len(&pcm, "pcm")?;
         pcm.shape = self.pcm_shape(&pcm.shape)?.to_vec();
-        self.check_offline_memory(
-            pcm.shape[0],
-            pcm.shape[2],
-            "encode long audio in chunks with encode_step (or the CLI, which streams)",
-        )?;
         let rows = Rows::or_all(active, pcm.shape[0])?;
         check_finite(&pcm.data, &pcm.shape, Some(&rows.indices()), "pcm")?;
         Ok((pcm, rows))
     }
 
-    /// Every input rule for codes: [`Self::codes_shape`], the decoder's memory when
-    /// `decoded`, the rows that step (`active`, all if `None`), then codes in range in those
-    /// rows. Returns the rows.
+    /// Every input rule for codes: [`Self::codes_shape`], the rows that step (`active`, all
+    /// if `None`), then codes in range in those rows. Returns the rows.
     pub(crate) fn check_codes(
         &self,
         codes: &HostArray<u32>,
@@ -105,13 +109,6 @@ impl Codec {
     ) -> Result<Rows> {
         check_len(codes, "codes")?;
         let [b, k, t] = self.codes_shape(&codes.shape, decoded)?;
-        if decoded {
-            self.check_offline_memory(
-                b,
-                t.saturating_mul(self.config().frame_size()),
-                "decode long code sequences in shorter chunks (decode_step streams them)",
-            )?;
-        }
         let rows = Rows::or_all(active, b)?;
         let bins = self.config().quantizer_bins;
         for &r in rows.indices().iter() {
