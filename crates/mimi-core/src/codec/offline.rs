@@ -15,16 +15,13 @@ use crate::transformer::State;
 use candle::Tensor;
 use rayon::prelude::*;
 
-/// Runs an offline call inside the rayon pool, then frees the recycled buffers it left on
-/// the pool's threads, and applies the working-memory policy
+/// Runs an offline call inside the rayon pool, then frees the recycled buffers it left,
+/// and applies the working-memory policy
 /// ([`crate::runtime::memory::trim_heap_after`]).
 pub(crate) fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let before = crate::runtime::memory::resident_bytes();
-    let r = crate::kernels::in_pool(|| {
-        let r = f();
-        rayon::broadcast(|_| conv::release_buffers());
-        r
-    });
+    let r = crate::kernels::in_pool(f);
+    conv::release_buffers();
     crate::runtime::memory::trim_heap_after(before);
     r
 }

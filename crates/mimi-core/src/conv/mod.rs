@@ -25,7 +25,7 @@
 //!
 //! The files, one component each:
 //!
-//! * `buffers.rs`: the per-thread stock of recycled activation buffers ([`release_buffers`]);
+//! * `buffers.rs`: the process's stock of recycled activation buffers ([`release_buffers`]);
 //! * `frames.rs`: [`Frames`] (the activations), a row-parallel helper, and `Padded`, a
 //!   convolution's view of its input with the padding described, not copied;
 //! * `activation.rs`: the ELU, AVX2 where available;

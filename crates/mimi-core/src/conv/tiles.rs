@@ -32,14 +32,7 @@ thread_local! {
 /// tile's input columns, and `gemm` packs them again for each: at 4 rows of 480 frames, the
 /// decoder's last up-sampling built them four times. Results do not depend on the tiles.
 pub(crate) fn as_group<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            GROUPED.set(self.0);
-        }
-    }
-    let _restore = Restore(GROUPED.replace(true));
-    f()
+    crate::kernels::with_flag(&GROUPED, f)
 }
 
 /// Whether this thread runs one group of rows ([`as_group`]).

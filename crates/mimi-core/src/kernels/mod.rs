@@ -51,3 +51,19 @@ pub use linear::Linear;
 pub use packed::{Packed, PANEL};
 pub use team::{for_each_chunk_mut, for_each_index};
 pub use workers::{in_pool, spin};
+
+/// Runs `f` with the thread-local `flag` set, then restores it (also when `f` panics): a
+/// thread's role for the length of a call (`team`'s owner, `conv::tiles`' group of rows).
+pub(crate) fn with_flag<R>(
+    flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore(&'static std::thread::LocalKey<std::cell::Cell<bool>>, bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            self.0.set(self.1);
+        }
+    }
+    let _restore = Restore(flag, flag.replace(true));
+    f()
+}

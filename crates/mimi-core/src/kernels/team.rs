@@ -70,14 +70,7 @@ thread_local! {
 
 /// Marks this thread as the owner for the length of `f` (from `in_pool`, with keepers).
 pub(super) fn as_owner<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            OWNER.set(self.0);
-        }
-    }
-    let _restore = Restore(OWNER.replace(true));
-    f()
+    super::with_flag(&OWNER, f)
 }
 
 /// `f(i)` for every `i` in `0..n`, on the kept-awake workers when this thread owns them,
