@@ -265,18 +265,24 @@ impl Quantizer {
             return Ok(Tensor::zeros((b, self.n_q(), t), DType::U32, x.device())?);
         }
         if rows > GEMV_MAX_ROWS || !x.device().is_cpu() || x.dtype() != DType::F32 {
-            let parts = self
-                .parts
-                .iter()
-                .filter(|p| !p.codebooks.is_empty())
-                .map(|p| p.encode(x))
-                .collect::<Result<Vec<_>>>()?;
-            return Ok(Tensor::cat(&parts, 1)?);
+            return self.encode_tensor(x);
         }
         let xs = x.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let codes = self.encode_tokens(&xs, rows)?;
         let codes = Tensor::from_vec(codes, (b, t, self.n_q()), x.device())?;
         Ok(codes.t()?.contiguous()?)
+    }
+
+    /// [`Self::encode`] on candle's tensor ops, whatever the rows (the path of more than
+    /// [`GEMV_MAX_ROWS`] tokens, other devices and dtypes).
+    fn encode_tensor(&self, x: &Tensor) -> Result<Tensor> {
+        let parts = self
+            .parts
+            .iter()
+            .filter(|p| !p.codebooks.is_empty())
+            .map(|p| p.encode(x))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 1)?)
     }
 
     /// Whether [`Self::encode_tokens`] takes `rows` tokens: one to [`GEMV_MAX_ROWS`]
@@ -406,7 +412,8 @@ mod tests {
     }
 
     /// The slice paths a native streaming step takes give the bits of the tensor paths:
-    /// encoding any number of tokens the slice path takes, decoding any number of frames
+    /// encoding any number of tokens the slice path takes (against the tensor path itself,
+    /// which `encode` takes past `GEMV_MAX_ROWS` tokens), decoding any number of frames
     /// (more codebooks in the codes than the quantizer reads included); a code out of range
     /// is refused.
     #[test]
@@ -420,7 +427,8 @@ mod tests {
         for (b, t) in [(1, 1), (2, 3), (4, 8), (3, 11)] {
             let x = Tensor::from_vec(test_input(b, d, t, 7), (b, d, t), &dev).unwrap();
             let x = (x * 4.0).unwrap();
-            let codes = q.encode(&x).unwrap();
+            let codes = q.encode_tensor(&x).unwrap();
+            assert_eq!(q.encode(&x).unwrap().dims3().unwrap(), (b, 4, t));
             if Quantizer::takes_tokens(b * t) {
                 let xs = x.t().unwrap().contiguous().unwrap().flatten_all().unwrap();
                 let got = q
