@@ -72,7 +72,6 @@ pub(super) fn transform_step(
 }
 
 impl Codec {
-    /// The engine's form of a step's activations.
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
     /// completed by this chunk (possibly none).
     pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {

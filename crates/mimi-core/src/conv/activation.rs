@@ -96,8 +96,9 @@ pub(super) fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
 mod tests {
     use super::*;
 
-    /// Every compiled variant this CPU runs gives the portable loop's bits (the same operations in the
-    /// same order), on values around 0, large negatives and every tail length.
+    /// Every compiled variant this CPU runs gives the portable loop's bits (the same
+    /// operations in the same order), on values around 0, large negatives and every tail
+    /// length.
     #[test]
     fn variants_have_the_portable_bits() {
         let src: Vec<f32> = (0..1000)
