@@ -182,6 +182,13 @@ impl From<candle::Error> for Error {
 /// A cancellation flag for long offline calls: `None` when the call cannot be cancelled.
 pub type Cancel<'a> = Option<&'a AtomicBool>;
 
+/// `m`'s guard, also when a panic poisoned it: for the core's locks whose critical sections
+/// leave their data consistent at every point (counts, lists, a stock of buffers), so a
+/// panic elsewhere while one was held breaks nothing.
+pub(crate) fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Returns [`Error::Cancelled`] if `cancel` was set (the caller was interrupted).
 pub fn check_cancel(cancel: Cancel) -> Result<()> {
     if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {

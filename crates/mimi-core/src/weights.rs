@@ -9,7 +9,7 @@
 //! codec's convolutions and quantizer) through [`TensorSource::var_builder`].
 
 use crate::config::{Norm, TransformerConfig};
-use crate::error::{Error, Result};
+use crate::error::{locked, Error, Result};
 use crate::host::HostArray;
 use crate::runtime::device::WeightsDType;
 use candle::safetensors::MmapedSafetensors;
@@ -18,7 +18,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// How q_proj/k_proj rows are ordered inside each head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,11 +135,6 @@ pub struct TensorSource {
 
 /// Most problems listed in one error message.
 const MAX_PROBLEMS_SHOWN: usize = 10;
-
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Only this module's short critical sections hold these locks; none can panic.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn is_float(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64)

@@ -8,8 +8,9 @@
 //!
 //! [`Frames`](super::Frames) takes its buffers here and gives them back when dropped.
 
+use crate::error::locked;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 /// Buffers below this many floats are left to the allocator (a few hundred ns each).
 const MIN: usize = 1 << 10;
@@ -71,16 +72,10 @@ static STOCK: Mutex<Stock> = Mutex::new(Stock {
     bytes: 0,
 });
 
-/// The stock; a panic while it was held left it consistent (its changes do not panic
-/// midway), so a poisoned lock is taken as it is.
-fn stock() -> MutexGuard<'static, Stock> {
-    STOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A buffer of `n` floats with unspecified (initialised) contents.
 pub(super) fn take(n: usize) -> Vec<f32> {
     if n >= MIN {
-        let found = stock().take(n); // the lock ends here
+        let found = locked(&STOCK).take(n); // the lock ends here
         if let Some(mut v) = found {
             // Within the capacity: no allocation; only the grown part is written.
             v.resize(n, 0.0);
@@ -94,7 +89,7 @@ pub(super) fn take(n: usize) -> Vec<f32> {
 /// the largest buffers go, freed outside the lock).
 pub(super) fn give(v: Vec<f32>) {
     if v.capacity() >= MIN {
-        let dropped = stock().give(v, KEEP_BYTES);
+        let dropped = locked(&STOCK).give(v, KEEP_BYTES);
         drop(dropped);
     }
 }
@@ -102,7 +97,7 @@ pub(super) fn give(v: Vec<f32>) {
 /// Frees the recycled buffers (the end of an offline call: its buffers are sized for its
 /// input, not for the next call; a stream stepping meanwhile only takes fresh ones).
 pub fn release_buffers() {
-    let free = std::mem::take(&mut *stock());
+    let free = std::mem::take(&mut *locked(&STOCK));
     drop(free);
 }
 

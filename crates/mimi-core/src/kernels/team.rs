@@ -16,6 +16,7 @@
 //! while another call holds the slot, it runs on rayon's `par_iter`, as before. A panic in a
 //! task reaches the owner with its own payload once every task is done.
 
+use crate::error::locked;
 use rayon::prelude::*;
 use std::any::Any;
 use std::cell::Cell;
@@ -105,18 +106,13 @@ pub fn for_each_index(n: usize, f: impl Fn(usize) + Sync) {
         }
     }
     let payload = match SLOT.panicked.load(Ordering::Acquire) {
-        true => lock_payload().take(),
+        true => locked(&SLOT.payload).take(),
         false => None,
     };
     SLOT.held.store(false, Ordering::Release);
     if let Some(payload) = payload {
         std::panic::resume_unwind(payload);
     }
-}
-
-/// The slot's panic payload (a poisoned lock still holds it).
-fn lock_payload() -> std::sync::MutexGuard<'static, Option<Box<dyn Any + Send>>> {
-    SLOT.payload.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Claims the next task of the loop whose state was `seen` (sequence and count), if that
@@ -144,7 +140,7 @@ fn run(task: Task, i: usize) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(i)));
     IN_TASK.set(outer);
     if let Err(payload) = r {
-        lock_payload().get_or_insert(payload);
+        locked(&SLOT.payload).get_or_insert(payload);
         SLOT.panicked.store(true, Ordering::Release);
     }
     SLOT.done.fetch_add(1, Ordering::Release);

@@ -7,6 +7,7 @@
 //! row), so a layer run once per row adds each row's time to the same entry, and a layer run
 //! once for all rows adds one: the totals compare directly across the two.
 
+use crate::error::locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -62,8 +63,7 @@ pub fn time<R>(label: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
 }
 
 fn record(label: String, dt: Duration) {
-    // A panic elsewhere while holding the table leaves counts, never broken data: go on.
-    let mut table = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut table = locked(&TABLE);
     match table.iter_mut().find(|e| e.label == label) {
         Some(e) => {
             e.total += dt;
@@ -79,7 +79,7 @@ fn record(label: String, dt: Duration) {
 
 /// The table since the last `take` (labels in order of first appearance), emptied.
 pub fn take() -> Vec<Entry> {
-    std::mem::take(&mut *TABLE.lock().unwrap_or_else(|e| e.into_inner()))
+    std::mem::take(&mut *locked(&TABLE))
 }
 
 #[cfg(test)]
