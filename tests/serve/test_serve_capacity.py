@@ -1,5 +1,6 @@
 """Admission that follows capacity, with a codec whose step time the test controls (the real
-small codec, each step padded to `per_row` seconds per active row, or slowed down at will):
+small codec, each step padded to `per_row` seconds per active row, or slowed down at will; the
+slots are measured on a clock the paced codec advances, so that a busy machine does not move them):
 ``--slots auto``'s measurement picks the slots that fit, the clients beyond them get 1013 at once
 while the admitted ones stay real-time and exact; when the ticks keep running late, new clients
 get 1013 until the ticker catches up, and the clients already admitted get every frame."""
@@ -24,11 +25,23 @@ with optional("serve"):
 TICK = 0.080
 
 
-class Paced:
-    """The real codec; each step lasts `per_row` seconds per active row (at least `floor`)."""
+class Clock:
+    """Seconds that pass only when a `Paced` codec steps: what `calibrate` times it with, so
+    that its table does not depend on how busy the machine is."""
 
-    def __init__(self, codec, per_row: float, floor: float = 0.0):
-        self.codec, self.per_row, self.floor = codec, per_row, floor
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Paced:
+    """The real codec; each step lasts `per_row` seconds per active row (at least `floor`): of
+    wall time, or of `clock`'s time when one is given."""
+
+    def __init__(self, codec, per_row: float, floor: float = 0.0, clock: Clock | None = None):
+        self.codec, self.per_row, self.floor, self.clock = codec, per_row, floor, clock
 
     def __getattr__(self, name):
         return getattr(self.codec, name)
@@ -37,8 +50,10 @@ class Paced:
         t = time.perf_counter()
         y = fn(x, active=active)
         rows = len(x) if active is None else int(np.count_nonzero(active))
-        left = max(self.floor, self.per_row * rows) - (time.perf_counter() - t)
-        if left > 0:
+        lasts = max(self.floor, self.per_row * rows)
+        if self.clock is not None:
+            self.clock.now += lasts
+        elif (left := lasts - (time.perf_counter() - t)) > 0:
             time.sleep(left)
         return y
 
@@ -64,24 +79,29 @@ async def serving(server: Server, scenario):
         await task
 
 
+def paced_calibration(checkpoint, per_row: float, **kw):
+    """`calibrate` of the real codec paced at `per_row` on a `Clock`: the codec really steps,
+    and each B's table holds exactly B rows' time."""
+    clock = Clock()
+    return calibrate(Paced(mimi_py.MimiCodec(checkpoint), per_row, clock=clock), TICK, clock=clock, **kw)
+
+
 def test_the_measured_slots_are_the_most_whose_steps_fit_in_70_percent_of_a_tick(serve_checkpoint):
-    codec = Paced(mimi_py.MimiCodec(serve_checkpoint), per_row=0.010)  # 56 ms budget: 4 rows fit, 6 do not
-    cal = calibrate(codec, TICK, steps=4, warmup=1)
+    cal = paced_calibration(serve_checkpoint, 0.010, steps=4, warmup=1)  # 56 ms budget: 4 rows fit, 6 do not
     assert cal.slots == 4 and cal.budget_ms == 56.0, cal.line()
     assert [r["batch"] for r in cal.table] == [1, 2, 3, 4, 6]
     assert [r["fits"] for r in cal.table] == [True] * 4 + [False]
-    for r in cal.table:  # each B's worst shape takes B rows' time
-        assert 10 * r["batch"] <= r["p99_ms"] < 10 * r["batch"] + 15, r
+    for r in cal.table:  # each B's worst shape (all three take B rows' time) at B rows' time
+        assert r["p99_ms"] == pytest.approx(10 * r["batch"]) == r["median_ms"], r
     assert "4 slots" in cal.line() and "B=6 " in cal.line()
-    assert calibrate(Paced(codec.codec, per_row=0.1), TICK, steps=2, warmup=0).slots == 1  # none fit
+    assert paced_calibration(serve_checkpoint, 0.1, steps=2, warmup=0).slots == 1  # none fit
 
 
 def test_clients_beyond_the_measured_slots_get_1013_and_the_admitted_stay_real_time(
     serve_checkpoint, serve_offline
 ):
-    codec = Paced(mimi_py.MimiCodec(serve_checkpoint), per_row=0.010)
-    cal = calibrate(codec, TICK, steps=4, warmup=1)
-    server = Server(codec, cal.slots, calibration=cal)
+    cal = paced_calibration(serve_checkpoint, 0.010, steps=4, warmup=1)
+    server = Server(Paced(mimi_py.MimiCodec(serve_checkpoint), per_row=0.010), cal.slots, calibration=cal)
     audios = [noise(40, i) for i in range(cal.slots + 2)]  # 3.2 s each
 
     async def scenario(url):

@@ -53,7 +53,7 @@ class Calibration:
         )
 
 
-def _shape_times(codec, b: int, shape: str, steps: int, warmup: int, rng) -> list[float]:
+def _shape_times(codec, b: int, shape: str, steps: int, warmup: int, rng, clock) -> list[float]:
     """Seconds of `steps` ticks of one shape at batch size b (after `warmup` untimed ones)."""
     enc = np.zeros(b, bool)
     if shape == "encode":
@@ -65,29 +65,36 @@ def _shape_times(codec, b: int, shape: str, steps: int, warmup: int, rng) -> lis
     for i in range(warmup + steps):
         pcm = (0.1 * rng.standard_normal((b, 1, codec.frame_size))).astype(np.float32)
         codes = rng.integers(0, codec.cardinality, (b, codec.num_codebooks, 1), dtype=np.uint32)
-        t = time.perf_counter()
+        t = clock()
         if enc.any():
             codec.encode_step(pcm, active=enc)
         if dec.any():
             codec.decode_step(codes, active=dec)
         if i >= warmup:
-            times.append(time.perf_counter() - t)
+            times.append(clock() - t)
     return times
 
 
 def calibrate(
-    codec, tick: float, batches=AUTO_BATCHES, steps: int = STEPS, warmup: int = WARMUP, budget: float = BUDGET
+    codec,
+    tick: float,
+    batches=AUTO_BATCHES,
+    steps: int = STEPS,
+    warmup: int = WARMUP,
+    budget: float = BUDGET,
+    clock=time.perf_counter,
 ) -> Calibration:
     """Times the tick's three shapes at each B of `batches` until one does not fit; the codec's
-    streams are reset before each B and at the end."""
-    t0, rng = time.perf_counter(), np.random.default_rng(0)
+    streams are reset before each B and at the end. `clock` gives the seconds (tests pass a
+    clock that their codec advances)."""
+    t0, rng = clock(), np.random.default_rng(0)
     limit_ms = 1000 * budget * tick
     table = []
     for b in batches:
         p99s, medians = {}, {}
         for shape in ("encode", "decode", "mixed"):
             codec.reset_state()
-            ms = 1000 * np.asarray(_shape_times(codec, b, shape, steps, warmup, rng))
+            ms = 1000 * np.asarray(_shape_times(codec, b, shape, steps, warmup, rng, clock))
             p99s[shape], medians[shape] = float(np.quantile(ms, 0.99)), float(np.median(ms))
         worst = max(p99s, key=p99s.__getitem__)
         row = {"batch": b, "p99_ms": round(p99s[worst], 2), "median_ms": round(medians[worst], 2)}
@@ -98,7 +105,7 @@ def calibrate(
     fits = [r["batch"] for r in table if r["fits"]]
     if not fits:
         log.warning("slots auto: even one stream's step is over %.1f ms: real time is out of reach", limit_ms)
-    return Calibration(max(fits, default=1), round(limit_ms, 2), round(time.perf_counter() - t0, 2), table)
+    return Calibration(max(fits, default=1), round(limit_ms, 2), round(clock() - t0, 2), table)
 
 
 class Lateness:
