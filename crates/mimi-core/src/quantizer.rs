@@ -12,7 +12,7 @@
 
 use crate::config::CodecConfig;
 use crate::error::{Error, Result};
-use crate::kernels::{gemv, GEMV_MAX_ROWS};
+use crate::kernels::{gemv, gemv_into, GEMV_MAX_ROWS};
 use candle::{DType, Module, Tensor, D};
 use candle_nn::{Conv1d, VarBuilder};
 
@@ -137,10 +137,12 @@ impl Residual {
     fn encode_rows(&self, xs: &[f32], rows: usize, codes: &mut [u32], stride: usize) -> Result<()> {
         let (dim, k) = self.input_proj.weight().dims3().map(|(o, i, _)| (o, i))?;
         let mut r = with_slice(self.input_proj.weight(), |w| gemv(xs, w, rows, k, dim))?;
+        let mut dots = Vec::new(); // one buffer for every codebook's products
         for (j, book) in self.codebooks.iter().enumerate() {
             with_slice(&book.half_norms, |half| {
                 with_slice(&book.centroids, |e| {
-                    let dots = gemv(&r, e, rows, dim, half.len());
+                    dots.resize(rows * half.len(), 0.0);
+                    gemv_into(&r, e, (rows, dim, half.len()), &mut dots);
                     for (i, row) in dots.chunks_exact(half.len()).enumerate() {
                         let code = argmin(half.iter().zip(row).map(|(h, d)| h - d));
                         codes[i * stride + j] = code as u32;
@@ -183,10 +185,11 @@ impl Residual {
     /// own step) and any call length.
     fn project_out(&self, xs: &[f32]) -> Result<Vec<f32>> {
         let (out, dim, _) = self.output_proj.weight().dims3()?;
-        let mut y = Vec::with_capacity(xs.len() / dim.max(1) * out);
+        let mut y = vec![0f32; xs.len() / dim.max(1) * out];
         with_slice(self.output_proj.weight(), |w| {
-            for rows in xs.chunks(GEMV_MAX_ROWS * dim) {
-                y.extend(gemv(rows, w, rows.len() / dim, dim, out));
+            let ys = y.chunks_mut(GEMV_MAX_ROWS * out);
+            for (rows, y) in xs.chunks(GEMV_MAX_ROWS * dim).zip(ys) {
+                gemv_into(rows, w, (rows.len() / dim, dim, out), y);
             }
         })?;
         Ok(y)

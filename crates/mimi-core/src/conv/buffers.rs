@@ -12,13 +12,13 @@ use crate::error::locked;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-/// Buffers below this many floats are left to the allocator (a few hundred ns each).
-const MIN: usize = 1 << 10;
 /// The stock holds at most this many bytes; past it, the largest buffers go.
 const KEEP_BYTES: usize = 128 << 20;
 
 /// Free buffers by capacity, and their bytes. Steps of the real model at B = 1 to 32 left
-/// 2,581 buffers (91 MB) here, many of one capacity, so a lookup goes by capacity.
+/// 2,581 buffers (91 MB) here, many of one capacity, so a lookup goes by capacity. A list
+/// that runs empty stays (its capacity comes back with the next step), so that a warm step
+/// allocates no node of the map either.
 #[derive(Default)]
 struct Stock {
     free: BTreeMap<usize, Vec<Vec<f32>>>,
@@ -29,12 +29,9 @@ impl Stock {
     /// The smallest buffer that holds `n` floats, if it is not much larger (the buffer may
     /// end up owned by a tensor, capacity and all).
     fn take(&mut self, n: usize) -> Option<Vec<f32>> {
-        let (&cap, list) = self.free.range_mut(n..=2 * n).next()?;
+        let list = (self.free.range_mut(n..=2 * n).map(|(_, l)| l)).find(|l| !l.is_empty())?;
         let v = list.pop()?;
-        if list.is_empty() {
-            self.free.remove(&cap);
-        }
-        self.bytes -= 4 * cap;
+        self.bytes -= 4 * v.capacity();
         Some(v)
     }
 
@@ -45,13 +42,9 @@ impl Stock {
         self.free.entry(v.capacity()).or_default().push(v);
         let mut dropped = Vec::new();
         while self.bytes > keep {
-            let Some(mut last) = self.free.last_entry() else {
+            let Some(w) = self.free.values_mut().rev().find_map(Vec::pop) else {
                 break;
             };
-            let w = last.get_mut().pop().expect("no empty lists are kept");
-            if last.get().is_empty() {
-                last.remove();
-            }
             self.bytes -= 4 * w.capacity();
             dropped.push(w);
         }
@@ -74,7 +67,7 @@ static STOCK: Mutex<Stock> = Mutex::new(Stock {
 
 /// A buffer of `n` floats with unspecified (initialised) contents.
 pub(super) fn take(n: usize) -> Vec<f32> {
-    if n >= MIN {
+    if n > 0 {
         let found = locked(&STOCK).take(n); // the lock ends here
         if let Some(mut v) = found {
             // Within the capacity: no allocation; only the grown part is written.
@@ -85,10 +78,10 @@ pub(super) fn take(n: usize) -> Vec<f32> {
     vec![0f32; n]
 }
 
-/// Keeps `v` for a later [`take`] (small buffers go to the allocator; past [`KEEP_BYTES`],
-/// the largest buffers go, freed outside the lock).
+/// Keeps `v` for a later [`take`], whatever its size (a warm step then allocates none of its
+/// activations); past [`KEEP_BYTES`], the largest buffers go, freed outside the lock.
 pub(super) fn give(v: Vec<f32>) {
-    if v.capacity() >= MIN {
+    if v.capacity() > 0 {
         let dropped = locked(&STOCK).give(v, KEEP_BYTES);
         drop(dropped);
     }
@@ -104,6 +97,8 @@ pub fn release_buffers() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIN: usize = 1 << 10;
 
     /// On a stock of its own (the process-wide one is shared with the other tests).
     #[test]
@@ -138,9 +133,12 @@ mod tests {
         s.give(vec![0.0; MIN], keep);
         s.give(vec![0.0; 2 * MIN], keep);
         assert_eq!(s.bytes, 4 * 7 * MIN);
-        // The shared functions: small buffers are not kept, sizes come back exact.
-        let v = take(MIN - 1);
-        assert_eq!(v.len(), MIN - 1);
+        // A list that ran empty stays, and takes the next buffer of its capacity.
+        assert_eq!(s.take(4 * MIN).map(|v| v.capacity()), Some(4 * MIN));
+        assert!(s.free.contains_key(&(4 * MIN)) && s.take(4 * MIN).is_none());
+        // The shared functions: sizes come back exact.
+        let v = take(3);
+        assert_eq!(v.len(), 3);
         give(v);
         assert_eq!(take(2 * MIN).len(), 2 * MIN);
     }

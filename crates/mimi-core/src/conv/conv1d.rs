@@ -17,7 +17,7 @@ use super::activation::{copy_act, elu_in_place};
 use super::frames::{par_rows, place, Frames, Joined, Padded};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{
-    epilogue, for_tiles, gemm_acc, matmul, max_cols, rows_alone_in_group, tiles, SharedMut, Tile,
+    epilogue, for_tiles, gemm_acc, matmul, max_cols, rows_alone_in_group, tiles, SharedMut, Tiles,
 };
 use crate::config::PadMode;
 use crate::kernels::direct;
@@ -424,7 +424,7 @@ impl Conv1d {
     fn run_gemv(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
         let kk = self.w.len() / self.cout.max(1);
         let cols = self.gemv_cols(x, n, kk);
-        self.gemv_out(&self.w.gemv(&cols, n, kk, self.cout), n, residual)
+        self.gemv_out(&self.w.gemv(&cols.data, n, kk, self.cout).data, n, residual)
     }
 
     /// [`Self::step`] of several rows, each continuing its own state (`sts[r]`, `xs[r]`), in
@@ -493,19 +493,16 @@ impl Conv1d {
     /// [`Self::run_rows`] on the matrix-vector kernel (every row `ns[r] <= gemv_frames`).
     fn gemv_rows(&self, fulls: &[Option<Frames>], ns: &[usize]) -> Vec<Frames> {
         let kk = self.w.len() / self.cout.max(1);
-        let cols: Vec<Vec<f32>> = (fulls.iter().zip(ns))
+        let cols: Vec<Frames> = (fulls.iter().zip(ns))
             .map(|(f, &n)| match f {
                 Some(full) if n > 0 => self.gemv_cols(&Padded::plain(full), n, kk),
-                _ => Vec::new(),
+                _ => Frames::empty(kk),
             })
             .collect();
-        let ys = self.w.gemv_rows(&cols, ns, kk, self.cout);
-        (ys.iter().zip(ns))
-            .map(|(y, &n)| match n {
-                0 => Frames::empty(self.cout),
-                _ => self.gemv_out(y, n, None),
-            })
-            .collect()
+        (self.w).gemv_rows(&cols, ns, (kk, self.cout), |y, n| match n {
+            0 => Frames::empty(self.cout),
+            _ => self.gemv_out(y, n, None),
+        })
     }
 
     /// [`Self::run_fused`] of several rows' prepared inputs and residuals, side by side in
@@ -542,18 +539,21 @@ impl Conv1d {
         out
     }
 
-    /// The `(n, kk)` im2col rows of a streaming step, columns in the weights' layout.
-    fn gemv_cols(&self, x: &Padded, n: usize, kk: usize) -> Vec<f32> {
+    /// The `(n, kk)` im2col rows of a streaming step, columns in the weights' layout (a
+    /// buffer of the stock: `n` rows of `kk`).
+    fn gemv_cols(&self, x: &Padded, n: usize, kk: usize) -> Frames {
         let (cin, k, s, d) = (self.cin, self.k, self.stride, self.dilation);
-        let mut cols = vec![0f32; n * kk];
+        let mut frames = Frames::uninit(n, kk);
+        let (cols, mut g) = (&mut frames.data, Frames::uninit(1, n));
+        let g = &mut g.data;
         if self.phases > 0 {
-            // Columns (m, ci, r), as the phase-major weights.
-            let mut g = vec![0f32; n];
+            // Columns (m, ci, r), as the phase-major weights; zero for the taps past `k`.
+            cols.fill(0.0);
             let (taps, cs) = (self.phases, cin * s);
             for m in 0..taps {
                 for ci in 0..cin {
                     for r in (0..s).filter(|r| m * s + r < k) {
-                        x.gather(ci, m * s + r, s, &mut g);
+                        x.gather(ci, m * s + r, s, g);
                         for (t, v) in g.iter().enumerate() {
                             cols[t * kk + m * cs + ci * s + r] = *v;
                         }
@@ -569,17 +569,16 @@ impl Conv1d {
                 }
             }
         } else {
-            let mut g = vec![0f32; n];
             for ci in 0..cin {
                 for j in 0..k {
-                    x.gather(ci, j * d, s, &mut g);
+                    x.gather(ci, j * d, s, g);
                     for (t, v) in g.iter().enumerate() {
                         cols[t * kk + ci * k + j] = *v;
                     }
                 }
             }
         }
-        cols
+        frames
     }
 
     /// Tiles of (output channels x frames) over the pool, each building its own im2col
@@ -643,7 +642,7 @@ struct Fused<'a> {
 impl Fused<'_> {
     /// Every tile with the direct kernel (AVX-512): the first convolution into the tile's
     /// hidden block, its ELU, the second convolution plus the residual into `out`.
-    fn run_direct(&self, tiles: &[Tile], flops: usize) {
+    fn run_direct(&self, tiles: &Tiles, flops: usize) {
         let (a, b) = (self.first, self.second);
         let (x, n, hidden) = (self.x, self.n, a.cout);
         let (wa, wb) = (a.w.f32(), b.w.f32());

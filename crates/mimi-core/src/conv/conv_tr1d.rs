@@ -205,17 +205,17 @@ impl ConvTr1d {
     /// all phases at once, then interleaved into the output with the bias.
     fn run_gemv(&self, x: &Frames, n: usize) -> Frames {
         let tk = self.taps * self.cin;
-        let y = self
-            .w
-            .gemv(&self.gemv_cols(x, n), n, tk, self.stride * self.cout);
-        self.gemv_out(&y, n)
+        let cols = self.gemv_cols(x, n);
+        let y = self.w.gemv(&cols.data, n, tk, self.stride * self.cout);
+        self.gemv_out(&y.data, n)
     }
 
-    /// The `(n, taps * cin)` rows of a streaming step's product.
-    fn gemv_cols(&self, x: &Frames, n: usize) -> Vec<f32> {
+    /// The `(n, taps * cin)` rows of a streaming step's product (a buffer of the stock).
+    fn gemv_cols(&self, x: &Frames, n: usize) -> Frames {
         let (cin, taps, len) = (self.cin, self.taps, x.len);
         let tk = taps * cin;
-        let mut cols = vec![0f32; n * tk];
+        let mut frames = Frames::uninit(n, tk);
+        let cols = &mut frames.data;
         for t in 0..n {
             for m in 0..taps {
                 for ci in 0..cin {
@@ -223,7 +223,7 @@ impl ConvTr1d {
                 }
             }
         }
-        cols
+        frames
     }
 
     /// Rows `(co, j)` of the product, `y (n, cout * stride)`, interleaved with the bias.
@@ -269,20 +269,18 @@ impl ConvTr1d {
         if many {
             return self.run_joined(&fulls, &ns);
         }
-        let cols: Vec<Vec<f32>> = (fulls.iter().zip(&ns))
+        let tk = self.taps * self.cin;
+        let cols: Vec<Frames> = (fulls.iter().zip(&ns))
             .map(|(f, &n)| {
                 f.as_ref()
-                    .map_or_else(Vec::new, |full| self.gemv_cols(full, n))
+                    .map_or_else(|| Frames::empty(tk), |full| self.gemv_cols(full, n))
             })
             .collect();
-        let tk = self.taps * self.cin;
-        let ys = self.w.gemv_rows(&cols, &ns, tk, self.stride * self.cout);
-        (ys.iter().zip(&ns))
-            .map(|(y, &n)| match n {
-                0 => Frames::empty(self.cout),
-                _ => self.gemv_out(y, n),
-            })
-            .collect()
+        let n_out = self.stride * self.cout;
+        (self.w).gemv_rows(&cols, &ns, (tk, n_out), |y, n| match n {
+            0 => Frames::empty(self.cout),
+            _ => self.gemv_out(y, n),
+        })
     }
 
     /// Rows' prepared inputs (each `taps - 1` earlier frames then `ns[r]` new ones) side by

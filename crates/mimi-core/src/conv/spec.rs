@@ -186,17 +186,15 @@ impl Matrix {
         }
     }
 
-    /// `x (m, k) . self (n, k)^T`: the matrix-vector kernel, or the packed product.
-    pub(crate) fn gemv(&self, x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let mut y = match self {
-            Self::F32(w) => return crate::kernels::gemv(x, w, m, k, n),
-            Self::BF16(w) => return crate::kernels::gemv(x, w, m, k, n),
-            Self::PackedF32(_) | Self::PackedBF16(_) => vec![0f32; m * n],
-        };
+    /// `x (m, k) . self (n, k)^T`: the matrix-vector kernel, or the packed product, into a
+    /// buffer of the stock (`m` rows of `n`).
+    pub(crate) fn gemv(&self, x: &[f32], m: usize, k: usize, n: usize) -> Frames {
+        let mut y = Frames::uninit(m, n);
         match self {
-            Self::PackedF32(w) => w.matmul(x, m, None, &mut y),
-            Self::PackedBF16(w) => w.matmul(x, m, None, &mut y),
-            Self::F32(_) | Self::BF16(_) => {}
+            Self::F32(w) => crate::kernels::gemv_into(x, w, (m, k, n), &mut y.data),
+            Self::BF16(w) => crate::kernels::gemv_into(x, w, (m, k, n), &mut y.data),
+            Self::PackedF32(w) => w.matmul(x, m, None, &mut y.data),
+            Self::PackedBF16(w) => w.matmul(x, m, None, &mut y.data),
         }
         y
     }
@@ -211,16 +209,17 @@ impl Matrix {
 
     /// [`Self::gemv`] of several rows' inputs (`cols[r]`: `ns[r]` rows of `k`) in as few
     /// calls as the kernel's row limit allows, so the weights are read once per call rather
-    /// than once per row; row `r`'s `(ns[r], n)` products are the bits its own call gives
-    /// (the kernel's rows do not depend on their neighbours).
+    /// than once per row; `out(y, ns[r])` makes row `r`'s result from its `(ns[r], n)`
+    /// products, the bits its own call gives (the kernel's rows do not depend on their
+    /// neighbours).
     pub(crate) fn gemv_rows(
         &self,
-        cols: &[Vec<f32>],
+        cols: &[Frames],
         ns: &[usize],
-        k: usize,
-        n: usize,
-    ) -> Vec<Vec<f32>> {
-        let mut out = Vec::with_capacity(ns.len());
+        (k, n): (usize, usize),
+        mut out: impl FnMut(&[f32], usize) -> Frames,
+    ) -> Vec<Frames> {
+        let mut rows = Vec::with_capacity(ns.len());
         let mut i = 0;
         while i < ns.len() {
             let (mut j, mut total) = (i + 1, ns[i]);
@@ -228,20 +227,21 @@ impl Matrix {
                 total += ns[j];
                 j += 1;
             }
-            let x: Vec<f32> = cols[i..j].concat();
-            let y = if total > 0 {
-                self.gemv(&x, total, k, n)
-            } else {
-                Vec::new()
-            };
+            let mut x = Frames::uninit(total, k);
+            let mut at = 0;
+            for c in &cols[i..j] {
+                x.data[at..at + c.data.len()].copy_from_slice(&c.data);
+                at += c.data.len();
+            }
+            let y = self.gemv(&x.data, total, k, n);
             let mut at = 0;
             for &m in &ns[i..j] {
-                out.push(y[at * n..(at + m) * n].to_vec());
+                rows.push(out(&y.data[at * n..(at + m) * n], m));
                 at += m;
             }
             i = j;
         }
-        out
+        rows
     }
 
     /// Output frames up to which a call takes the matrix-vector kernel: a bf16 layer up to

@@ -316,3 +316,41 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
     }
     Ok(())
 }
+
+/// The tiles, computed from their index, cover every output element exactly once, column
+/// block after column block, with row blocks only when there are too few column blocks for
+/// the threads (2 here) and the product is large.
+#[test]
+fn tiles_cover_each_element_once() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build();
+    pool.expect("a pool").install(|| {
+        for (rows, cols, max_cols, flops) in [
+            (0, 5, 4, 0),
+            (3, 0, 4, 0),
+            (1, 1, 32, 1),
+            (37, 100, 32, 1),
+            (512, 30, 32, 1 << 22),
+            (64, 7000, 2048, 1 << 22),
+        ] {
+            let t = super::tiles::tiles(rows, cols, max_cols, flops);
+            let mut seen = vec![0u8; rows * cols];
+            let mut last_c0 = 0;
+            for i in 0..t.len() {
+                let (r0, rn, c0, cn) = t.get(i);
+                assert!(
+                    rn > 0 && cn > 0 && cn <= max_cols && c0 >= last_c0,
+                    "{t:?} {i}"
+                );
+                last_c0 = c0;
+                for r in r0..r0 + rn {
+                    seen[r * cols + c0..r * cols + c0 + cn]
+                        .iter_mut()
+                        .for_each(|s| *s += 1);
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{rows} x {cols}: {t:?}");
+            let row_blocks = (0..t.len()).filter(|&i| t.get(i).2 == 0).count();
+            assert_eq!(row_blocks > 1, (rows, cols) == (512, 30), "{t:?}");
+        }
+    });
+}

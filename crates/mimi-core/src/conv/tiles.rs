@@ -65,10 +65,42 @@ pub(super) mod test_hooks {
     }
 }
 
+/// The tiles of `rows x cols` output elements: column blocks of `cstep`, each cut into row
+/// blocks of `rstep`, in that order. Computed from their index, not stored: a step plans a
+/// few hundred of them and allocates none.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tiles {
+    rows: usize,
+    cols: usize,
+    rstep: usize,
+    cstep: usize,
+}
+
+impl Tiles {
+    /// How many tiles.
+    pub(super) fn len(&self) -> usize {
+        match self.rows == 0 || self.cols == 0 {
+            true => 0,
+            false => self.cols.div_ceil(self.cstep) * self.rows.div_ceil(self.rstep),
+        }
+    }
+
+    /// Tile `i` (of [`Self::len`]).
+    pub(super) fn get(&self, i: usize) -> Tile {
+        let per = self.rows.div_ceil(self.rstep);
+        let (r0, c0) = ((i % per) * self.rstep, (i / per) * self.cstep);
+        let (rn, cn) = (
+            self.rstep.min(self.rows - r0),
+            self.cstep.min(self.cols - c0),
+        );
+        (r0, rn, c0, cn)
+    }
+}
+
 /// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
 /// `max_cols`, and row blocks when there are too few column blocks to keep every thread busy
 /// (not in a group: [`as_group`]).
-pub(super) fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Vec<Tile> {
+pub(super) fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Tiles {
     let threads = match GROUPED.get() {
         true => 1,
         false => rayon::current_num_threads(),
@@ -85,20 +117,13 @@ pub(super) fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> 
         .div_ceil(row_tiles)
         .next_multiple_of(8)
         .min(rows.max(1));
-    let cstep = cols.div_ceil(col_tiles.max(1));
-    let mut out = Vec::new();
-    let mut c0 = 0;
-    while c0 < cols {
-        let cn = cstep.min(cols - c0);
-        let mut r0 = 0;
-        while r0 < rows {
-            let rn = rstep.min(rows - r0);
-            out.push((r0, rn, c0, cn));
-            r0 += rn;
-        }
-        c0 += cn;
+    let cstep = cols.div_ceil(col_tiles.max(1)).max(1);
+    Tiles {
+        rows,
+        cols,
+        rstep,
+        cstep,
     }
-    out
 }
 
 thread_local! {
@@ -107,17 +132,17 @@ thread_local! {
 }
 
 /// Runs `f` on every tile, in parallel when that pays.
-pub(super) fn for_tiles<F>(tiles: &[Tile], flops: usize, f: F)
+pub(super) fn for_tiles<F>(tiles: &Tiles, flops: usize, f: F)
 where
     F: Fn(&mut Vec<f32>, Tile) + Sync,
 {
-    let run = |&t: &Tile| {
-        SCRATCH.with(|s| f(&mut s.borrow_mut(), t));
+    let run = |i: usize| {
+        SCRATCH.with(|s| f(&mut s.borrow_mut(), tiles.get(i)));
     };
     if tiles.len() > 1 && rayon::current_num_threads() > 1 && flops > 1 << 21 {
-        crate::kernels::for_each_index(tiles.len(), |i| run(&tiles[i]));
+        crate::kernels::for_each_index(tiles.len(), run);
     } else {
-        tiles.iter().for_each(run);
+        (0..tiles.len()).for_each(run);
     }
 }
 

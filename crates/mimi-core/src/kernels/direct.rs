@@ -81,7 +81,8 @@ pub unsafe fn conv(
     // from the L1 cache; packed, the block stays in cache for every group of output channels.
     let span = 64 + (p.k - 1) * p.dilation;
     let xs = span.next_multiple_of(16);
-    let mut packed = vec![0f32; p.cin * xs];
+    let mut packed = PACKED.take(); // kept for the thread's next call: a step allocates none
+    packed.resize(p.cin * xs, 0.0);
     let mut t = 0;
     while t < tn {
         let n = (tn - t).min(64);
@@ -115,6 +116,14 @@ pub unsafe fn conv(
         }
         t += n;
     }
+    PACKED.set(packed);
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Each thread's packed input block of [`conv`], kept between calls (taken while in use,
+    /// so a nested call would only allocate its own).
+    static PACKED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Fallback for other architectures: never called, since [`available`] is false there.

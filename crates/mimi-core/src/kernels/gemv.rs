@@ -352,14 +352,29 @@ unsafe fn block<W: Weight>(isa: Isa, c: &Call<W>, out: &mut [f32]) {
 }
 
 /// The bf16 parts of `x` for `vdpbf16ps`: `hi = bf16(x)`, `lo = bf16(x - hi)`.
-fn split_bf16(x: &[f32]) -> (Vec<bf16>, Vec<bf16>) {
-    let hi: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-    let lo = x
-        .iter()
-        .zip(&hi)
-        .map(|(&v, h)| bf16::from_f32(v - h.to_f32()))
-        .collect();
-    (hi, lo)
+fn split_bf16(x: &[f32], hi: &mut Vec<bf16>, lo: &mut Vec<bf16>) {
+    hi.clear();
+    hi.extend(x.iter().map(|&v| bf16::from_f32(v)));
+    lo.clear();
+    lo.extend(
+        x.iter()
+            .zip(&*hi)
+            .map(|(&v, h)| bf16::from_f32(v - h.to_f32())),
+    );
+}
+
+/// A thread's buffers for [`gemv_into`]: the bf16 parts of the input and the transposed
+/// output, kept between calls.
+#[derive(Default)]
+struct Scratch {
+    hi: Vec<bf16>,
+    lo: Vec<bf16>,
+    yt: Vec<f32>,
+}
+
+thread_local! {
+    /// Taken while a call uses it, so a nested call only allocates its own.
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
 }
 
 /// `y (m, n) = x (m, k) . w (n, k)^T`, on the best [`Isa`] of this CPU.
@@ -369,57 +384,75 @@ pub fn gemv<W: Weight>(x: &[f32], w: &[W], m: usize, k: usize, n: usize) -> Vec<
 
 /// [`gemv`] on `isa`, which must be available (else the portable version runs).
 pub fn gemv_on<W: Weight>(isa: Isa, x: &[f32], w: &[W], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    gemv_into_on(isa, x, w, (m, k, n), &mut y);
+    y
+}
+
+/// [`gemv`] into `y` (`m * n` values, all written): once warm, a call allocates nothing.
+pub fn gemv_into<W: Weight>(x: &[f32], w: &[W], (m, k, n): (usize, usize, usize), y: &mut [f32]) {
+    gemv_into_on(Isa::detect::<W>(), x, w, (m, k, n), y)
+}
+
+fn gemv_into_on<W: Weight>(
+    isa: Isa,
+    x: &[f32],
+    w: &[W],
+    (m, k, n): (usize, usize, usize),
+    y: &mut [f32],
+) {
     assert!(
-        m <= GEMV_MAX_ROWS && x.len() == m * k && w.len() == n * k,
+        m <= GEMV_MAX_ROWS && x.len() == m * k && w.len() == n * k && y.len() == m * n,
         "gemv shapes"
     );
     if m == 0 || k == 0 || crate::runtime::profile::products_skipped() {
-        return vec![0f32; m * n];
+        return y.fill(0.0);
     }
     let isa = if isa.available::<W>() {
         isa
     } else {
         Isa::Portable
     };
-    let (hi, lo) = match isa {
-        Isa::Avx512Bf16 => split_bf16(x),
-        _ => (Vec::new(), Vec::new()),
-    };
-    let mut yt = vec![0f32; n * m];
+    let mut s = SCRATCH.take();
+    if isa == Isa::Avx512Bf16 {
+        split_bf16(x, &mut s.hi, &mut s.lo);
+    }
+    let Scratch { hi, lo, yt } = &mut s;
+    let call = Call { x, hi, lo, w, k, m };
+    if m == 1 {
+        blocks(isa, &call, n, y); // (n, 1) is (1, n)
+    } else {
+        yt.resize(n * m, 0.0);
+        blocks(isa, &call, n, yt);
+        for o in 0..n {
+            for r in 0..m {
+                y[r * n + o] = yt[o * m + r];
+            }
+        }
+    }
+    SCRATCH.set(s);
+}
+
+/// Every block of `BLOCK` weight rows of `c` into `yt (n, m)`, over the pool when it pays.
+fn blocks<W: Weight>(isa: Isa, c: &Call<W>, n: usize, yt: &mut [f32]) {
+    let (k, m) = (c.k, c.m);
     let run = |(out, wblock): (&mut [f32], &[W])| {
-        let (x, hi, lo) = (x, hi.as_slice(), lo.as_slice());
-        let call = Call {
-            x,
-            hi,
-            lo,
-            w: wblock,
-            k,
-            m,
-        };
-        // SAFETY: `isa` is available (checked above).
+        let call = Call { w: wblock, ..*c };
+        // SAFETY: `isa` is available (checked by the caller).
         unsafe { block(isa, &call, out) }
     };
     // Handing work to the pool costs a wake-up and a context switch per call; with one thread
     // (or a small matrix) run on the calling thread instead.
+    let yt = &mut yt[..n * m];
     if rayon::current_num_threads() <= 1 || n * k < 1 << 16 {
         yt.chunks_mut(BLOCK * m)
-            .zip(w.chunks(BLOCK * k))
+            .zip(c.w.chunks(BLOCK * k))
             .for_each(run);
     } else {
-        super::for_each_chunk_mut(&mut yt, BLOCK * m, |i, y| {
-            run((y, &w[i * BLOCK * k..((i + 1) * BLOCK * k).min(w.len())]))
+        super::for_each_chunk_mut(yt, BLOCK * m, |i, y| {
+            run((y, &c.w[i * BLOCK * k..((i + 1) * BLOCK * k).min(c.w.len())]))
         });
     }
-    if m == 1 {
-        return yt;
-    }
-    let mut y = vec![0f32; m * n];
-    for o in 0..n {
-        for r in 0..m {
-            y[r * n + o] = yt[o * m + r];
-        }
-    }
-    y
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ pub(crate) use attention::attend_visible;
 pub use attention::WindowAttention;
 pub(crate) use elementwise::{exp_nonpos, gelu_erf_slice};
 pub use elementwise::{gelu_erf, residual_add};
-pub use gemv::{gemv, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
+pub use gemv::{gemv, gemv_into, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;
 pub use packed::{Packed, PANEL};
 pub use team::{for_each_chunk_mut, for_each_index};

@@ -1,0 +1,126 @@
+//! Heap allocations of the codec's warm streaming step on the real-size Mimi shape (seeded
+//! f32 weights, native engine): for each batch size B, one `encode_step_host` of B rows (80 ms
+//! of audio each) then one `decode_step_host` of its codes, after 5 untimed frames, counted by
+//! a global allocator that forwards to the system's. The input array is made before counting;
+//! the output arrays are counted (a host call returns new arrays).
+//!
+//! `cargo run --release -p mimi-core --bin mimi_step_allocs -- [batches]` (default `1,8`)
+//! prints one JSON line per B. With `MIMI_ALLOC_SITES=1` it also prints, per B, where they
+//! were made (the first three `mimi_core` frames of each allocation's backtrace, by count):
+//! the list of what is left to plan.
+
+#![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
+
+use mimi_core::candle::{DType, Device};
+use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+struct Counting;
+
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+static SITES_ON: AtomicBool = AtomicBool::new(false);
+static SITES: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
+
+thread_local! {
+    /// This thread is recording a site (the backtrace allocates too).
+    static RECORDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Adds the calling allocation's site to [`SITES`] (when on, and not from within itself).
+fn record() {
+    if !SITES_ON.load(Ordering::Relaxed) || RECORDING.with(|c| c.replace(true)) {
+        return;
+    }
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    let frames: Vec<&str> = (trace.lines().map(str::trim))
+        .filter(|l| l.contains("mimi_core::"))
+        .filter_map(|l| l.split_once(": ").map(|(_, f)| f))
+        .take(3)
+        .collect();
+    if let Ok(mut sites) = SITES.lock() {
+        *sites
+            .get_or_insert_with(HashMap::new)
+            .entry(frames.join(" < "))
+            .or_default() += 1;
+    }
+    RECORDING.with(|c| c.set(false));
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        COUNT.fetch_add(1, Ordering::SeqCst);
+        record();
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        COUNT.fetch_add(1, Ordering::SeqCst);
+        record();
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        COUNT.fetch_add(1, Ordering::SeqCst);
+        record();
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// Allocations of one frame of `b` rows after 5 warm ones: (encode, decode).
+fn count_frame(codec: &Codec, b: usize, sites: bool) -> Result<(usize, usize)> {
+    let f = codec.config().frame_size();
+    let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
+    let pcm: Vec<f32> = (0..b * f).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
+    let mut counts = (0, 0);
+    for i in 0..6 {
+        let x = HostArray::new(pcm.clone(), vec![b, 1, f]);
+        let n0 = COUNT.load(Ordering::SeqCst);
+        SITES_ON.store(sites && i == 5, Ordering::SeqCst);
+        let codes = codec.encode_step_host(&mut enc, x, EncodeStep::default())?;
+        let n1 = COUNT.load(Ordering::SeqCst);
+        if let Some(codes) = codes {
+            codec.decode_step_host(&mut dec, codes, None)?;
+        }
+        SITES_ON.store(false, Ordering::SeqCst);
+        counts = (n1 - n0, COUNT.load(Ordering::SeqCst) - n1);
+    }
+    Ok(counts)
+}
+
+fn main() -> Result<()> {
+    let batches: Vec<usize> = (std::env::args()
+        .nth(1)
+        .as_deref()
+        .unwrap_or("1,8")
+        .split(','))
+    .filter_map(|s| s.trim().parse().ok())
+    .collect();
+    let sites = std::env::var("MIMI_ALLOC_SITES").is_ok_and(|v| v == "1");
+    let cfg = CodecConfig::mimi(8);
+    let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
+    let codec = Codec::new(&cfg, source, &Device::Cpu, DType::F32)?;
+    for b in batches {
+        let (enc, dec) = count_frame(&codec, b, sites)?;
+        println!("{{\"batch\": {b}, \"encode_step\": {enc}, \"decode_step\": {dec}}}");
+        let mut list: Vec<(String, usize)> = (SITES.lock().ok())
+            .and_then(|mut s| s.take())
+            .map(|s| s.into_iter().collect())
+            .unwrap_or_default();
+        list.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        list.iter()
+            .for_each(|(site, n)| println!("  {n:5}  {site}"));
+    }
+    Ok(())
+}
