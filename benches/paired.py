@@ -13,6 +13,12 @@ sees the same background load: on a shared
 machine, only such same-run ratios mean anything. Prints one JSON line per (worker, B) with
 the median and p99 frame time over all rounds, and the ratio of each median to the first
 worker's.
+
+Each worker runs in ``--copies`` processes (default 2), started in mirrored order (A B B A): on
+the 2-core Xeon, of four processes of one build the two started first ran 10-15% slower than
+the two started last, in every B (benches/README.md, "Planned step, sixth pass"), so one
+process per build measured the start order as much as the build. A worker's figures pool the
+frames of its copies; ``copy_medians_ms`` shows each copy's.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ for line in sys.stdin:
 def start(spec: str, threads: int) -> tuple[str, subprocess.Popen]:
     name, rest = spec.split("=", 1)
     path, wd = rest.rsplit(":", 1)
+    print(f"starting {name} ({wd}, {path or 'installed'})", file=sys.stderr, flush=True)
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     if path:
         env["PYTHONPATH"] = path
@@ -67,6 +74,33 @@ def start(spec: str, threads: int) -> tuple[str, subprocess.Popen]:
     return name, p
 
 
+def median(t: list[float]) -> float:
+    return sorted(t)[len(t) // 2]
+
+
+def report(names: list[str], batches: list[int], times: dict[tuple[str, int], list[float]]) -> None:
+    """One JSON line per (worker, B): its copies' frames pooled, against the first worker's."""
+    for b in batches:
+        pooled = {
+            n: sorted(x for (c, bb), t in times.items() if bb == b and c.split("#")[0] == n for x in t)
+            for n in names
+        }
+        base = median(pooled[names[0]])
+        for name in names:
+            t = pooled[name]
+            med, p99 = median(t), t[min(len(t) - 1, int(0.99 * len(t)))]
+            copies = sorted(c for (c, bb) in times if bb == b and c.split("#")[0] == name)
+            row = {
+                "worker": name,
+                "batch": b,
+                "median_ms": round(med * 1e3, 1),
+                "p99_ms": round(p99 * 1e3, 1),
+                "copy_medians_ms": [round(median(times[(c, b)]) * 1e3, 1) for c in copies],
+            }
+            row["median_over_" + names[0]] = round(med / base, 3)
+            print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="append", required=True, help="NAME=PYTHONPATH:WEIGHTS_DTYPE")
@@ -74,31 +108,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--frames", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--copies", type=int, default=2, help="processes per worker, started A B B A")
     args = ap.parse_args()
-    workers = [start(w, args.threads) for w in args.worker]
+    names = [w.split("=", 1)[0] for w in args.worker]
+    specs = [(w, c) for c in range(args.copies) for w in (args.worker if c % 2 == 0 else args.worker[::-1])]
+    workers = [(f"{name}#{c + 1}", p) for (w, c) in specs for name, p in [start(w, args.threads)]]
     batches = [int(b) for b in args.batches.split(",")]
-    times: dict[tuple[str, int], list[float]] = {(n, b): [] for n, _ in workers for b in batches}
+    times: dict[tuple[str, int], list[float]] = {(c, b): [] for c, _ in workers for b in batches}
     for r in range(args.rounds):
         for b in batches:
             order = workers[r % len(workers) :] + workers[: r % len(workers)]
-            for name, p in order:
+            for copy, p in order:
                 p.stdin.write(json.dumps([b, args.frames]) + "\n")
                 p.stdin.flush()
-                times[(name, b)] += json.loads(p.stdout.readline())
-    first = workers[0][0]
-    for b in batches:
-        base = sorted(times[(first, b)])[len(times[(first, b)]) // 2]
-        for name, _ in workers:
-            t = sorted(times[(name, b)])
-            med, p99 = t[len(t) // 2], t[min(len(t) - 1, int(0.99 * len(t)))]
-            row = {
-                "worker": name,
-                "batch": b,
-                "median_ms": round(med * 1e3, 1),
-                "p99_ms": round(p99 * 1e3, 1),
-            }
-            row["median_over_" + first] = round(med / base, 3)
-            print(json.dumps(row), flush=True)
+                times[(copy, b)] += json.loads(p.stdout.readline())
+    report(names, batches, times)
     for _, p in workers:
         p.stdin.close()
         p.wait()

@@ -1,12 +1,14 @@
-//! Recycled activation buffers, one stock for the process. A fresh buffer costs a `memset`
+//! Recycled buffers (activations, and the matrix-vector kernel's im2col rows and products),
+//! one stock for the process, of every size. A fresh buffer costs an allocation, a `memset`
 //! (and, when large, a page fault per 4 KiB: glibc maps it fresh and unmaps it on free);
-//! reusing the buffers of the last step's layers removes both. The stock is shared by every
+//! reusing the buffers of the last step's layers removes them. The stock is shared by every
 //! thread because a step's buffers change threads: a group of rows takes them on a worker
 //! and the owner drops them after the frame-rate layers (a stock per thread missed there,
 //! and a B = 8 frame spent ~4% zeroing fresh buffers). Offline calls empty it when they
 //! end ([`release_buffers`]); streams keep it up to [`KEEP_BYTES`].
 //!
-//! [`Frames`](super::Frames) takes its buffers here and gives them back when dropped.
+//! [`Frames`](super::Frames) takes its buffers here and gives them back when dropped. The
+//! rest of a warm step's allocations are counted by the `mimi_step_allocs` bench.
 
 use crate::error::locked;
 use std::collections::BTreeMap;
