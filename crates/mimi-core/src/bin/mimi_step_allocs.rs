@@ -7,7 +7,8 @@
 //! `cargo run --release -p mimi-core --bin mimi_step_allocs -- [batches]` (default `1,8`)
 //! prints one JSON line per B. With `MIMI_ALLOC_SITES=1` it also prints, per B, where they
 //! were made (the first three `mimi_core` frames of each allocation's backtrace, by count):
-//! the list of what is left to plan.
+//! the list of what is left to plan. The counts on that line then include the other thread's
+//! allocations while a backtrace is taken; the list does not.
 
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
