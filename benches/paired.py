@@ -15,9 +15,9 @@ the median and p99 frame time over all rounds, and the ratio of each median to t
 worker's.
 
 Each worker runs in ``--copies`` processes (default 2), started in mirrored order (A B B A): on
-the 2-core Xeon, of four processes of one build the two started first ran 10-15% slower than
-the two started last, in every B (benches/README.md, "Planned step, sixth pass"), so one
-process per build measured the start order as much as the build. A worker's figures pool the
+the 2-core Xeon, a build's process started first ran 9-18% slower than its process started
+last, in 9 of 10 comparisons (benches/README.md, "Planned step, sixth pass"), so one process
+per build measured the start order as much as the build. A worker's figures pool the
 frames of its copies; ``copy_medians_ms`` shows each copy's.
 """
 
