@@ -128,7 +128,7 @@ pub(super) fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> 
 
 thread_local! {
     /// Each thread's im2col block, kept between calls.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Runs `f` on every tile, in parallel when that pays.
@@ -137,7 +137,7 @@ where
     F: Fn(&mut Vec<f32>, Tile) + Sync,
 {
     let run = |i: usize| {
-        SCRATCH.with(|s| f(&mut s.borrow_mut(), tiles.get(i)));
+        crate::kernels::with_scratch(&SCRATCH, |s| f(s, tiles.get(i)));
     };
     if tiles.len() > 1 && rayon::current_num_threads() > 1 && flops > 1 << 21 {
         crate::kernels::for_each_index(tiles.len(), run);

@@ -81,48 +81,49 @@ pub unsafe fn conv(
     // from the L1 cache; packed, the block stays in cache for every group of output channels.
     let span = 64 + (p.k - 1) * p.dilation;
     let xs = span.next_multiple_of(16);
-    let mut packed = PACKED.take(); // kept for the thread's next call: a step allocates none
-    packed.resize(p.cin * xs, 0.0);
-    let mut t = 0;
-    while t < tn {
-        let n = (tn - t).min(64);
-        let have = n + (p.k - 1) * p.dilation;
-        for ci in 0..p.cin {
-            let src = std::slice::from_raw_parts(x.add(ci * x_rs + t0 + t), have);
-            packed[ci * xs..ci * xs + have].copy_from_slice(src);
-        }
-        let mut co = 0;
-        while co < p.cout {
-            let r = (p.cout - co).min(ROWS);
-            let blk = Block {
-                co,
-                t,
-                n,
-                x: packed.as_ptr(),
-                x_rs: xs,
-                out,
-                out_rs,
-                add,
-            };
-            match r {
-                6 => block::<6>(p, &blk),
-                5 => block::<5>(p, &blk),
-                4 => block::<4>(p, &blk),
-                3 => block::<3>(p, &blk),
-                2 => block::<2>(p, &blk),
-                _ => block::<1>(p, &blk),
+    // Kept for the thread's next call: a step allocates none.
+    super::with_scratch(&PACKED, |packed| {
+        packed.resize(p.cin * xs, 0.0);
+        let mut t = 0;
+        while t < tn {
+            let n = (tn - t).min(64);
+            let have = n + (p.k - 1) * p.dilation;
+            for ci in 0..p.cin {
+                let src = std::slice::from_raw_parts(x.add(ci * x_rs + t0 + t), have);
+                packed[ci * xs..ci * xs + have].copy_from_slice(src);
             }
-            co += r;
+            let mut co = 0;
+            while co < p.cout {
+                let r = (p.cout - co).min(ROWS);
+                let blk = Block {
+                    co,
+                    t,
+                    n,
+                    x: packed.as_ptr(),
+                    x_rs: xs,
+                    out,
+                    out_rs,
+                    add,
+                };
+                match r {
+                    6 => block::<6>(p, &blk),
+                    5 => block::<5>(p, &blk),
+                    4 => block::<4>(p, &blk),
+                    3 => block::<3>(p, &blk),
+                    2 => block::<2>(p, &blk),
+                    _ => block::<1>(p, &blk),
+                }
+                co += r;
+            }
+            t += n;
         }
-        t += n;
-    }
-    PACKED.set(packed);
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// Each thread's packed input block of [`conv`], kept between calls (taken while in use,
-    /// so a nested call would only allocate its own).
+    /// Each thread's packed input block of [`conv`], kept between calls
+    /// ([`super::with_scratch`]).
     static PACKED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 

@@ -373,7 +373,7 @@ struct Scratch {
 }
 
 thread_local! {
-    /// Taken while a call uses it, so a nested call only allocates its own.
+    /// Taken while a call uses it ([`super::with_scratch`]).
     static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
 }
 
@@ -413,15 +413,15 @@ fn gemv_into_on<W: Weight>(
     } else {
         Isa::Portable
     };
-    let mut s = SCRATCH.take();
-    if isa == Isa::Avx512Bf16 {
-        split_bf16(x, &mut s.hi, &mut s.lo);
-    }
-    let Scratch { hi, lo, yt } = &mut s;
-    let call = Call { x, hi, lo, w, k, m };
-    if m == 1 {
-        blocks(isa, &call, n, y); // (n, 1) is (1, n)
-    } else {
+    super::with_scratch(&SCRATCH, |s| {
+        if isa == Isa::Avx512Bf16 {
+            split_bf16(x, &mut s.hi, &mut s.lo);
+        }
+        let Scratch { hi, lo, yt } = s;
+        let call = Call { x, hi, lo, w, k, m };
+        if m == 1 {
+            return blocks(isa, &call, n, y); // (n, 1) is (1, n)
+        }
         yt.resize(n * m, 0.0);
         blocks(isa, &call, n, yt);
         for o in 0..n {
@@ -429,8 +429,7 @@ fn gemv_into_on<W: Weight>(
                 y[r * n + o] = yt[o * m + r];
             }
         }
-    }
-    SCRATCH.set(s);
+    })
 }
 
 /// Every block of `BLOCK` weight rows of `c` into `yt (n, m)`, over the pool when it pays.

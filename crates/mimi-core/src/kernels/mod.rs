@@ -67,3 +67,16 @@ pub(crate) fn with_flag<R>(
     let _restore = Restore(flag, flag.replace(true));
     f()
 }
+
+/// Runs `f` on the thread's `scratch`, taken out of its cell for the call and put back after
+/// (a buffer kept between calls, so a warm call allocates nothing). A nested call on the same
+/// thread, as rayon's work stealing may make, finds the cell empty and uses a fresh one.
+pub(crate) fn with_scratch<T: Default, R>(
+    scratch: &'static std::thread::LocalKey<std::cell::Cell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    let mut s = scratch.take();
+    let r = f(&mut s);
+    scratch.set(s);
+    r
+}
