@@ -109,6 +109,9 @@ fn bench_packed(megabytes: usize) {
         (2048, 512),
         (512, 2048),
         (1024, 8192),
+        (1024, 4096),
+        (2048, 2048),
+        (1024, 3584),
     ] {
         let (raw, raw16) = matrices(megabytes, n, k);
         let mats = raw.len();

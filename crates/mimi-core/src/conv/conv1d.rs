@@ -17,7 +17,8 @@ use super::activation::{copy_act, elu_in_place};
 use super::frames::{par_rows, place, Frames, Joined, Padded};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{
-    epilogue, for_tiles, gemm_acc, matmul, max_cols, rows_alone_in_group, tiles, SharedMut, Tiles,
+    epilogue, for_tiles, gemm_acc, grouped, matmul, max_cols, rows_alone_in_group, tiles,
+    SharedMut, Tiles,
 };
 use crate::config::PadMode;
 use crate::kernels::direct;
@@ -302,7 +303,10 @@ impl Conv1d {
         let tiles = tiles(1, n, max_cols(kk + hidden), flops);
         // The direct kernel where the CPU has AVX-512 and it measured faster (see
         // direct::MAX_DIRECT_K): Mimi's residual blocks up to 256 channels.
-        if kk <= direct::MAX_DIRECT_K && direct::available() {
+        let direct = kk <= direct::MAX_DIRECT_K && direct::available();
+        if tiles.len() < 2 && flops > 1 << 21 && rayon::current_num_threads() > 1 && !grouped() {
+            fused.run_split(direct);
+        } else if direct {
             fused.run_direct(&tiles, flops);
         } else {
             for_tiles(&tiles, flops, |scratch, (_, _, t0, tn)| {
@@ -693,6 +697,126 @@ impl Fused<'_> {
                     n,
                     Some((add, n)),
                 );
+            }
+        });
+    }
+
+    /// The block in two passes over the pool, for frames too few to cut into tiles for
+    /// the threads (a B = 1 step's low-rate blocks: 96 and 16 frames, which ran on one
+    /// thread): the first convolution, bias and ELU into the hidden frames with its output
+    /// channels in row blocks, then the second plus the residual likewise. Each output is
+    /// the sum a tile of all the frames gives (same kernel, same order over the inputs; the
+    /// rows of a product do not depend on each other), so the bits do not change.
+    fn run_split(&self, direct: bool) {
+        let (a, b) = (self.first, self.second);
+        let (n, hidden, kk) = (self.n, a.cout, a.cin * a.k);
+        let (wa, wb) = (a.w.f32(), b.w.f32());
+        let mut h = Frames::uninit(hidden, n);
+        let hp = SharedMut(h.data.as_mut_ptr());
+        // The im2col columns of every frame, once (the `gemm` path only).
+        let mut cols = Frames::uninit(if direct { 0 } else { kk }, n);
+        for ci in 0..a.cin * usize::from(!direct) {
+            let src = self.x.row(ci);
+            for j in 0..a.k {
+                let (row, start) = (ci * a.k + j, j * a.dilation);
+                cols.data[row * n..(row + 1) * n].copy_from_slice(&src[start..start + n]);
+            }
+        }
+        let flops = 2 * n * hidden * kk;
+        let first = tiles(hidden, n, n, flops);
+        for_tiles(&first, flops, |_, (r0, rn, _, _)| {
+            let part = direct::Direct {
+                w: &wa[r0 * kk..(r0 + rn) * kk],
+                cout: rn,
+                cin: a.cin,
+                k: a.k,
+                dilation: a.dilation,
+                bias: a.b.as_deref().map(|b| &b[r0..r0 + rn]),
+            };
+            // SAFETY: rows r0 .. r0 + rn of h (hidden x n) are this block's alone; x has
+            // cin rows readable up to n + (k - 1) * d; the weights have rn rows of kk.
+            let rows = unsafe {
+                if direct {
+                    direct::conv(
+                        &part,
+                        self.x.data.as_ptr(),
+                        self.x.len,
+                        0,
+                        n,
+                        hp.at(r0 * n),
+                        n,
+                        None,
+                    );
+                } else {
+                    matmul(
+                        rn,
+                        n,
+                        kk,
+                        hp.at(r0 * n),
+                        n,
+                        part.w.as_ptr(),
+                        kk,
+                        cols.data.as_ptr(),
+                    );
+                }
+                std::slice::from_raw_parts_mut(hp.at(r0 * n), rn * n)
+            };
+            for (r, row) in rows.chunks_mut(n).enumerate() {
+                if !direct {
+                    let bias = part.bias.map_or(0.0, |b| b[r]);
+                    row.iter_mut().for_each(|v| *v += bias);
+                }
+                elu_in_place(row, self.alpha);
+            }
+        });
+        self.run_split_second(&h, &wb, direct);
+    }
+
+    /// The second pass of [`Self::run_split`]: `second(h) + residual` in row blocks.
+    fn run_split_second(&self, h: &Frames, wb: &[f32], direct: bool) {
+        let b = self.second;
+        let (n, hidden, cout) = (self.n, h.channels, b.cout);
+        let flops = 2 * n * cout * hidden;
+        let res = self.residual.data.as_ptr() as usize;
+        for_tiles(&tiles(cout, n, n, flops), flops, |_, (r0, rn, _, _)| {
+            let part = direct::Direct {
+                w: &wb[r0 * hidden..(r0 + rn) * hidden],
+                cout: rn,
+                cin: hidden,
+                k: 1,
+                dilation: 1,
+                bias: b.b.as_deref().map(|b| &b[r0..r0 + rn]),
+            };
+            // SAFETY: rows r0 .. r0 + rn of `out` (and of the residual), cout x n, are this
+            // block's alone; h is hidden x n; the weights have rn rows of hidden.
+            unsafe {
+                let add = (res as *const f32).add(r0 * n);
+                if direct {
+                    direct::conv(
+                        &part,
+                        h.data.as_ptr(),
+                        n,
+                        0,
+                        n,
+                        self.out.at(r0 * n),
+                        n,
+                        Some((add, n)),
+                    );
+                } else {
+                    let out = self.out.at(r0 * n);
+                    matmul(
+                        rn,
+                        n,
+                        hidden,
+                        out,
+                        n,
+                        part.w.as_ptr(),
+                        hidden,
+                        h.data.as_ptr(),
+                    );
+                    let residual = Some(self.residual.data.as_slice());
+                    epilogue(self.out, n, (r0, rn, 0, n), b.b.as_deref(), residual);
+                }
             }
         });
     }

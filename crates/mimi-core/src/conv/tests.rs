@@ -319,7 +319,8 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
 
 /// The tiles, computed from their index, cover every output element exactly once, column
 /// block after column block, with row blocks only when there are too few column blocks for
-/// the threads (2 here) and the product is large.
+/// the threads (2 here) and the product is large, and narrower column blocks (multiples of
+/// 16) when the rows run out: a fused residual block's one row of 1,920 frames.
 #[test]
 fn tiles_cover_each_element_once() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build();
@@ -331,6 +332,9 @@ fn tiles_cover_each_element_once() {
             (37, 100, 32, 1),
             (512, 30, 32, 1 << 22),
             (64, 7000, 2048, 1 << 22),
+            (1, 1920, 2048, 1 << 22),
+            (1, 79, 40, 1 << 22),
+            (1, 40, 2048, 1 << 22),
         ] {
             let t = super::tiles::tiles(rows, cols, max_cols, flops);
             let mut seen = vec![0u8; rows * cols];
@@ -351,6 +355,57 @@ fn tiles_cover_each_element_once() {
             assert!(seen.iter().all(|&s| s == 1), "{rows} x {cols}: {t:?}");
             let row_blocks = (0..t.len()).filter(|&i| t.get(i).2 == 0).count();
             assert_eq!(row_blocks > 1, (rows, cols) == (512, 30), "{t:?}");
+            let split = t.len() > cols.div_ceil(max_cols);
+            let expect_split = matches!((rows, cols), (512, 30) | (1, 1920));
+            assert_eq!(split, expect_split, "{rows} x {cols}: {t:?}");
+            if (rows, cols) == (1, 1920) {
+                assert_eq!(t.len(), 4, "{t:?}");
+                assert!((0..3).all(|i| t.get(i).3.is_multiple_of(16)), "{t:?}");
+            }
         }
     });
+}
+
+/// A residual block's frames too few to cut into tiles for two threads (a B = 1 step's
+/// low-rate blocks) run in two passes split by channels, and frames just enough run in
+/// narrower tiles: both give the bits of the block's one tile on one thread, on the direct
+/// kernel's shapes (256 channels, where the CPU has AVX-512) and past them (512: `gemm`).
+#[test]
+fn fused_block_keeps_its_bits_on_two_threads() -> Result<()> {
+    let pool = |threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+    let constant = cconv::PadMode::Constant;
+    for (c, k, n) in [(256, 3, 16), (256, 3, 96), (512, 3, 16), (512, 3, 96)] {
+        let (_vm, vb) = random_vb(0);
+        let (va, vb2) = (vb.pp("a"), vb.pp("b"));
+        cconv::StreamableConv1d::new(c, c / 2, k, 1, 1, 1, true, true, None, constant, va.clone())?;
+        cconv::StreamableConv1d::new(
+            c / 2,
+            c,
+            1,
+            1,
+            1,
+            1,
+            true,
+            true,
+            None,
+            constant,
+            vb2.clone(),
+        )?;
+        let first = Conv1d::load(va, ConvSpec::new(c, c / 2, k))?;
+        let second = Conv1d::load(vb2, ConvSpec::new(c / 2, c, 1))?;
+        let x = frames_of(&Tensor::randn(0f32, 1., (1, c, n + k - 1), &Device::Cpu)?);
+        let skip = frames_of(&Tensor::randn(0f32, 1., (1, c, n), &Device::Cpu)?);
+        let run = |threads| {
+            let pool = pool(threads).expect("a pool");
+            pool.install(|| first.run_fused(&x, &second, 1.0, &skip).data.to_vec())
+        };
+        let (one, two) = (run(1), run(2));
+        assert_eq!(one.len(), c * n);
+        let same = one
+            .iter()
+            .zip(&two)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{c} channels, {n} frames: {}", max_diff(&one, &two));
+    }
+    Ok(())
 }

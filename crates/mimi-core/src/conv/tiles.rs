@@ -97,27 +97,41 @@ impl Tiles {
     }
 }
 
+/// Columns of the narrowest tile [`tiles`] cuts to keep the threads busy.
+const MIN_SPLIT_COLS: usize = 32;
+
 /// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
-/// `max_cols`, and row blocks when there are too few column blocks to keep every thread busy
-/// (not in a group: [`as_group`]).
+/// `max_cols`; when they are too few to keep every thread busy (not in a group:
+/// [`as_group`]), row blocks, then, where the rows run out (a fused residual block's tiles
+/// have one row of all its channels), narrower column blocks, multiples of 16 frames and
+/// at least [`MIN_SPLIT_COLS`]. Before the narrower columns, a B = 1 step ran each residual
+/// block (1,920 frames at most, under `max_cols`) on one thread while the other waited.
 pub(super) fn tiles(rows: usize, cols: usize, max_cols: usize, flops: usize) -> Tiles {
     let threads = match GROUPED.get() {
         true => 1,
         false => rayon::current_num_threads(),
     };
-    let col_tiles = cols.div_ceil(max_cols.max(1));
+    let mut col_tiles = cols.div_ceil(max_cols.max(1));
     let mut row_tiles = 1;
+    let mut cstep_unit = 1;
     if threads > 1 && flops > 1 << 21 && col_tiles < 2 * threads {
         row_tiles = (2 * threads)
             .div_ceil(col_tiles)
             .min(rows.div_ceil(16))
             .max(1);
+        let finer = (2 * threads).div_ceil(row_tiles).min(cols / MIN_SPLIT_COLS);
+        if col_tiles * row_tiles < 2 * threads && finer > col_tiles {
+            (col_tiles, cstep_unit) = (finer, 16);
+        }
     }
     let rstep = rows
         .div_ceil(row_tiles)
         .next_multiple_of(8)
         .min(rows.max(1));
-    let cstep = cols.div_ceil(col_tiles.max(1)).max(1);
+    let cstep = (cols.div_ceil(col_tiles.max(1)))
+        .next_multiple_of(cstep_unit)
+        .min(max_cols.max(1))
+        .max(1);
     Tiles {
         rows,
         cols,
