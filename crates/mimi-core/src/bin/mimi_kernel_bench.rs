@@ -101,7 +101,8 @@ fn time_packed<W: Weight + Default>(ws: &[Packed<W>], m: usize) -> f64 {
 }
 
 /// The packed product (`... -- packed [megabytes]`) on the transformer's shapes and the
-/// largest frame-rate convolution's (1024 x 8192), 1 to 256 rows, f32 and bf16 weights,
+/// frame-rate convolutions' as packed (1024 x 8192 and 512 x 3072 in the encoder, 1024 x 3584
+/// and 4096 x 2048 in the decoder), 1 to 256 rows, f32 and bf16 weights,
 /// cycling through `megabytes` of distinct matrices: GFLOP/s and weight GB/s.
 fn bench_packed(megabytes: usize) {
     for (n, k) in [
@@ -109,8 +110,8 @@ fn bench_packed(megabytes: usize) {
         (2048, 512),
         (512, 2048),
         (1024, 8192),
-        (1024, 4096),
-        (2048, 2048),
+        (512, 3072),
+        (4096, 2048),
         (1024, 3584),
     ] {
         let (raw, raw16) = matrices(megabytes, n, k);

@@ -98,8 +98,9 @@ impl Tiles {
 }
 
 /// Columns of the narrowest tile [`tiles`] cuts to keep the threads busy: one block of the
-/// direct kernel (64 frames); fewer frames run a fused block in two passes instead
-/// (`Conv1d::run_fused`), which measured faster at 96 frames than tiles of 32 (half-empty blocks).
+/// direct kernel (64 frames). Fewer frames run a fused block in two passes instead
+/// (`Conv1d::run_fused`), which measured faster at 96 frames than tiles of 32 frames (blocks
+/// half empty).
 const MIN_SPLIT_COLS: usize = 64;
 
 /// Splits `rows x cols` output elements into tiles for the pool: column blocks of at most
