@@ -360,20 +360,27 @@ impl Conv1d {
         out
     }
 
+    /// The direct kernel's operands for output channels `r0 .. r0 + rn`, with the weights
+    /// `w` as f32 (`self.w.f32()`).
+    fn direct_rows<'a>(&'a self, w: &'a [f32], (r0, rn): (usize, usize)) -> direct::Direct<'a> {
+        let kk = self.cin * self.k;
+        direct::Direct {
+            w: &w[r0 * kk..(r0 + rn) * kk],
+            cout: rn,
+            cin: self.cin,
+            k: self.k,
+            dilation: self.dilation,
+            bias: self.b.as_deref().map(|b| &b[r0..r0 + rn]),
+        }
+    }
+
     /// A stride-1 convolution of (padded, activated) frames with the direct kernel, tiles of
     /// frames over the pool: SEANet's outer layers. The decoder's last (64 -> 1, k 7 at
     /// 24 kHz, one output row) took 4.8 ms per second of audio through gemm, 1.9-2.8 ms now
     /// (most of it the activation of its 64-channel input); 1 thread (`mimi_kernel_bench`).
     fn run_direct(&self, x: &Frames, n: usize, residual: Option<&Frames>) -> Frames {
         let w = self.w.f32();
-        let p = direct::Direct {
-            w: &w,
-            cout: self.cout,
-            cin: self.cin,
-            k: self.k,
-            dilation: self.dilation,
-            bias: self.b.as_deref(),
-        };
+        let p = self.direct_rows(&w, (0, self.cout));
         let mut out = Frames::uninit(self.cout, n);
         let ptr = SharedMut(out.data.as_mut_ptr());
         let res = residual.map(|r| r.data.as_ptr() as usize);
@@ -650,22 +657,10 @@ impl Fused<'_> {
         let (a, b) = (self.first, self.second);
         let (x, n, hidden) = (self.x, self.n, a.cout);
         let (wa, wb) = (a.w.f32(), b.w.f32());
-        let first = direct::Direct {
-            w: &wa,
-            cout: hidden,
-            cin: a.cin,
-            k: a.k,
-            dilation: a.dilation,
-            bias: a.b.as_deref(),
-        };
-        let second = direct::Direct {
-            w: &wb,
-            cout: b.cout,
-            cin: hidden,
-            k: 1,
-            dilation: 1,
-            bias: b.b.as_deref(),
-        };
+        let (first, second) = (
+            a.direct_rows(&wa, (0, hidden)),
+            b.direct_rows(&wb, (0, b.cout)),
+        );
         let res = self.residual.data.as_ptr() as usize;
         for_tiles(tiles, flops, |scratch, (_, _, t0, tn)| {
             scratch.resize(hidden * tn, 0.0);
@@ -715,24 +710,13 @@ impl Fused<'_> {
         let hp = SharedMut(h.data.as_mut_ptr());
         // The im2col columns of every frame, once (the `gemm` path only).
         let mut cols = Frames::uninit(if direct { 0 } else { kk }, n);
-        for ci in 0..a.cin * usize::from(!direct) {
-            let src = self.x.row(ci);
-            for j in 0..a.k {
-                let (row, start) = (ci * a.k + j, j * a.dilation);
-                cols.data[row * n..(row + 1) * n].copy_from_slice(&src[start..start + n]);
-            }
+        if !direct {
+            self.columns(0, n, &mut cols.data);
         }
         let flops = 2 * n * hidden * kk;
         let first = tiles(hidden, n, n, flops);
         for_tiles(&first, flops, |_, (r0, rn, _, _)| {
-            let part = direct::Direct {
-                w: &wa[r0 * kk..(r0 + rn) * kk],
-                cout: rn,
-                cin: a.cin,
-                k: a.k,
-                dilation: a.dilation,
-                bias: a.b.as_deref().map(|b| &b[r0..r0 + rn]),
-            };
+            let part = a.direct_rows(&wa, (r0, rn));
             // SAFETY: rows r0 .. r0 + rn of h (hidden x n) are this block's alone; x has
             // cin rows readable up to n + (k - 1) * d; the weights have rn rows of kk.
             let rows = unsafe {
@@ -779,19 +763,12 @@ impl Fused<'_> {
         let flops = 2 * n * cout * hidden;
         let res = self.residual.data.as_ptr() as usize;
         for_tiles(&tiles(cout, n, n, flops), flops, |_, (r0, rn, _, _)| {
-            let part = direct::Direct {
-                w: &wb[r0 * hidden..(r0 + rn) * hidden],
-                cout: rn,
-                cin: hidden,
-                k: 1,
-                dilation: 1,
-                bias: b.b.as_deref().map(|b| &b[r0..r0 + rn]),
-            };
+            let part = b.direct_rows(wb, (r0, rn));
             // SAFETY: rows r0 .. r0 + rn of `out` (and of the residual), cout x n, are this
             // block's alone; h is hidden x n; the weights have rn rows of hidden.
             unsafe {
-                let add = (res as *const f32).add(r0 * n);
                 if direct {
+                    let add = (res as *const f32).add(r0 * n);
                     direct::conv(
                         &part,
                         h.data.as_ptr(),
@@ -821,11 +798,24 @@ impl Fused<'_> {
         });
     }
 
+    /// The first convolution's im2col columns for output frames `t0 .. t0 + tn` into `cols`
+    /// (`cin * k` rows of `tn`: row `ci * k + j` holds input frames from `t0 + j * dilation`).
+    fn columns(&self, t0: usize, tn: usize, cols: &mut [f32]) {
+        let a = self.first;
+        for ci in 0..a.cin {
+            let src = self.x.row(ci);
+            for j in 0..a.k {
+                let (row, start) = (ci * a.k + j, t0 + j * a.dilation);
+                cols[row * tn..(row + 1) * tn].copy_from_slice(&src[start..start + tn]);
+            }
+        }
+    }
+
     /// The tile of frames `t0 .. t0 + tn` with `gemm`: im2col block, first product, bias and
     /// ELU, second product into `out`, then its bias and the residual.
     fn gemm_tile(&self, scratch: &mut Vec<f32>, t0: usize, tn: usize) {
         let (a, b) = (self.first, self.second);
-        let (cin, k, d, hidden, cout) = (a.cin, a.k, a.dilation, a.cout, b.cout);
+        let (cin, k, hidden, cout) = (a.cin, a.k, a.cout, b.cout);
         let (kk, n) = (cin * k, self.n);
         let (nc, nh) = (kk * tn, hidden * tn);
         if scratch.len() < nc + nh {
@@ -833,14 +823,7 @@ impl Fused<'_> {
         }
         let (cols, h) = scratch[..nc + nh].split_at_mut(nc);
         let (wa, wb) = (a.w.f32(), b.w.f32());
-        for ci in 0..cin {
-            let src = self.x.row(ci);
-            for j in 0..k {
-                let row = ci * k + j;
-                let start = t0 + j * d;
-                cols[row * tn..(row + 1) * tn].copy_from_slice(&src[start..start + tn]);
-            }
-        }
+        self.columns(t0, tn, cols);
         // SAFETY: h is hidden x tn; the weights have hidden rows of kk.
         unsafe {
             matmul(
