@@ -7,22 +7,25 @@
 //! one or two latent frames. Here the centroids are held once, and the general path performs
 //! candle's tensor ops in candle's order (the same bits: a Rust test compares both with
 //! candle's module). For up to [`GEMV_MAX_ROWS`] frames on the CPU in f32, encode computes the
-//! same steps on slices instead: the products with the matrix-vector kernel (each codebook
-//! read once for all rows), then argmin and the residual update in one pass.
+//! same steps on slices instead: the products with the packed kernel (each codebook packed
+//! once at load, and read once per step for all rows), then argmin and the residual update in
+//! one pass.
 
 use crate::config::CodecConfig;
 use crate::error::{Error, Result};
-use crate::kernels::{gemv, gemv_into, GEMV_MAX_ROWS};
+use crate::kernels::{gemv, gemv_into, Packed, GEMV_MAX_ROWS};
 use candle::{DType, Module, Tensor, D};
 use candle_nn::{Conv1d, VarBuilder};
 
 /// candle's floor on a centroid's usage count when it averages `embed_sum`.
 const USAGE_EPSILON: f64 = 1e-5;
 
-/// One codebook: its centroids (bins, dim) and half their squared norms (bins).
+/// One codebook: its centroids (bins, dim) and half their squared norms (bins); on the CPU in
+/// f32, the centroids packed again for the slice path's products.
 struct Codebook {
     centroids: Tensor,
     half_norms: Tensor,
+    packed: Option<Packed<f32>>,
 }
 
 /// One of the split pair: its projections in (input_dim -> dim) and out, and its codebooks.
@@ -68,9 +71,14 @@ impl Codebook {
             .get((bins, dim), "embed_sum")?
             .broadcast_div(&usage.maximum(USAGE_EPSILON)?.unsqueeze(1)?)?;
         let half_norms = ((&centroids * &centroids)?.sum(D::Minus1)? / 2.0)?;
+        let packed = match centroids.device().is_cpu() && centroids.dtype() == DType::F32 {
+            true => Some(with_slice(&centroids, |e| Packed::pack(&[e], dim))?),
+            false => None,
+        };
         Ok(Self {
             centroids,
             half_norms,
+            packed,
         })
     }
 
@@ -139,10 +147,12 @@ impl Residual {
         let mut r = with_slice(self.input_proj.weight(), |w| gemv(xs, w, rows, k, dim))?;
         let mut dots = Vec::new(); // one buffer for every codebook's products
         for (j, book) in self.codebooks.iter().enumerate() {
+            let packed = (book.packed.as_ref())
+                .ok_or_else(|| Error::Internal("the quantizer's slice path needs the CPU".into()))?;
             with_slice(&book.half_norms, |half| {
                 with_slice(&book.centroids, |e| {
                     dots.resize(rows * half.len(), 0.0);
-                    gemv_into(&r, e, (rows, dim, half.len()), &mut dots);
+                    packed.matmul(&r, rows, None, &mut dots);
                     for (i, row) in dots.chunks_exact(half.len()).enumerate() {
                         let code = argmin(half.iter().zip(row).map(|(h, d)| h - d));
                         codes[i * stride + j] = code as u32;
