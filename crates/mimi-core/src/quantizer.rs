@@ -147,8 +147,9 @@ impl Residual {
         let mut r = with_slice(self.input_proj.weight(), |w| gemv(xs, w, rows, k, dim))?;
         let mut dots = Vec::new(); // one buffer for every codebook's products
         for (j, book) in self.codebooks.iter().enumerate() {
-            let packed = (book.packed.as_ref())
-                .ok_or_else(|| Error::Internal("the quantizer's slice path needs the CPU".into()))?;
+            let packed = (book.packed.as_ref()).ok_or_else(|| {
+                Error::Internal("the quantizer's slice path needs the CPU".into())
+            })?;
             with_slice(&book.half_norms, |half| {
                 with_slice(&book.centroids, |e| {
                     dots.resize(rows * half.len(), 0.0);
