@@ -17,7 +17,7 @@ use super::activation::{copy_act, elu_in_place};
 use super::frames::{par_rows, place, Frames, Joined, Padded};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{
-    epilogue, for_tiles, gemm_acc, grouped, matmul, max_cols, rows_alone_in_group, tiles,
+    epilogue, for_tiles, grouped, matmul, matmul_acc, max_cols, rows_alone_in_group, tiles,
     SharedMut, Tiles,
 };
 use crate::config::PadMode;
@@ -342,7 +342,7 @@ impl Conv1d {
                 // the weight block m of rows r0.. has rn rows of cs (row stride kk); the phase
                 // rows are read at frames t0 + m .. t0 + m + tn <= len.
                 unsafe {
-                    gemm_acc(
+                    matmul_acc(
                         (rn, tn, cs),
                         ptr.at(r0 * n + t0),
                         n,
