@@ -4,14 +4,17 @@
 //! x frames), `dst` the output channels x frames. It replaces the `gemm` crate on x86-64
 //! with AVX2 + FMA or AVX-512, where `gemm` allocated its packing buffers on every call.
 //!
-//! Each block of up to [`PANEL_COLS`] columns of `rhs` is copied once into a thread's panel
+//! The depth is cut into chunks whose slice of `lhs` stays in L2 ([`depth_chunk`]); each
+//! chunk's block of up to [`PANEL_COLS`] columns of `rhs` is copied once into a thread's panel
 //! (depth x width, contiguous, zero past `n`), and every block of output rows reads it from
 //! there: one vector load per panel vector and depth step, one broadcast per output row,
 //! `rows x vectors` accumulators in registers (as [`Packed`](super::Packed) does with its
-//! weights). Every output element is one chain of fused multiply-adds over `i = 0..k` in
-//! order, from zero, then (`acc`) added to `dst`: its bits depend only on its own row of
-//! `lhs` and column of `rhs`, not on the shape of the call, the block it fell in, or the
-//! instruction set. A streaming step's tiles and an offline call's get the same bits.
+//! weights), stored to `dst` and loaded again by the next chunk (exact: they are f32).
+//! Every output element is one chain of fused multiply-adds over `i = 0..k` in order, from
+//! zero (or, `acc`, from `dst`): its bits depend only on its own row of `lhs`, column of
+//! `rhs` and starting value, not on the shape of the call, the block or chunk it fell in, or
+//! the instruction set. A streaming step's tiles and an offline call's get the same bits,
+//! and a product accumulated in parts (a phase-split convolution's taps) is the one chain.
 
 use std::cell::Cell;
 
@@ -61,6 +64,12 @@ pub struct Operands {
     pub rhs_rs: usize,
 }
 
+/// Depth steps per chunk for `m` output rows: their slice of `lhs` about 256 KB, so that it
+/// stays in L2 while every panel of columns passes it; 64 to 512 steps.
+fn depth_chunk(m: usize) -> usize {
+    ((1usize << 16) / m.max(1)).clamp(64, 512)
+}
+
 /// `dst (m, n) (+)= lhs (m, k) . rhs (k, n)` (see the module doc), on this thread.
 ///
 /// # Safety
@@ -70,25 +79,36 @@ pub unsafe fn product((m, n, k): (usize, usize, usize), ops: Operands) {
     let Some(isa) = isa() else {
         panic!("kernels::product needs AVX2 + FMA or AVX-512 (check `available`)");
     };
+    let kc = depth_chunk(m).min(k);
     super::with_scratch(&PANEL, |panel| {
-        if panel.len() < k * PANEL_COLS {
-            panel.resize(k * PANEL_COLS, 0.0);
+        if panel.len() < kc * PANEL_COLS {
+            panel.resize(kc * PANEL_COLS, 0.0);
         }
-        let mut c0 = 0;
-        while c0 < n {
-            let cw = PANEL_COLS.min(n - c0);
-            fill_panel(
-                &mut panel[..k * PANEL_COLS],
-                ops.rhs.add(c0),
-                ops.rhs_rs,
-                cw,
-            );
-            let block = Operands {
-                dst: ops.dst.add(c0),
+        let mut k0 = 0;
+        loop {
+            let kb = kc.min(k - k0);
+            let chunk = Operands {
+                acc: ops.acc || k0 > 0,
+                lhs: ops.lhs.add(k0),
+                rhs: ops.rhs.add(k0 * ops.rhs_rs),
                 ..ops
             };
-            rows(isa, m, k, cw, panel.as_ptr(), block);
-            c0 += cw;
+            let mut c0 = 0;
+            while c0 < n {
+                let cw = PANEL_COLS.min(n - c0);
+                let panel = &mut panel[..kb * PANEL_COLS];
+                fill_panel(panel, chunk.rhs.add(c0), chunk.rhs_rs, cw);
+                let block = Operands {
+                    dst: chunk.dst.add(c0),
+                    ..chunk
+                };
+                rows(isa, m, kb, cw, panel.as_ptr(), block);
+                c0 += cw;
+            }
+            k0 += kb;
+            if k0 >= k {
+                break;
+            }
         }
     })
 }
@@ -156,7 +176,19 @@ mod avx512 {
     #[allow(clippy::needless_range_loop)] // indexed loops mirror the registers
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<const M: usize>(k: usize, cw: usize, p: *const f32, o: Operands) {
+        let masks: [__mmask16; V] = std::array::from_fn(|v| {
+            let lanes = cw.saturating_sub(16 * v).min(16);
+            ((1u32 << lanes) - 1) as u16
+        });
         let mut acc = [[_mm512_setzero_ps(); V]; M];
+        if o.acc {
+            for r in 0..M {
+                for v in 0..V {
+                    let d = o.dst.add(r * o.dst_rs + 16 * v);
+                    acc[r][v] = _mm512_maskz_loadu_ps(masks[v], d);
+                }
+            }
+        }
         for i in 0..k {
             let b: [__m512; V] =
                 std::array::from_fn(|v| _mm512_loadu_ps(p.add(i * PANEL_COLS + 16 * v)));
@@ -167,19 +199,10 @@ mod avx512 {
                 }
             }
         }
-        for v in 0..V {
-            let lanes = cw.saturating_sub(16 * v).min(16);
-            if lanes == 0 {
-                break;
-            }
-            let mask: __mmask16 = (((1u32 << lanes) - 1) & 0xffff) as u16;
-            for r in 0..M {
+        for r in 0..M {
+            for v in 0..V {
                 let d = o.dst.add(r * o.dst_rs + 16 * v);
-                let mut s = acc[r][v];
-                if o.acc {
-                    s = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, d), s);
-                }
-                _mm512_mask_storeu_ps(d, mask, s);
+                _mm512_mask_storeu_ps(d, masks[v], acc[r][v]);
             }
         }
     }
@@ -198,6 +221,16 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile<const M: usize>(k: usize, cw: usize, p: *const f32, o: Operands) {
         let mut acc = [[_mm256_setzero_ps(); V]; M];
+        if o.acc {
+            for r in 0..M {
+                let mut lanes = [0f32; PANEL_COLS];
+                lanes[..cw]
+                    .copy_from_slice(std::slice::from_raw_parts(o.dst.add(r * o.dst_rs), cw));
+                for v in 0..V {
+                    acc[r][v] = _mm256_loadu_ps(lanes.as_ptr().add(8 * v));
+                }
+            }
+        }
         for i in 0..k {
             let a: [__m256; M] =
                 std::array::from_fn(|r| _mm256_set1_ps(*o.lhs.add(r * o.lhs_rs + i)));
@@ -213,11 +246,8 @@ mod avx2 {
             for v in 0..V {
                 _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), acc[r][v]);
             }
-            let d = o.dst.add(r * o.dst_rs);
-            for (c, &s) in lanes.iter().enumerate().take(cw) {
-                // The same rounding as a vector add of `dst` and the sum.
-                *d.add(c) = if o.acc { *d.add(c) + s } else { s };
-            }
+            std::slice::from_raw_parts_mut(o.dst.add(r * o.dst_rs), cw)
+                .copy_from_slice(&lanes[..cw]);
         }
     }
 }
@@ -226,7 +256,7 @@ mod avx2 {
 mod tests {
     use super::*;
 
-    /// Each output element as one fused chain over the depth, in order, then `+ dst`.
+    /// Each output element as one fused chain over the depth, in order, from `dst` if `acc`.
     fn reference(
         lhs: &[f32],
         rhs: &[f32],
@@ -237,8 +267,8 @@ mod tests {
         let mut out = dst.to_vec();
         for r in 0..m {
             for c in 0..n {
-                let s = (0..k).fold(0f32, |s, i| lhs[r * k + i].mul_add(rhs[i * n + c], s));
-                out[r * n + c] = if acc { dst[r * n + c] + s } else { s };
+                let s0 = if acc { dst[r * n + c] } else { 0.0 };
+                out[r * n + c] = (0..k).fold(s0, |s, i| lhs[r * k + i].mul_add(rhs[i * n + c], s));
             }
         }
         out
@@ -317,33 +347,32 @@ mod tests {
     }
 
     #[test]
-    fn a_column_keeps_its_bits_in_any_block() {
-        if !available() {
-            return;
-        }
-        let (m, n, k) = (9, 75, 40);
-        let (lhs, rhs) = (values(m * k, 4), values(k * n, 5));
-        let mut whole = vec![0f32; m * n];
-        let mut parts = vec![0f32; m * n];
-        let ops = |dst: *mut f32, c0: usize| Operands {
-            dst,
-            dst_rs: n,
-            acc: false,
-            lhs: lhs.as_ptr(),
-            lhs_rs: k,
-            rhs: unsafe { rhs.as_ptr().add(c0) },
-            rhs_rs: n,
-        };
-        // SAFETY: the buffers have these shapes.
-        unsafe {
-            product((m, n, k), ops(whole.as_mut_ptr(), 0));
-            for (c0, w) in [(0, 5), (5, 40), (45, 30)] {
-                product((m, w, k), ops(parts.as_mut_ptr().add(c0), c0));
+    fn a_column_keeps_its_bits_in_any_block_and_depth_chunk() {
+        assert!(available(), "the CI machines have AVX2 + FMA");
+        // 300 rows: depth chunks of 218, so 700 steps take four.
+        let (m, n, k) = (300, 75, 700);
+        let (lhs, rhs, dst0) = (values(m * k, 4), values(k * n, 5), values(m * n, 6));
+        for acc in [false, true] {
+            let (mut whole, mut parts) = (dst0.clone(), dst0.clone());
+            let ops = |dst: *mut f32, c0: usize| Operands {
+                dst,
+                dst_rs: n,
+                acc,
+                lhs: lhs.as_ptr(),
+                lhs_rs: k,
+                rhs: rhs.as_ptr().wrapping_add(c0),
+                rhs_rs: n,
+            };
+            // SAFETY: the buffers have these shapes.
+            unsafe {
+                product((m, n, k), ops(whole.as_mut_ptr(), 0));
+                for (c0, w) in [(0, 5), (5, 40), (45, 30)] {
+                    product((m, w, k), ops(parts.as_mut_ptr().add(c0), c0));
+                }
             }
+            let want = reference(&lhs, &rhs, &dst0, (m, n, k), acc);
+            let same = |a: &[f32]| a.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same(&whole) && same(&parts), "acc {acc}");
         }
-        assert!(whole
-            .iter()
-            .zip(&parts)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }
