@@ -1,7 +1,8 @@
 //! The tiled matrix products every large convolution is made of: output elements split
 //! into tiles spread over the rayon pool ([`tiles`], [`for_tiles`]), each tile's product on
-//! one thread with the `gemm` crate ([`matmul`]), bias and residual added while the tile is
-//! still in cache ([`epilogue`]), and the raw pointer the tiles share ([`SharedMut`]).
+//! one thread ([`matmul`]: [`crate::kernels::product`], or the `gemm` crate on CPUs without
+//! AVX2 + FMA), bias and residual added while the tile is still in cache ([`epilogue`]), and
+//! the raw pointer the tiles share ([`SharedMut`]).
 
 /// A raw pointer shared by tiles that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -29,7 +30,7 @@ thread_local! {
 /// Runs `f` as one group of a batch's rows while the other threads run the other groups (a
 /// streaming step's high-rate layers): its layers' tiles are not cut into row blocks to keep
 /// the threads busy, since the other groups do that. A row block builds its own copy of the
-/// tile's input columns, and `gemm` packs them again for each: at 4 rows of 480 frames, the
+/// tile's input columns, and the product copies them again into its panels: at 4 rows of 480 frames, the
 /// decoder's last up-sampling built them four times. Results do not depend on the tiles.
 pub(crate) fn as_group<R>(f: impl FnOnce() -> R) -> R {
     crate::kernels::with_flag(&GROUPED, f)
