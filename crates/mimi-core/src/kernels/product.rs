@@ -22,8 +22,10 @@ use std::cell::Cell;
 pub const PANEL_COLS: usize = 32;
 
 thread_local! {
-    /// This thread's panel, kept between calls (a warm call allocates nothing).
+    /// This thread's panel of columns, kept between calls (a warm call allocates nothing).
     static PANEL: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// This thread's packed rows of `lhs`, kept likewise.
+    static BLOCKS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// The instruction set a product runs with.
@@ -64,10 +66,18 @@ pub struct Operands {
     pub rhs_rs: usize,
 }
 
-/// Depth steps per chunk for `m` output rows: their slice of `lhs` about 256 KB, so that it
-/// stays in L2 while every panel of columns passes it; 64 to 512 steps.
+/// Depth steps per chunk for `m` output rows: their packed slice of `lhs` about 512 KB, so
+/// that it stays in L2 while every panel of columns passes it; 128 to 512 steps.
 fn depth_chunk(m: usize) -> usize {
-    ((1usize << 16) / m.max(1)).clamp(64, 512)
+    ((1usize << 17) / m.max(1)).clamp(128, 512)
+}
+
+/// Output rows per register tile (and per block of the packed `lhs`).
+fn tile_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => avx512::ROWS,
+        Isa::Avx2 => avx2::ROWS,
+    }
 }
 
 /// `dst (m, n) (+)= lhs (m, k) . rhs (k, n)` (see the module doc), on this thread.
@@ -75,42 +85,99 @@ fn depth_chunk(m: usize) -> usize {
 /// # Safety
 /// [`available`] is true; the pointers cover the strided extents described, and `dst`
 /// overlaps neither operand.
-pub unsafe fn product((m, n, k): (usize, usize, usize), ops: Operands) {
+pub unsafe fn product(dims: (usize, usize, usize), ops: Operands) {
     let Some(isa) = isa() else {
         panic!("kernels::product needs AVX2 + FMA or AVX-512 (check `available`)");
     };
-    let kc = depth_chunk(m).min(k);
+    product_on(isa, dims, ops)
+}
+
+/// [`product`] with `isa`, which must run on this CPU.
+unsafe fn product_on(isa: Isa, (m, n, k): (usize, usize, usize), ops: Operands) {
+    let (mr, kc) = (tile_rows(isa), depth_chunk(m).min(k));
+    let packed_rows = m.div_ceil(mr) * mr;
     super::with_scratch(&PANEL, |panel| {
-        if panel.len() < kc * PANEL_COLS {
-            panel.resize(kc * PANEL_COLS, 0.0);
-        }
-        let mut k0 = 0;
-        loop {
-            let kb = kc.min(k - k0);
-            let chunk = Operands {
-                acc: ops.acc || k0 > 0,
-                lhs: ops.lhs.add(k0),
-                rhs: ops.rhs.add(k0 * ops.rhs_rs),
-                ..ops
-            };
-            let mut c0 = 0;
-            while c0 < n {
-                let cw = PANEL_COLS.min(n - c0);
-                let panel = &mut panel[..kb * PANEL_COLS];
-                fill_panel(panel, chunk.rhs.add(c0), chunk.rhs_rs, cw);
-                let block = Operands {
-                    dst: chunk.dst.add(c0),
-                    ..chunk
+        super::with_scratch(&BLOCKS, |blocks| {
+            if panel.len() < kc * PANEL_COLS {
+                panel.resize(kc * PANEL_COLS, 0.0);
+            }
+            if blocks.len() < packed_rows * kc {
+                blocks.resize(packed_rows * kc, 0.0);
+            }
+            let mut k0 = 0;
+            loop {
+                let kb = kc.min(k - k0);
+                let blocks = &mut blocks[..packed_rows * kb];
+                pack_rows(blocks, ops.lhs.add(k0), ops.lhs_rs, (m, kb, mr));
+                let out = Out {
+                    acc: ops.acc || k0 > 0,
+                    ..Out::of(&ops)
                 };
-                rows(isa, m, kb, cw, panel.as_ptr(), block);
-                c0 += cw;
+                let rhs = ops.rhs.add(k0 * ops.rhs_rs);
+                let mut c0 = 0;
+                while c0 < n {
+                    let cw = PANEL_COLS.min(n - c0);
+                    let panel = &mut panel[..kb * PANEL_COLS];
+                    fill_panel(panel, rhs.add(c0), ops.rhs_rs, cw);
+                    let out = Out {
+                        dst: out.dst.add(c0),
+                        ..out
+                    };
+                    rows(isa, (m, kb, cw), panel.as_ptr(), blocks.as_ptr(), out);
+                    c0 += cw;
+                }
+                k0 += kb;
+                if k0 >= k {
+                    break;
+                }
             }
-            k0 += kb;
-            if k0 >= k {
-                break;
+        })
+    })
+}
+
+/// Where a tile writes: `dst` at its first row and column, row stride, and whether the
+/// chains start from `dst`.
+#[derive(Clone, Copy)]
+struct Out {
+    dst: *mut f32,
+    dst_rs: usize,
+    acc: bool,
+}
+
+impl Out {
+    fn of(ops: &Operands) -> Self {
+        Self {
+            dst: ops.dst,
+            dst_rs: ops.dst_rs,
+            acc: ops.acc,
+        }
+    }
+}
+
+/// Copies `m` rows of `kb` steps of `lhs` (row stride `rs`) into `blocks` of `mr` rows:
+/// block `b` holds, for each step `i`, rows `b * mr ..` side by side (zero past `m`), so that
+/// a tile's broadcasts read one contiguous stream.
+///
+/// SAFETY: `lhs` covers `m` rows of `kb` steps at stride `rs`.
+unsafe fn pack_rows(
+    blocks: &mut [f32],
+    lhs: *const f32,
+    rs: usize,
+    (m, kb, mr): (usize, usize, usize),
+) {
+    for (b, block) in blocks.chunks_exact_mut(kb * mr).enumerate() {
+        for r in 0..mr {
+            let row = b * mr + r;
+            if row < m {
+                let src = std::slice::from_raw_parts(lhs.add(row * rs), kb);
+                for (i, &v) in src.iter().enumerate() {
+                    block[i * mr + r] = v;
+                }
+            } else {
+                (0..kb).for_each(|i| block[i * mr + r] = 0.0);
             }
         }
-    })
+    }
 }
 
 /// Copies columns `0..cw` of `k` rows of `rhs` (row stride `rs`) into `panel`, zero past `cw`.
@@ -123,33 +190,38 @@ unsafe fn fill_panel(panel: &mut [f32], rhs: *const f32, rs: usize, cw: usize) {
     }
 }
 
-/// All output rows against one panel of `cw` columns, in register tiles of rows.
+/// All `m` output rows against one panel of `cw` columns, a register tile per block of the
+/// packed rows.
 ///
-/// SAFETY: as [`product`], with `ops.dst` at the panel's first column.
-unsafe fn rows(isa: Isa, m: usize, k: usize, cw: usize, panel: *const f32, ops: Operands) {
-    let tile = match isa {
-        Isa::Avx512 => 8,
-        Isa::Avx2 => 3,
-    };
+/// SAFETY: as [`product`]; `blocks` holds the packed rows of this depth chunk (`k` steps),
+/// `out.dst` is at the panel's first column.
+unsafe fn rows(
+    isa: Isa,
+    (m, k, cw): (usize, usize, usize),
+    panel: *const f32,
+    blocks: *const f32,
+    out: Out,
+) {
+    let mr = tile_rows(isa);
     let mut r0 = 0;
     while r0 < m {
-        let mr = tile.min(m - r0);
-        let o = Operands {
-            dst: ops.dst.add(r0 * ops.dst_rs),
-            lhs: ops.lhs.add(r0 * ops.lhs_rs),
-            ..ops
+        let rows = mr.min(m - r0);
+        let lp = blocks.add(r0 * k);
+        let o = Out {
+            dst: out.dst.add(r0 * out.dst_rs),
+            ..out
         };
         macro_rules! go {
             ($m:ident) => {
-                match mr {
-                    1 => $m::tile::<1>(k, cw, panel, o),
-                    2 => $m::tile::<2>(k, cw, panel, o),
-                    3 => $m::tile::<3>(k, cw, panel, o),
-                    4 => $m::tile::<4>(k, cw, panel, o),
-                    5 => $m::tile::<5>(k, cw, panel, o),
-                    6 => $m::tile::<6>(k, cw, panel, o),
-                    7 => $m::tile::<7>(k, cw, panel, o),
-                    _ => $m::tile::<8>(k, cw, panel, o),
+                match rows {
+                    1 => $m::tile::<1>(k, cw, panel, lp, o),
+                    2 => $m::tile::<2>(k, cw, panel, lp, o),
+                    3 => $m::tile::<3>(k, cw, panel, lp, o),
+                    4 => $m::tile::<4>(k, cw, panel, lp, o),
+                    5 => $m::tile::<5>(k, cw, panel, lp, o),
+                    6 => $m::tile::<6>(k, cw, panel, lp, o),
+                    7 => $m::tile::<7>(k, cw, panel, lp, o),
+                    _ => $m::tile::<8>(k, cw, panel, lp, o),
                 }
             };
         }
@@ -161,21 +233,29 @@ unsafe fn rows(isa: Isa, m: usize, k: usize, cw: usize, panel: *const f32, ops: 
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("no product kernel off x86-64"),
         }
-        r0 += mr;
+        r0 += rows;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Operands, PANEL_COLS};
+    use super::{Out, PANEL_COLS};
     use std::arch::x86_64::*;
 
+    /// Rows per tile: `ROWS x 2` accumulators of AVX-512's 32 registers.
+    pub(super) const ROWS: usize = 8;
     const V: usize = PANEL_COLS / 16;
 
-    /// `M` output rows x one panel: `M x 2` accumulators.
+    /// `M` output rows (of a block of [`ROWS`]) x one panel.
     #[allow(clippy::needless_range_loop)] // indexed loops mirror the registers
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile<const M: usize>(k: usize, cw: usize, p: *const f32, o: Operands) {
+    pub(super) unsafe fn tile<const M: usize>(
+        k: usize,
+        cw: usize,
+        p: *const f32,
+        lp: *const f32,
+        o: Out,
+    ) {
         let masks: [__mmask16; V] = std::array::from_fn(|v| {
             let lanes = cw.saturating_sub(16 * v).min(16);
             ((1u32 << lanes) - 1) as u16
@@ -193,7 +273,7 @@ mod avx512 {
             let b: [__m512; V] =
                 std::array::from_fn(|v| _mm512_loadu_ps(p.add(i * PANEL_COLS + 16 * v)));
             for r in 0..M {
-                let a = _mm512_set1_ps(*o.lhs.add(r * o.lhs_rs + i));
+                let a = _mm512_set1_ps(*lp.add(i * ROWS + r));
                 for v in 0..V {
                     acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
                 }
@@ -210,16 +290,24 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Operands, PANEL_COLS};
+    use super::{Out, PANEL_COLS};
     use std::arch::x86_64::*;
 
+    /// Rows per tile: `ROWS x 4` accumulators, `ROWS` broadcasts and one panel vector at a
+    /// time, AVX2's 16 registers.
+    pub(super) const ROWS: usize = 3;
     const V: usize = PANEL_COLS / 8;
 
-    /// `M` (at most 3) output rows x one panel: `M x 4` accumulators, `M` broadcasts and one
-    /// panel vector at a time, AVX2's 16 registers.
+    /// `M` output rows (at most [`ROWS`]) x one panel.
     #[allow(clippy::needless_range_loop)] // indexed loops mirror the registers
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const M: usize>(k: usize, cw: usize, p: *const f32, o: Operands) {
+    pub(super) unsafe fn tile<const M: usize>(
+        k: usize,
+        cw: usize,
+        p: *const f32,
+        lp: *const f32,
+        o: Out,
+    ) {
         let mut acc = [[_mm256_setzero_ps(); V]; M];
         if o.acc {
             for r in 0..M {
@@ -232,8 +320,7 @@ mod avx2 {
             }
         }
         for i in 0..k {
-            let a: [__m256; M] =
-                std::array::from_fn(|r| _mm256_set1_ps(*o.lhs.add(r * o.lhs_rs + i)));
+            let a: [__m256; M] = std::array::from_fn(|r| _mm256_set1_ps(*lp.add(i * ROWS + r)));
             for v in 0..V {
                 let b = _mm256_loadu_ps(p.add(i * PANEL_COLS + 8 * v));
                 for r in 0..M {
@@ -301,6 +388,7 @@ mod tests {
                 (8, 32, 64),
                 (13, 70, 300),
                 (17, 33, 700),
+                (300, 40, 700),
             ] {
                 for acc in [false, true] {
                     let (lhs, rhs, dst0) = (values(m * k, 1), values(k * n, 2), values(m * n, 3));
@@ -315,26 +403,7 @@ mod tests {
                         rhs_rs: n,
                     };
                     // SAFETY: the buffers have these shapes; `isa` runs on this CPU.
-                    unsafe {
-                        let mut c0 = 0;
-                        let mut panel = vec![0f32; k * PANEL_COLS];
-                        while c0 < n {
-                            let cw = PANEL_COLS.min(n - c0);
-                            fill_panel(&mut panel, rhs.as_ptr().add(c0), n, cw);
-                            rows(
-                                isa,
-                                m,
-                                k,
-                                cw,
-                                panel.as_ptr(),
-                                Operands {
-                                    dst: ops.dst.add(c0),
-                                    ..ops
-                                },
-                            );
-                            c0 += cw;
-                        }
-                    }
+                    unsafe { product_on(isa, (m, n, k), ops) };
                     let want = reference(&lhs, &rhs, &dst0, (m, n, k), acc);
                     let same = dst
                         .iter()
@@ -349,7 +418,7 @@ mod tests {
     #[test]
     fn a_column_keeps_its_bits_in_any_block_and_depth_chunk() {
         assert!(available(), "the CI machines have AVX2 + FMA");
-        // 300 rows: depth chunks of 218, so 700 steps take four.
+        // 300 rows: depth chunks of 436, so 700 steps take two.
         let (m, n, k) = (300, 75, 700);
         let (lhs, rhs, dst0) = (values(m * k, 4), values(k * n, 5), values(m * n, 6));
         for acc in [false, true] {
