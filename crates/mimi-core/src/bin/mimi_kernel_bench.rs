@@ -6,8 +6,9 @@
 //! prints one JSON line per layer: the best time of `repeats` (default 20) streaming calls on
 //! a fresh state (the offline engine's path: activation, then the convolution), and GFLOP/s.
 //! `MIMI_PY_DIRECT_CONV=0` turns the AVX-512 direct kernel off, so stride-1 layers take the
-//! im2col + tiled product path: run it both ways to compare. `SECS=0.5` runs each layer on
-//! that much audio per call instead (times still per second of audio).
+//! im2col + `gemm` path: run it both ways to compare. `SECS=0.5` runs each layer on that much
+//! audio per call instead (times still per second of audio): the frame-rate layers lose half
+//! their speed in short calls, because `gemm` packs their large weights on every call.
 //!
 //! `... --bin mimi_kernel_bench -- gemv [megabytes]` times the matrix-vector kernel instead
 //! (every linear layer of a streaming step): 1 to 32 input rows, f32 and bf16 weights, against the transformer's

@@ -228,7 +228,7 @@ mod engines {
     /// The SEANets' high-rate layers of several rows, stepped together (each layer's rows
     /// side by side in one product), give each row the bits of its own pass, over steps
     /// that carry state; the filters are wide enough that the products are deeper than one
-    /// depth block of `gemm` (768 > 512), where `gemm` computes them.
+    /// `gemm` depth block (768 > 512).
     #[test]
     fn seanet_rows_stepped_together_keep_their_own_bits() {
         use crate::conv::Frames;

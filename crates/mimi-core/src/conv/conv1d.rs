@@ -5,7 +5,7 @@
 //!   split once into its `stride` phases, a few accumulated products, no im2col;
 //! * direct (`run_direct`): a stride-1 layer with few channels, AVX-512 microkernel;
 //! * matrix-vector (`run_gemv`): a streaming step of a few frames;
-//! * tiled im2col (`run_tiled`): the rest, tiles over the pool, one product each.
+//! * tiled im2col (`run_tiled`): the rest, tiles over the pool calling `gemm`.
 //!
 //! [`Conv1d::run_fused`] computes a SEANet residual block (a convolution, the ELU, a
 //! pointwise convolution, the residual) tile by tile, the hidden activations in cache.
@@ -17,7 +17,7 @@ use super::activation::{copy_act, elu_in_place};
 use super::frames::{par_rows, place, Frames, Joined, Padded};
 use super::spec::{conv_weight, to_vec, ConvSpec, ConvState, Matrix};
 use super::tiles::{
-    epilogue, for_tiles, grouped, matmul, matmul_acc, max_cols, rows_alone_in_group, tiles,
+    epilogue, for_tiles, gemm_acc, grouped, matmul, max_cols, rows_alone_in_group, tiles,
     SharedMut, Tiles,
 };
 use crate::config::PadMode;
@@ -310,7 +310,7 @@ impl Conv1d {
             fused.run_direct(&tiles, flops);
         } else {
             for_tiles(&tiles, flops, |scratch, (_, _, t0, tn)| {
-                fused.product_tile(scratch, t0, tn)
+                fused.gemm_tile(scratch, t0, tn)
             });
         }
         out
@@ -320,8 +320,8 @@ impl Conv1d {
     /// phases, row `(ci, r)` holding frames `u * stride + r`; tap `j = m * stride + r` of
     /// output frame `t` reads frame `t + m` of phase row `(ci, r)`. So for each of the
     /// `phases` taps `m`, the products of all `(ci, r)` are one matrix product with the phase
-    /// rows shifted by `m`, read in place as a strided view: `phases` products of depth
-    /// `cin * stride`, accumulated (one chain per output element), instead of an im2col copy `k` times the input (Mimi's
+    /// rows shifted by `m`, a strided view `gemm` packs itself: `phases` products of depth
+    /// `cin * stride`, accumulated, instead of an im2col copy `k` times the input (Mimi's
     /// down-sampling: `k = 2 * stride`, two products).
     fn run_phased(&self, x: &Padded, n: usize, residual: Option<&Frames>) -> Frames {
         let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.phases);
@@ -342,7 +342,7 @@ impl Conv1d {
                 // the weight block m of rows r0.. has rn rows of cs (row stride kk); the phase
                 // rows are read at frames t0 + m .. t0 + m + tn <= len.
                 unsafe {
-                    matmul_acc(
+                    gemm_acc(
                         (rn, tn, cs),
                         ptr.at(r0 * n + t0),
                         n,
@@ -593,7 +593,7 @@ impl Conv1d {
     }
 
     /// Tiles of (output channels x frames) over the pool, each building its own im2col
-    /// block and computing its product, then adding bias and `residual` (`cout x n`).
+    /// block and calling `gemm`, then adding bias and `residual` (`cout x n`).
     fn run_tiled(&self, x: &Padded, n: usize, residual: Option<&[f32]>) -> Frames {
         let (cin, cout, k, s, d) = (self.cin, self.cout, self.k, self.stride, self.dilation);
         let kk = self.w.len() / cout.max(1);
@@ -708,7 +708,7 @@ impl Fused<'_> {
         let (wa, wb) = (a.w.f32(), b.w.f32());
         let mut h = Frames::uninit(hidden, n);
         let hp = SharedMut(h.data.as_mut_ptr());
-        // The im2col columns of every frame, once (not for the direct kernel).
+        // The im2col columns of every frame, once (the `gemm` path only).
         let mut cols = Frames::uninit(if direct { 0 } else { kk }, n);
         if !direct {
             self.columns(0, n, &mut cols.data);
@@ -811,9 +811,9 @@ impl Fused<'_> {
         }
     }
 
-    /// The tile of frames `t0 .. t0 + tn` on the tiled product: im2col block, first product, bias and
+    /// The tile of frames `t0 .. t0 + tn` with `gemm`: im2col block, first product, bias and
     /// ELU, second product into `out`, then its bias and the residual.
-    fn product_tile(&self, scratch: &mut Vec<f32>, t0: usize, tn: usize) {
+    fn gemm_tile(&self, scratch: &mut Vec<f32>, t0: usize, tn: usize) {
         let (a, b) = (self.first, self.second);
         let (cin, k, hidden, cout) = (a.cin, a.k, a.cout, b.cout);
         let (kk, n) = (cin * k, self.n);

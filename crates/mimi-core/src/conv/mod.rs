@@ -9,9 +9,8 @@
 //!
 //! * a convolution is a matrix product `W (cout, cin*k) x cols (cin*k, frames)`, tiled over
 //!   (output channels x frames) and spread over the rayon pool; each tile builds its own small
-//!   im2col block (a few MB at most) and computes its product on one thread
-//!   ([`crate::kernels::product`]; the `gemm` crate, the kernel candle uses, on CPUs without
-//!   AVX2 + FMA); bias and the residual are added while the tile is still in cache;
+//!   im2col block (a few MB at most) and calls the `gemm` crate (the kernel candle uses) on
+//!   one thread; bias and the residual are added while the tile is still in cache;
 //! * a transposed convolution with stride `s` is split into its `s` phases, each an ordinary
 //!   convolution over the last `ceil(k/s)` input frames, written straight into the strided
 //!   output (no col2im, no overlap-add);
@@ -30,7 +29,7 @@
 //! * `frames.rs`: [`Frames`] (the activations), a row-parallel helper, and `Padded`, a
 //!   convolution's view of its input with the padding described, not copied;
 //! * `activation.rs`: the ELU, AVX2 where available;
-//! * `tiles.rs`: the tiling over the pool, the per-tile product and its epilogue;
+//! * `tiles.rs`: the tiling over the pool, the per-tile `gemm` product and its epilogue;
 //! * `spec.rs`: [`ConvSpec`], [`ConvState`] and the weights as the checkpoints store them;
 //! * `conv1d.rs`: [`Conv1d`] and its four strategies (phase-split, direct, matrix-vector,
 //!   tiled im2col), and the fused residual block;

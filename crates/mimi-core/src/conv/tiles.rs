@@ -1,8 +1,7 @@
 //! The tiled matrix products every large convolution is made of: output elements split
 //! into tiles spread over the rayon pool ([`tiles`], [`for_tiles`]), each tile's product on
-//! one thread ([`matmul`]: [`crate::kernels::product`], or the `gemm` crate on CPUs without
-//! AVX2 + FMA), bias and residual added while the tile is still in cache ([`epilogue`]), and
-//! the raw pointer the tiles share ([`SharedMut`]).
+//! one thread with the `gemm` crate ([`matmul`]), bias and residual added while the tile is
+//! still in cache ([`epilogue`]), and the raw pointer the tiles share ([`SharedMut`]).
 
 /// A raw pointer shared by tiles that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -30,7 +29,7 @@ thread_local! {
 /// Runs `f` as one group of a batch's rows while the other threads run the other groups (a
 /// streaming step's high-rate layers): its layers' tiles are not cut into row blocks to keep
 /// the threads busy, since the other groups do that. A row block builds its own copy of the
-/// tile's input columns, and the product copies them again into its panels: at 4 rows of 480 frames, the
+/// tile's input columns, and `gemm` packs them again for each: at 4 rows of 480 frames, the
 /// decoder's last up-sampling built them four times. Results do not depend on the tiles.
 pub(crate) fn as_group<R>(f: impl FnOnce() -> R) -> R {
     crate::kernels::with_flag(&GROUPED, f)
@@ -164,25 +163,21 @@ where
     }
 }
 
-/// The depth of one `gemm` call, where `gemm` computes the products (a CPU without AVX2 +
-/// FMA, or another architecture). `gemm` blocks a product's depth by a size it derives from
+/// The depth of one `gemm` call. `gemm` blocks a product's depth by a size it derives from
 /// the whole shape `(m, n, k)`, and a column's sum is rounded block by block, so the same
 /// column would get other bits in a wider or narrower tile. A call of depth at most this is
-/// one block whatever its shape; [`matmul_acc`] sums longer products block by block, in
-/// order. A column's result then depends only on its own inputs, as with
-/// [`kernels::product`](crate::kernels::product) (one chain per element): the rows of a
-/// batched streaming step can share one product (see `Conv1d::step_rows`) and keep the bits
-/// of their own steps.
+/// one block whatever its shape; [`gemm_acc`] sums longer products block by block, in order.
+/// A column's result then depends only on its own inputs: the rows of a batched streaming
+/// step can share one product (see `Conv1d::step_rows`) and keep the bits of their own steps.
 pub(super) const DEPTH_BLOCK: usize = 512;
 
-/// `dst (m, n) (+)= lhs (m, k) . rhs (k, n)` on one thread (`acc`: add to `dst` rather than
-/// overwrite it): [`kernels::product`](crate::kernels::product) where the CPU has it, which
-/// allocates nothing once warm, else `gemm` in depth blocks of [`DEPTH_BLOCK`]. Row strides
-/// `dst_rs`, `lhs_rs`, `rhs_rs`; every column stride is 1.
+/// `dst (m, n) (+)= lhs (m, k) . rhs (k, n)` on one thread, in depth blocks of
+/// [`DEPTH_BLOCK`] (`acc`: add to `dst` rather than overwrite it). Row strides `dst_rs`,
+/// `lhs_rs`, `rhs_rs`; every column stride is 1.
 ///
 /// SAFETY: the pointers must cover the strided extents described.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn matmul_acc(
+pub(super) unsafe fn gemm_acc(
     (m, n, k): (usize, usize, usize),
     dst: *mut f32,
     dst_rs: usize,
@@ -192,21 +187,8 @@ pub(super) unsafe fn matmul_acc(
     rhs: *const f32,
     rhs_rs: usize,
 ) {
-    use crate::kernels::product;
     if crate::runtime::profile::products_skipped() {
         return;
-    }
-    if product::available() {
-        let ops = product::Operands {
-            dst,
-            dst_rs,
-            acc,
-            lhs,
-            lhs_rs,
-            rhs,
-            rhs_rs,
-        };
-        return product::product((m, n, k), ops);
     }
     for b in 0..k.div_ceil(DEPTH_BLOCK).max(1) {
         let k0 = b * DEPTH_BLOCK;
@@ -235,7 +217,7 @@ pub(super) unsafe fn matmul_acc(
     }
 }
 
-/// `dst (m, n) = lhs (m, k) . rhs (k, n)` on one thread ([`matmul_acc`]); `dst` has row
+/// `dst (m, n) = lhs (m, k) . rhs (k, n)` on one thread ([`gemm_acc`]); `dst` has row
 /// stride `dst_rs`, `lhs` row stride `lhs_rs`, `rhs` is contiguous.
 ///
 /// SAFETY: the pointers must cover the strided extents described.
@@ -250,7 +232,7 @@ pub(super) unsafe fn matmul(
     lhs_rs: usize,
     rhs: *const f32,
 ) {
-    matmul_acc((m, n, k), dst, dst_rs, false, lhs, lhs_rs, rhs, n)
+    gemm_acc((m, n, k), dst, dst_rs, false, lhs, lhs_rs, rhs, n)
 }
 
 /// Adds `bias[row]` and `residual` to the tile `rows x cols` of `out (_, stride)`.

@@ -22,9 +22,7 @@
 //!   length of a call;
 //! * `team.rs`: [`for_each_index`], the step's parallel loops on the workers `in_pool` keeps
 //!   awake, without rayon's fork/join;
-//! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution;
-//! * `product.rs`: [`product`], the larger convolutions' weights x columns product on one
-//!   thread, register-tiled over a panel of columns (AVX2 + FMA or AVX-512; `gemm` elsewhere).
+//! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution.
 //!
 //! CPU features are chosen at run time, never at build time: each SIMD kernel is an
 //! `unsafe fn` compiled with `#[target_feature(enable = ...)]` (AVX2 and FMA for gemv,
@@ -41,7 +39,6 @@ mod elementwise;
 mod gemv;
 mod linear;
 mod packed;
-pub mod product;
 mod team;
 mod workers;
 

@@ -30,7 +30,7 @@ pub fn enable(on: bool) {
 }
 
 /// A bench mode: while on, every matrix product on the CPU (the packed product, the
-/// matrix-vector kernel, the convolutions' tiled products and direct kernel) returns without
+/// matrix-vector kernel, the convolutions' `gemm` tiles and direct kernel) returns without
 /// computing, leaving its output as it was. What a step costs then is the plan's overhead:
 /// copies, norms, attention, bookkeeping, synchronisation. The results are meaningless, so
 /// only `mimi_step_profile` turns it on.

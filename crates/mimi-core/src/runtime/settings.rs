@@ -34,9 +34,8 @@ pub const TABLE: &[Setting] = &[
     Setting {
         name: "MIMI_PY_DIRECT_CONV",
         default: "1",
-        doc:
-            "1: stride-1 convolutions use the AVX-512 direct kernel where the CPU has it; \
-              0: always the tiled product (same codes within float rounding; for comparing the two)",
+        doc: "1: stride-1 convolutions use the AVX-512 direct kernel where the CPU has it; \
+              0: always gemm (same codes within float rounding; for comparing the two)",
     },
     Setting {
         name: "MIMI_PY_HEAP_KEEP_MB",
