@@ -13,9 +13,20 @@
 
 use crate::config::CodecConfig;
 use crate::error::{Error, Result};
-use crate::kernels::{gemv, gemv_into, Packed, GEMV_MAX_ROWS};
+use crate::kernels::{gemv_into, with_scratch, Packed, GEMV_MAX_ROWS};
 use candle::{DType, Module, Tensor, D};
 use candle_nn::{Conv1d, VarBuilder};
+use std::cell::Cell;
+
+thread_local! {
+    /// The slice path's working buffers, kept between steps (a warm step allocates none):
+    /// the projected rows and the codebook products of an encode; the centroid sums and
+    /// the acoustic part of a decode.
+    static PROJECTED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static PRODUCTS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static SUMS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static ACOUSTIC: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
 
 /// candle's floor on a centroid's usage count when it averages `embed_sum`.
 const USAGE_EPSILON: f64 = 1e-5;
@@ -144,8 +155,28 @@ impl Residual {
     /// writes codebook `j`'s code of row `i` at `codes[i * stride + j]`.
     fn encode_rows(&self, xs: &[f32], rows: usize, codes: &mut [u32], stride: usize) -> Result<()> {
         let (dim, k) = self.input_proj.weight().dims3().map(|(o, i, _)| (o, i))?;
-        let mut r = with_slice(self.input_proj.weight(), |w| gemv(xs, w, rows, k, dim))?;
-        let mut dots = Vec::new(); // one buffer for every codebook's products
+        with_scratch(&PROJECTED, |r| {
+            r.resize(rows * dim, 0.0);
+            with_slice(self.input_proj.weight(), |w| {
+                gemv_into(xs, w, (rows, k, dim), r)
+            })?;
+            // One buffer for every codebook's products.
+            with_scratch(&PRODUCTS, |dots| {
+                self.quantize_rows(r, rows, dots, (codes, stride))
+            })
+        })
+    }
+
+    /// [`Self::encode_rows`] after the input projection: each codebook's code of each of
+    /// the `rows` projected rows `r`, which it leaves as the last residuals.
+    fn quantize_rows(
+        &self,
+        r: &mut [f32],
+        rows: usize,
+        dots: &mut Vec<f32>,
+        (codes, stride): (&mut [u32], usize),
+    ) -> Result<()> {
+        let dim = r.len() / rows.max(1);
         for (j, book) in self.codebooks.iter().enumerate() {
             let packed = (book.packed.as_ref()).ok_or_else(|| {
                 Error::Internal("the quantizer's slice path needs the CPU".into())
@@ -153,7 +184,7 @@ impl Residual {
             with_slice(&book.half_norms, |half| {
                 with_slice(&book.centroids, |e| {
                     dots.resize(rows * half.len(), 0.0);
-                    packed.matmul(&r, rows, None, &mut dots);
+                    packed.matmul(r, rows, None, dots);
                     for (i, row) in dots.chunks_exact(half.len()).enumerate() {
                         let code = argmin(half.iter().zip(row).map(|(h, d)| h - d));
                         codes[i * stride + j] = code as u32;
@@ -183,8 +214,9 @@ impl Residual {
             return Ok(self.output_proj.forward(&sum)?);
         }
         let xs = sum.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let y = self.project_out(&xs)?;
         let out = self.output_proj.weight().dim(0)?;
+        let mut y = vec![0f32; b * t * out];
+        self.project_out(&xs, &mut y)?;
         Ok(Tensor::from_vec(y, (b, t, out), sum.device())?
             .t()?
             .contiguous()?)
@@ -194,29 +226,50 @@ impl Residual {
     /// matrix-vector kernel, GEMV_MAX_ROWS rows a call: its rows do not depend on each
     /// other, so a frame decodes to the same bits in any batch (a batched step's row as its
     /// own step) and any call length.
-    fn project_out(&self, xs: &[f32]) -> Result<Vec<f32>> {
+    fn project_out(&self, xs: &[f32], y: &mut [f32]) -> Result<()> {
         let (out, dim, _) = self.output_proj.weight().dims3()?;
-        let mut y = vec![0f32; xs.len() / dim.max(1) * out];
+        if y.len() != xs.len() / dim.max(1) * out {
+            return Err(Error::Internal(format!(
+                "{} values for the projection of {} tokens of {out}",
+                y.len(),
+                xs.len() / dim.max(1)
+            )));
+        }
         with_slice(self.output_proj.weight(), |w| {
             let ys = y.chunks_mut(GEMV_MAX_ROWS * out);
             for (rows, y) in xs.chunks(GEMV_MAX_ROWS * dim).zip(ys) {
                 gemv_into(rows, w, (rows.len() / dim, dim, out), y);
             }
-        })?;
-        Ok(y)
+        })
     }
 
     /// [`Self::decode`] on slices: the codebooks `first..` of `codes` (rows, n_q, frames)
-    /// give the latents' tokens (rows × frames, input_dim), the same bits as `decode` on the
-    /// CPU in f32 (the centroids summed in the same order).
+    /// give the latents' tokens (rows × frames, input_dim) in `y`, the same bits as `decode`
+    /// on the CPU in f32 (the centroids summed in the same order).
     fn decode_tokens(
         &self,
         codes: &[u32],
         (rows, n_q, t): (usize, usize, usize),
         first: usize,
-    ) -> Result<Vec<f32>> {
+        y: &mut [f32],
+    ) -> Result<()> {
         let dim = self.output_proj.weight().dim(1)?;
-        let mut sum = vec![0f32; rows * t * dim];
+        with_scratch(&SUMS, |sum| {
+            sum.resize(rows * t * dim, 0.0);
+            self.sum_centroids(codes, (n_q, t, first), sum)?;
+            self.project_out(sum, y)
+        })
+    }
+
+    /// The centroids that `codes` (see [`Self::decode_tokens`]) name, summed over the
+    /// codebooks in order, into `sum` (tokens, dim).
+    fn sum_centroids(
+        &self,
+        codes: &[u32],
+        (n_q, t, first): (usize, usize, usize),
+        sum: &mut [f32],
+    ) -> Result<()> {
+        let dim = self.output_proj.weight().dim(1)?;
         for (j, book) in self.codebooks.iter().enumerate() {
             with_slice(&book.centroids, |e| {
                 let bins = e.len() / dim.max(1);
@@ -240,7 +293,7 @@ impl Residual {
         if self.codebooks.is_empty() {
             return Err(Error::Internal("decoding with no codebook".into()));
         }
-        self.project_out(&sum)
+        Ok(())
     }
 }
 
@@ -267,7 +320,8 @@ impl Quantizer {
         })
     }
 
-    fn n_q(&self) -> usize {
+    /// The codebooks of both parts.
+    pub(crate) fn n_q(&self) -> usize {
         self.parts.iter().map(|p| p.codebooks.len()).sum()
     }
 
@@ -282,7 +336,8 @@ impl Quantizer {
             return self.encode_tensor(x);
         }
         let xs = x.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let codes = self.encode_tokens(&xs, rows)?;
+        let mut codes = vec![0u32; rows * self.n_q()];
+        self.encode_tokens(&xs, rows, &mut codes)?;
         let codes = Tensor::from_vec(codes, (b, t, self.n_q()), x.device())?;
         Ok(codes.t()?.contiguous()?)
     }
@@ -305,30 +360,31 @@ impl Quantizer {
         (1..=GEMV_MAX_ROWS).contains(&rows)
     }
 
-    /// Codes of `rows` tokens `xs` (rows, input_dim) on slices: (rows, n_q), each token's
-    /// codes together; the bits of [`Self::encode`] on the CPU in f32. Refuses more rows
-    /// than [`Self::takes_tokens`] allows.
-    pub fn encode_tokens(&self, xs: &[f32], rows: usize) -> Result<Vec<u32>> {
-        if !Self::takes_tokens(rows) {
+    /// Codes of `rows` tokens `xs` (rows, input_dim) on slices into `codes` (rows, n_q),
+    /// each token's codes together; the bits of [`Self::encode`] on the CPU in f32. Refuses
+    /// more rows than [`Self::takes_tokens`] allows. Once warm, it allocates nothing.
+    pub fn encode_tokens(&self, xs: &[f32], rows: usize, codes: &mut [u32]) -> Result<()> {
+        let n_q = self.n_q();
+        if !Self::takes_tokens(rows) || codes.len() != rows * n_q {
             return Err(Error::Internal(format!(
-                "the quantizer's slice path takes 1 to {GEMV_MAX_ROWS} rows, got {rows}"
+                "the quantizer's slice path takes 1 to {GEMV_MAX_ROWS} rows and room for \
+                 their {n_q} codes each, got {rows} rows and {} codes",
+                codes.len()
             )));
         }
-        let n_q = self.n_q();
-        let mut codes = vec![0u32; rows * n_q];
-        self.parts[0].encode_rows(xs, rows, &mut codes, n_q)?;
-        self.parts[1].encode_rows(xs, rows, &mut codes[1..], n_q)?;
-        Ok(codes)
+        self.parts[0].encode_rows(xs, rows, codes, n_q)?;
+        self.parts[1].encode_rows(xs, rows, &mut codes[1..], n_q)
     }
 
     /// The reconstruction of codes `(rows, k, frames)` (C order; the first `n_q` of the `k`
-    /// read) on slices: the latents' tokens (rows × frames, input_dim), the bits of
-    /// [`Self::decode`] on the CPU in f32.
+    /// read) on slices: the latents' tokens (rows × frames, input_dim) into `y`, the bits of
+    /// [`Self::decode`] on the CPU in f32. Once warm, it allocates nothing.
     pub fn decode_tokens(
         &self,
         codes: &[u32],
         (rows, k, frames): (usize, usize, usize),
-    ) -> Result<Vec<f32>> {
+        y: &mut [f32],
+    ) -> Result<()> {
         if k < self.n_q() || codes.len() != rows * k * frames {
             return Err(Error::Shape(format!(
                 "expected codes of shape ({rows}, >= {}, {frames}), got {} values in ({rows}, {k}, {frames})",
@@ -337,12 +393,16 @@ impl Quantizer {
             )));
         }
         let shape = (rows, k, frames);
-        let mut y = self.parts[0].decode_tokens(codes, shape, 0)?;
+        self.parts[0].decode_tokens(codes, shape, 0, y)?;
         if self.n_q() > 1 {
-            let acoustic = self.parts[1].decode_tokens(codes, shape, 1)?;
-            y.iter_mut().zip(&acoustic).for_each(|(s, a)| *s += a);
+            with_scratch(&ACOUSTIC, |acoustic| {
+                acoustic.resize(y.len(), 0.0);
+                self.parts[1].decode_tokens(codes, shape, 1, acoustic)?;
+                y.iter_mut().zip(&*acoustic).for_each(|(s, a)| *s += a);
+                Ok::<(), Error>(())
+            })?;
         }
-        Ok(y)
+        Ok(())
     }
 
     /// The reconstruction of codes (B, n_q, T): latents (B, input_dim, T).
@@ -445,9 +505,12 @@ mod tests {
             assert_eq!(q.encode(&x).unwrap().dims3().unwrap(), (b, 4, t));
             if Quantizer::takes_tokens(b * t) {
                 let xs = x.t().unwrap().contiguous().unwrap().flatten_all().unwrap();
-                let got = q
-                    .encode_tokens(&xs.to_vec1::<f32>().unwrap(), b * t)
-                    .unwrap();
+                let mut got = vec![0u32; b * t * 4];
+                (q.encode_tokens(&xs.to_vec1::<f32>().unwrap(), b * t, &mut got)).unwrap();
+                // A slice of another size is refused.
+                assert!(q
+                    .encode_tokens(&xs.to_vec1::<f32>().unwrap(), b * t, &mut [0])
+                    .is_err());
                 let want = codes
                     .t()
                     .unwrap()
@@ -462,15 +525,22 @@ mod tests {
                 let pad = Tensor::zeros((b, extra, t), DType::U32, &dev).unwrap();
                 let wide = Tensor::cat(&[&codes, &pad], 1).unwrap();
                 let host = wide.flatten_all().unwrap().to_vec1::<u32>().unwrap();
-                let got = q.decode_tokens(&host, (b, k, t)).unwrap();
+                let mut got = vec![f32::NAN; b * t * d];
+                q.decode_tokens(&host, (b, k, t), &mut got).unwrap();
                 let want = q.decode(&wide).unwrap().t().unwrap().contiguous().unwrap();
                 assert_eq!(got, want.flatten_all().unwrap().to_vec1::<f32>().unwrap());
             }
         }
         let bins = cfg.quantizer_bins as u32;
-        assert!(q.decode_tokens(&[0, 1, bins, 2], (1, 4, 1)).is_err());
-        assert!(q.decode_tokens(&[0, 1, 2], (1, 3, 1)).is_err());
-        assert!(q.encode_tokens(&[], 0).is_err());
+        let mut y = vec![0f32; d];
+        assert!(q
+            .decode_tokens(&[0, 1, bins, 2], (1, 4, 1), &mut y)
+            .is_err());
+        assert!(q.decode_tokens(&[0, 1, 2], (1, 3, 1), &mut y).is_err());
+        assert!(q
+            .decode_tokens(&[0, 1, 2, 3], (1, 4, 1), &mut y[1..])
+            .is_err());
+        assert!(q.encode_tokens(&[], 0, &mut []).is_err());
     }
 
     #[test]

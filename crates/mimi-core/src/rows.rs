@@ -2,7 +2,14 @@
 //! mask, a reset's rows, and the select/scatter between a whole batch and those rows.
 
 use crate::error::{Error, Result};
-use std::borrow::Cow;
+
+/// Rows a step keeps its per-row lists for on the stack: the rows' indices, states and
+/// frames ([`RowList`]). A warm step of up to this many rows allocates none of them.
+pub const ROWS_INLINE: usize = 32;
+
+/// A step's list of one item per row: on the stack up to [`ROWS_INLINE`] rows, on the heap
+/// past it.
+pub type RowList<T> = smallvec::SmallVec<[T; ROWS_INLINE]>;
 
 /// Which rows of a stream of `batch` rows a step advances: all of them (an unmasked step) or
 /// a sorted, distinct subset (a masked step; the others are untouched bit for bit).
@@ -56,7 +63,7 @@ impl Rows {
                 mask.len()
             )));
         }
-        Ok(Self::from_mask(mask).indices().into_owned())
+        Ok(Self::from_mask(mask).indices().to_vec())
     }
 
     /// `rows`, or every row of a batch of `batch` when `None`; refuses a mask of another
@@ -83,10 +90,10 @@ impl Rows {
     }
 
     /// The rows that step, sorted.
-    pub fn indices(&self) -> Cow<'_, [usize]> {
+    pub fn indices(&self) -> RowList<usize> {
         match &self.active {
-            Some(rows) => Cow::Borrowed(rows),
-            None => Cow::Owned((0..self.batch).collect()),
+            Some(rows) => RowList::from_slice(rows),
+            None => (0..self.batch).collect(),
         }
     }
 

@@ -2,17 +2,23 @@
 //! f32 weights, native engine): for each batch size B, one `encode_step_host` of B rows (80 ms
 //! of audio each) then one `decode_step_host` of its codes, after 5 untimed frames, counted by
 //! a global allocator that forwards to the system's. The input array is made before counting;
-//! the output arrays are counted (a host call returns new arrays).
+//! the output arrays are counted (a host call returns new arrays: each its values and its
+//! shape, `RETURNED` in all). `in_gemm` counts those made inside calls into the `gemm` crate
+//! (`mimi_core::runtime::profile::inside_gemm`: its flags on every call, its packing
+//! buffers for some shapes), and `other` what is left once both are taken off: what a
+//! planned step brings to 0 (`tests/step_alloc.rs` asserts it).
 //!
 //! `cargo run --release -p mimi-core --bin mimi_step_allocs -- [batches]` (default `1,8`)
 //! prints one JSON line per B. With `MIMI_ALLOC_SITES=1` it also prints, per B, where they
-//! were made (the first three `mimi_core` frames of each allocation's backtrace, by count):
-//! the list of what is left to plan. The counts on that line then include the other thread's
+//! were made (the first frame outside the standard library, which may be a dependency's,
+//! and the first `mimi_core` frame of each allocation's backtrace, by count): the list of
+//! what is left to plan. The counts on that line then include the other thread's
 //! allocations while a backtrace is taken; the list does not.
 
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use mimi_core::candle::{DType, Device};
+use mimi_core::runtime::profile::inside_gemm;
 use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -22,7 +28,20 @@ use std::sync::Mutex;
 
 struct Counting;
 
+/// The allocations of the two returned arrays (codes, audio): each its values and its shape.
+const RETURNED: usize = 4;
+
+/// Counts one allocation (and where, when on).
+fn count() {
+    COUNT.fetch_add(1, Ordering::SeqCst);
+    if inside_gemm() {
+        IN_GEMM.fetch_add(1, Ordering::SeqCst);
+    }
+    record();
+}
+
 static COUNT: AtomicUsize = AtomicUsize::new(0);
+static IN_GEMM: AtomicUsize = AtomicUsize::new(0);
 static SITES_ON: AtomicBool = AtomicBool::new(false);
 static SITES: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
 
@@ -31,21 +50,48 @@ thread_local! {
     static RECORDING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Adds the calling allocation's site to [`SITES`] (when on, and not from within itself).
+/// Adds the calling allocation's site to [`SITES`] (when on, and not from within itself):
+/// the first frame outside the standard library and this allocator (which may be a
+/// dependency's), then the first `mimi_core` frame, each with its file and line.
 fn record() {
     if !SITES_ON.load(Ordering::Relaxed) || RECORDING.with(|c| c.replace(true)) {
         return;
     }
     let trace = std::backtrace::Backtrace::force_capture().to_string();
-    let frames: Vec<&str> = (trace.lines().map(str::trim))
-        .filter(|l| l.contains("mimi_core::"))
-        .filter_map(|l| l.split_once(": ").map(|(_, f)| f))
-        .take(3)
+    let lines: Vec<&str> = trace.lines().map(str::trim).collect();
+    // (function, "at file:line") of each frame.
+    let frames: Vec<(&str, &str)> = (lines.iter().enumerate())
+        .filter_map(|(i, l)| l.split_once(": ").map(|(_, f)| (i, f)))
+        .map(|(i, f)| {
+            let at = lines.get(i + 1).filter(|a| a.starts_with("at "));
+            (f, at.map_or("", |a| a.rsplit('/').next().unwrap_or(a)))
+        })
         .collect();
+    let outside = |f: &str| {
+        ![
+            "std::",
+            "core::",
+            "alloc::",
+            "mimi_step_allocs::",
+            "<alloc::",
+            "__rust",
+        ]
+        .iter()
+        .any(|p| f.starts_with(p))
+            && !f.contains("backtrace")
+    };
+    let first = frames.iter().find(|(f, _)| outside(f));
+    let ours = frames.iter().find(|(f, _)| f.contains("mimi_core::"));
+    let site = [first, ours]
+        .iter()
+        .flatten()
+        .map(|(f, at)| format!("{f} @ {at}"))
+        .collect::<Vec<_>>()
+        .join(" < ");
     if let Ok(mut sites) = SITES.lock() {
         *sites
             .get_or_insert_with(HashMap::new)
-            .entry(frames.join(" < "))
+            .entry(site)
             .or_default() += 1;
     }
     RECORDING.with(|c| c.set(false));
@@ -54,20 +100,17 @@ fn record() {
 // SAFETY: every call is forwarded to the system allocator unchanged.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        COUNT.fetch_add(1, Ordering::SeqCst);
-        record();
+        count();
         System.alloc(layout)
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        COUNT.fetch_add(1, Ordering::SeqCst);
-        record();
+        count();
         System.alloc_zeroed(layout)
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        COUNT.fetch_add(1, Ordering::SeqCst);
-        record();
+        count();
         System.realloc(ptr, layout, new_size)
     }
 
@@ -79,14 +122,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
-/// Allocations of one frame of `b` rows after 5 warm ones: (encode, decode).
-fn count_frame(codec: &Codec, b: usize, sites: bool) -> Result<(usize, usize)> {
+/// Allocations of one frame of `b` rows after 5 warm ones: (encode, decode, inside gemm).
+fn count_frame(codec: &Codec, b: usize, sites: bool) -> Result<(usize, usize, usize)> {
     let f = codec.config().frame_size();
     let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
     let pcm: Vec<f32> = (0..b * f).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
-    let mut counts = (0, 0);
+    let mut counts = (0, 0, 0);
     for i in 0..6 {
         let x = HostArray::new(pcm.clone(), vec![b, 1, f]);
+        let g0 = IN_GEMM.load(Ordering::SeqCst);
         let n0 = COUNT.load(Ordering::SeqCst);
         SITES_ON.store(sites && i == 5, Ordering::SeqCst);
         let codes = codec.encode_step_host(&mut enc, x, EncodeStep::default())?;
@@ -95,7 +139,8 @@ fn count_frame(codec: &Codec, b: usize, sites: bool) -> Result<(usize, usize)> {
             codec.decode_step_host(&mut dec, codes, None)?;
         }
         SITES_ON.store(false, Ordering::SeqCst);
-        counts = (n1 - n0, COUNT.load(Ordering::SeqCst) - n1);
+        let gemm = IN_GEMM.load(Ordering::SeqCst) - g0;
+        counts = (n1 - n0, COUNT.load(Ordering::SeqCst) - n1, gemm);
     }
     Ok(counts)
 }
@@ -113,8 +158,11 @@ fn main() -> Result<()> {
     let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
     let codec = Codec::new(&cfg, source, &Device::Cpu, DType::F32)?;
     for b in batches {
-        let (enc, dec) = count_frame(&codec, b, sites)?;
-        println!("{{\"batch\": {b}, \"encode_step\": {enc}, \"decode_step\": {dec}}}");
+        let (enc, dec, gemm) = count_frame(&codec, b, sites)?;
+        let other = (enc + dec).saturating_sub(gemm + RETURNED);
+        println!(
+            "{{\"batch\": {b}, \"encode_step\": {enc}, \"decode_step\": {dec}, \"in_gemm\": {gemm}, \"other\": {other}}}"
+        );
         let mut list: Vec<(String, usize)> = (SITES.lock().ok())
             .and_then(|mut s| s.take())
             .map(|s| s.into_iter().collect())

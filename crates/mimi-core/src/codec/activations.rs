@@ -11,13 +11,17 @@ use super::engine::EngineKind;
 use crate::conv::Frames;
 use crate::error::{Error, Result};
 use crate::host::HostArray;
+use crate::rows::RowList;
 use candle::{DType, Device, Tensor};
 
 /// A stage's activations for the stepping rows: the native engine's one [`Frames`] per
 /// row `(channels, frames)`, or the candle engine's `(rows, channels, frames)` tensor.
+// The rows' frames stay inline (`RowList`, about 1.3 kB, moved a few times a step): boxing
+// them would allocate at every stage.
+#[allow(clippy::large_enum_variant)]
 pub enum Activations {
     /// The native engine's: one `(channels, frames)` per stepping row.
-    Frames(Vec<Frames>),
+    Frames(RowList<Frames>),
     /// The candle engine's: `(rows, channels, frames)` on the codec's device.
     Tensor(Tensor),
 }
@@ -56,7 +60,10 @@ impl Activations {
         (dev, dtype): (&Device, DType),
     ) -> Result<Self> {
         match engine {
-            EngineKind::Native => Ok(Self::Frames(vec![Frames::empty(channels); rows])),
+            EngineKind::Native => Ok(Self::Frames(RowList::from_elem(
+                Frames::empty(channels),
+                rows,
+            ))),
             EngineKind::Candle => Ok(Self::Tensor(Tensor::zeros(
                 (rows, channels, 0),
                 dtype,
@@ -79,7 +86,7 @@ impl Activations {
     }
 
     /// The rows' frames (a tensor's rows converted).
-    pub(crate) fn into_frames(self) -> Result<Vec<Frames>> {
+    pub(crate) fn into_frames(self) -> Result<RowList<Frames>> {
         match self {
             Self::Frames(xs) => Ok(xs),
             Self::Tensor(t) => to_frames(&t),
@@ -117,25 +124,20 @@ impl Activations {
     pub(crate) fn into_host(self) -> Result<HostArray<f32>> {
         match self {
             Self::Tensor(t) => super::host_f32(&t),
+            // Copied into one exact array: the rows' buffers stay in the stock.
             Self::Frames(xs) => {
                 let (c, n) = xs.first().map_or((0, 0), |f| (f.channels, f.len));
-                let shape = vec![xs.len(), c, n];
-                let data = match xs.len() {
-                    1 => xs
-                        .into_iter()
-                        .next()
-                        .map(Frames::into_data)
-                        .unwrap_or_default(),
-                    _ => xs.iter().flat_map(|f| f.data.iter().copied()).collect(),
-                };
-                Ok(HostArray::new(data, shape))
+                let mut data = Vec::with_capacity(xs.len() * c * n);
+                xs.iter().for_each(|f| data.extend_from_slice(&f.data));
+                Ok(HostArray::new(data, vec![xs.len(), c, n]))
             }
         }
     }
 }
 
-/// `rows` rows of `channels` × `len` values (C order) as one [`Frames`] each.
-fn split_rows(data: Vec<f32>, rows: usize, channels: usize, len: usize) -> Result<Vec<Frames>> {
+/// `rows` rows of `channels` × `len` values (C order) as one [`Frames`] each (more than one:
+/// in buffers of the stock).
+fn split_rows(data: Vec<f32>, rows: usize, channels: usize, len: usize) -> Result<RowList<Frames>> {
     let per = channels * len;
     if data.len() != rows * per {
         return Err(Error::Internal(format!(
@@ -144,10 +146,14 @@ fn split_rows(data: Vec<f32>, rows: usize, channels: usize, len: usize) -> Resul
         )));
     }
     if rows == 1 {
-        return Ok(vec![Frames::new(channels, len, data)]);
+        return Ok(std::iter::once(Frames::new(channels, len, data)).collect());
     }
-    Ok((0..rows)
-        .map(|r| Frames::new(channels, len, data[r * per..(r + 1) * per].to_vec()))
+    Ok((data.chunks_exact(per.max(1)))
+        .map(|row| {
+            let mut f = Frames::uninit(channels, len);
+            f.data.copy_from_slice(row);
+            f
+        })
         .collect())
 }
 

@@ -5,14 +5,15 @@
 
 use crate::conv::Frames;
 use crate::error::Result;
+use crate::rows::RowList;
 use candle::{DType, Device, Tensor};
 
 /// The batch items of a (B, C, T) f32 tensor as frames.
-pub(crate) fn to_frames(x: &Tensor) -> Result<Vec<Frames>> {
+pub(crate) fn to_frames(x: &Tensor) -> Result<RowList<Frames>> {
     let (b, c, t) = x.dims3()?;
     let data = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     if b == 1 {
-        return Ok(vec![Frames::new(c, t, data)]);
+        return Ok(std::iter::once(Frames::new(c, t, data)).collect());
     }
     Ok((0..b)
         .map(|i| Frames::new(c, t, data[i * c * t..(i + 1) * c * t].to_vec()))
@@ -20,7 +21,7 @@ pub(crate) fn to_frames(x: &Tensor) -> Result<Vec<Frames>> {
 }
 
 /// Stacks frames of equal shape into a (B, C, T) tensor; `None` when they are empty.
-pub(crate) fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor>> {
+pub(crate) fn from_frames(xs: RowList<Frames>, dev: &Device) -> Result<Option<Tensor>> {
     let (b, c, t) = (xs.len(), xs[0].channels, xs[0].len);
     if t == 0 {
         return Ok(None);
@@ -38,10 +39,10 @@ pub(crate) fn from_frames(xs: Vec<Frames>, dev: &Device) -> Result<Option<Tensor
 
 /// The items of `rows` (ascending and distinct, as [`crate::rows::Rows`] holds them),
 /// mutably and in that order.
-pub(crate) fn select_mut<'a, I>(items: &'a mut [I], rows: &[usize]) -> Result<Vec<&'a mut I>> {
+pub(crate) fn select_mut<'a, I>(items: &'a mut [I], rows: &[usize]) -> Result<RowList<&'a mut I>> {
     let mut want = rows.iter().peekable();
     let n = items.len();
-    let mut out = Vec::with_capacity(rows.len());
+    let mut out = RowList::with_capacity(rows.len());
     for (i, it) in items.iter_mut().enumerate() {
         if want.peek() == Some(&&i) {
             out.push(it);
@@ -58,11 +59,12 @@ pub(crate) fn select_mut<'a, I>(items: &'a mut [I], rows: &[usize]) -> Result<Ve
 
 /// The rows' frames `(channels, frames)` as tokens: `(rows, frames, channels)` values, row
 /// after row, each frame's channels together (what the transformer's and the quantizer's
-/// host entry points take).
-pub(crate) fn tokens(xs: &[Frames]) -> Vec<f32> {
+/// host entry points take), in a buffer of the stock: a [`Frames`] of one "channel" per
+/// token (`data` is the values).
+pub(crate) fn tokens(xs: &[Frames]) -> Frames {
     let (c, t) = xs.first().map_or((0, 0), |f| (f.channels, f.len));
-    let mut out = vec![0f32; xs.len() * t * c];
-    for (f, o) in xs.iter().zip(out.chunks_exact_mut((t * c).max(1))) {
+    let mut out = Frames::uninit(xs.len() * t, c);
+    for (f, o) in (xs.iter()).zip(out.data.chunks_exact_mut((t * c).max(1))) {
         for (ch, row) in f.data.chunks_exact(t.max(1)).enumerate() {
             for (j, &v) in row.iter().enumerate() {
                 o[j * c + ch] = v;
@@ -74,18 +76,18 @@ pub(crate) fn tokens(xs: &[Frames]) -> Vec<f32> {
 
 /// [`tokens`] back: `rows` rows of `frames` tokens of `channels` values as one [`Frames`]
 /// `(channels, frames)` each.
-pub(crate) fn from_tokens(data: &[f32], rows: usize, channels: usize) -> Vec<Frames> {
+pub(crate) fn from_tokens(data: &[f32], rows: usize, channels: usize) -> RowList<Frames> {
     let t = data.len() / (rows * channels).max(1);
     (0..rows)
         .map(|i| {
             let x = &data[i * t * channels..(i + 1) * t * channels];
-            let mut out = vec![0f32; t * channels];
+            let mut out = Frames::uninit(channels, t);
             for (j, tok) in x.chunks_exact(channels).enumerate() {
                 for (ch, &v) in tok.iter().enumerate() {
-                    out[ch * t + j] = v;
+                    out.data[ch * t + j] = v;
                 }
             }
-            Frames::new(channels, t, out)
+            out
         })
         .collect()
 }

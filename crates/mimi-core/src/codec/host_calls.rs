@@ -211,10 +211,10 @@ impl Codec {
             return Ok(None); // no frames: the stream is not bound to this batch size
         }
         let x = match rows.is_masked() {
-            true => rows.select(&codes.data, k * t),
-            false => codes.data,
+            true => HostArray::new(rows.select(&codes.data, k * t), vec![rows.count(), k, t]),
+            false => codes,
         };
-        let x = Codes::Host(HostArray::new(x, vec![rows.count(), k, t]));
+        let x = Codes::Host(x);
         let out = self.step_decode(s, x, &rows)?;
         if !rows.is_masked() {
             return out.map(Activations::into_host).transpose();

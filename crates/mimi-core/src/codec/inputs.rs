@@ -93,7 +93,10 @@ impl Codec {
         active: Option<Rows>,
     ) -> Result<(HostArray<f32>, Rows)> {
         check_len(&pcm, "pcm")?;
-        pcm.shape = self.pcm_shape(&pcm.shape)?.to_vec();
+        let shape = self.pcm_shape(&pcm.shape)?;
+        if pcm.shape != shape {
+            pcm.shape = shape.to_vec();
+        }
         let rows = Rows::or_all(active, pcm.shape[0])?;
         check_finite(&pcm.data, &pcm.shape, Some(&rows.indices()), "pcm")?;
         Ok((pcm, rows))

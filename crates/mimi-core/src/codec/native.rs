@@ -14,7 +14,7 @@ use super::offline::{empty, segments, split, stream_window};
 use crate::config::{CodecConfig, PadMode};
 use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
 use crate::error::{Cancel, Result};
-use crate::rows::Rows;
+use crate::rows::{RowList, Rows};
 use crate::seanet;
 use candle::Tensor;
 use candle_nn::VarBuilder;
@@ -149,7 +149,7 @@ impl Engine for Native {
         pcm: &Tensor,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn EncodeBlocks + 'a>> {
-        let audio = to_frames(pcm)?;
+        let audio = to_frames(pcm)?.into_vec();
         Ok(Box::new(NativeEncodeBlocks {
             engine: self,
             p,
@@ -169,7 +169,7 @@ impl Engine for Native {
         latents: &Tensor,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn DecodeBlocks + 'a>> {
-        let latents = to_frames(latents)?;
+        let latents = to_frames(latents)?.into_vec();
         let b = latents.len();
         Ok(Box::new(NativeDecodeBlocks {
             engine: self,
@@ -239,7 +239,7 @@ impl EncodeBlocks for NativeEncodeBlocks<'_> {
 
     fn seanet(&mut self, block: (usize, usize), last: bool) -> Result<Option<Activations>> {
         let x = (self.engine).encode_block(self.p, &self.audio, block, last, self.cancel)?;
-        Activations::Frames(x).nonempty()
+        Activations::Frames(x.into()).nonempty()
     }
 
     fn downsample(&mut self, x: Activations, last: bool) -> Result<Option<Activations>> {
@@ -253,7 +253,7 @@ impl EncodeBlocks for NativeEncodeBlocks<'_> {
     fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
         let dim = self.p.cfg.seanet.dimension;
         let latents = join_blocks(parts, self.items.len(), dim)?;
-        from_frames(latents, &self.p.device)?.ok_or_else(empty)
+        from_frames(latents.into(), &self.p.device)?.ok_or_else(empty)
     }
 }
 
@@ -297,12 +297,12 @@ impl DecodeBlocks for NativeDecodeBlocks<'_> {
         let audio = (self.engine).decode_block(self.p, &ext, off, self.cancel)?;
         let warm = self.engine.decoder.warmup();
         self.tails = ext.iter().map(|e| e.tail(warm)).collect();
-        Ok(Activations::Frames(audio))
+        Ok(Activations::Frames(audio.into()))
     }
 
     fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
         let audio = join_blocks(parts, self.items.len(), self.p.cfg.seanet.channels)?;
-        from_frames(audio, &self.p.device)?.ok_or_else(empty)
+        from_frames(audio.into(), &self.p.device)?.ok_or_else(empty)
     }
 }
 
@@ -319,7 +319,7 @@ impl EncodeConvs for NativeEncode {
         self.items.resize_with(rows.batch(), Default::default);
         let enc = &self.engine.encoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
-        let mut sts: Vec<&mut seanet::EncoderState> =
+        let mut sts: RowList<&mut seanet::EncoderState> =
             items.iter_mut().map(|it| &mut it.0).collect();
         let run = |sts: &mut [&mut seanet::EncoderState], xs: &[Frames]| {
             enc.high_rate_rows(sts, xs, last, None)
@@ -336,7 +336,7 @@ impl EncodeConvs for NativeEncode {
     ) -> Result<Option<Activations>> {
         let down = &self.engine.downsample;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
-        let mut sts: Vec<&mut ConvState> = items.iter_mut().map(|it| &mut it.1).collect();
+        let mut sts: RowList<&mut ConvState> = items.iter_mut().map(|it| &mut it.1).collect();
         let ys = down.step_rows(&mut sts, &x.into_frames()?, None, last);
         Activations::Frames(ys).nonempty()
     }
@@ -362,8 +362,8 @@ impl EncodeConvs for NativeEncode {
 fn by_groups<S: Send, T: Send>(
     sts: &mut [S],
     xs: &[Frames],
-    f: &(impl Fn(&mut [S], &[Frames]) -> Result<Vec<T>> + Sync),
-) -> Result<Vec<T>> {
+    f: &(impl Fn(&mut [S], &[Frames]) -> Result<RowList<T>> + Sync),
+) -> Result<RowList<T>> {
     let threads = rayon::current_num_threads().max(1);
     let size = sts.len().div_ceil(threads).max(1);
     if sts.len() <= size {
@@ -378,8 +378,8 @@ fn by_groups<S: Send, T: Send>(
         sts: &mut [S],
         xs: &[Frames],
         size: usize,
-        f: &(impl Fn(&mut [S], &[Frames]) -> Result<Vec<T>> + Sync),
-    ) -> Result<Vec<T>> {
+        f: &(impl Fn(&mut [S], &[Frames]) -> Result<RowList<T>> + Sync),
+    ) -> Result<RowList<T>> {
         if sts.len() <= size {
             return crate::conv::as_group(|| f(sts, xs));
         }
@@ -416,7 +416,7 @@ impl DecodeConvs for NativeDecode {
     fn seanet(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
         let dec = &self.engine.decoder;
         let mut items = select_mut(&mut self.items, &rows.indices())?;
-        let mut sts: Vec<&mut seanet::DecoderState> =
+        let mut sts: RowList<&mut seanet::DecoderState> =
             items.iter_mut().map(|it| &mut it.1).collect();
         let low = dec.frame_rate_rows(&mut sts, &x.into_frames()?);
         let run = |sts: &mut [&mut seanet::DecoderState], xs: &[Frames]| {

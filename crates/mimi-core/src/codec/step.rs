@@ -12,6 +12,7 @@
 use super::activations::{Activations, Codes};
 use super::bridge::{from_tokens, tokens};
 use super::{transform, Codec, DecodeStream, EncodeStream, EngineKind, Rows};
+use crate::conv::Frames;
 use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
@@ -66,9 +67,9 @@ pub(super) fn transform_step(
     model.start(state, rows.batch())?;
     let x = tokens(&xs);
     drop(xs);
-    let mut out = vec![0f32; x.len()];
-    model.step_host(state, &x, &rows.indices(), &mut out, cancel)?;
-    Ok(Activations::Frames(from_tokens(&out, rows.count(), d)))
+    let mut out = Frames::uninit(x.channels, x.len);
+    model.step_host(state, &x.data, &rows.indices(), &mut out.data, cancel)?;
+    Ok(Activations::Frames(from_tokens(&out.data, rows.count(), d)))
 }
 
 impl Codec {
@@ -215,13 +216,22 @@ impl Codec {
             let x = Activations::Frames(xs).into_tensor(&self.parts.device)?;
             return Ok(Codes::Tensor(self.quantizer.encode(&x)?));
         }
-        let by_token = self.quantizer.encode_tokens(&tokens(&xs), b * t)?;
-        let n_q = by_token.len() / (b * t);
-        let mut codes = vec![0u32; by_token.len()];
-        for (i, c) in by_token.chunks_exact(n_q).enumerate() {
-            let (row, frame) = (i / t, i % t);
-            for (j, &code) in c.iter().enumerate() {
-                codes[(row * n_q + j) * t + frame] = code;
+        // The codes by token `(b * t, n_q)`, then as the output `(b, n_q, t)`: the same
+        // layout when each row has one frame.
+        let n_q = self.quantizer.n_q();
+        let mut codes = vec![0u32; b * t * n_q];
+        if t == 1 {
+            self.quantizer
+                .encode_tokens(&tokens(&xs).data, b, &mut codes)?;
+        } else {
+            let mut by_token = vec![0u32; b * t * n_q];
+            self.quantizer
+                .encode_tokens(&tokens(&xs).data, b * t, &mut by_token)?;
+            for (i, c) in by_token.chunks_exact(n_q).enumerate() {
+                let (row, frame) = (i / t, i % t);
+                for (j, &code) in c.iter().enumerate() {
+                    codes[(row * n_q + j) * t + frame] = code;
+                }
             }
         }
         Ok(Codes::Host(HostArray::new(codes, vec![b, n_q, t])))
@@ -292,12 +302,11 @@ impl Codec {
         if self.engine() == EngineKind::Native && p.device.is_cpu() {
             let c = codes.into_host()?;
             let (b, k, t) = (c.shape[0], c.shape[1], c.shape[2]);
-            let x = self.quantizer.decode_tokens(&c.data, (b, k, t))?;
-            return Ok(Activations::Frames(from_tokens(
-                &x,
-                b,
-                p.cfg.seanet.dimension,
-            )));
+            let dim = p.cfg.seanet.dimension;
+            let mut x = Frames::uninit(b * t, dim);
+            self.quantizer
+                .decode_tokens(&c.data, (b, k, t), &mut x.data)?;
+            return Ok(Activations::Frames(from_tokens(&x.data, b, dim)));
         }
         let x = self.decode_latents(&codes.into_tensor(&p.device)?)?;
         let x = Activations::Tensor(x.to_dtype(p.dtype)?);

@@ -10,6 +10,7 @@
 //! [`Conv1d::run_fused`] computes a SEANet residual block (a convolution, the ELU, a
 //! pointwise convolution, the residual) tile by tile, the hidden activations in cache.
 
+use crate::rows::RowList;
 use candle::Result;
 use candle_nn::VarBuilder;
 
@@ -446,8 +447,8 @@ impl Conv1d {
         xs: &[Frames],
         act: Option<f32>,
         last: bool,
-    ) -> Vec<Frames> {
-        let fulls: Vec<Option<Frames>> = (sts.iter_mut().zip(xs))
+    ) -> RowList<Frames> {
+        let fulls: RowList<Option<Frames>> = (sts.iter_mut().zip(xs))
             .map(|(st, x)| self.prepare(st, x, act, last))
             .collect();
         self.run_rows(&fulls)
@@ -460,11 +461,11 @@ impl Conv1d {
     /// A strategy computes each output frame from its own inputs alone (the kernel's rows do
     /// not depend on their neighbours, nor a tile's columns: [`super::tiles::DEPTH_BLOCK`]),
     /// so row `r` gets the bits its own run gives.
-    fn run_rows(&self, fulls: &[Option<Frames>]) -> Vec<Frames> {
-        let ns: Vec<usize> = (fulls.iter())
+    fn run_rows(&self, fulls: &[Option<Frames>]) -> RowList<Frames> {
+        let ns: RowList<usize> = (fulls.iter())
             .map(|f| f.as_ref().map_or(0, |f| self.frames(f.len)))
             .collect();
-        let live: Vec<&Frames> = (fulls.iter().zip(&ns))
+        let live: RowList<&Frames> = (fulls.iter().zip(&ns))
             .filter_map(|(f, &n)| f.as_ref().filter(|_| n > 0))
             .collect();
         let step = self.w.gemv_frames();
@@ -502,9 +503,9 @@ impl Conv1d {
     }
 
     /// [`Self::run_rows`] on the matrix-vector kernel (every row `ns[r] <= gemv_frames`).
-    fn gemv_rows(&self, fulls: &[Option<Frames>], ns: &[usize]) -> Vec<Frames> {
+    fn gemv_rows(&self, fulls: &[Option<Frames>], ns: &[usize]) -> RowList<Frames> {
         let kk = self.w.len() / self.cout.max(1);
-        let cols: Vec<Frames> = (fulls.iter().zip(ns))
+        let cols: RowList<Frames> = (fulls.iter().zip(ns))
             .map(|(f, &n)| match f {
                 Some(full) if n > 0 => self.gemv_cols(&Padded::plain(full), n, kk),
                 _ => Frames::empty(kk),
@@ -524,8 +525,8 @@ impl Conv1d {
         second: &Conv1d,
         alpha: f32,
         residuals: &[&Frames],
-    ) -> Vec<Frames> {
-        let parts: Vec<&Frames> = fulls.iter().collect();
+    ) -> RowList<Frames> {
+        let parts: RowList<&Frames> = fulls.iter().collect();
         let joined = Joined::new(&parts, self.cin, 1);
         let n = self.frames(joined.frames.len);
         let residual = place(residuals, second.cout, &joined.starts, n);

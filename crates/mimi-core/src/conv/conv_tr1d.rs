@@ -5,6 +5,7 @@
 //! for all phases, per tile ([`ConvTr1d::run_tiled`]) or, for a streaming step, with the
 //! matrix-vector kernel.
 
+use crate::rows::RowList;
 use candle::Result;
 use candle_nn::VarBuilder;
 
@@ -252,7 +253,7 @@ impl ConvTr1d {
         sts: &mut [&mut ConvState],
         xs: &[Frames],
         act: Option<f32>,
-    ) -> Vec<Frames> {
+    ) -> RowList<Frames> {
         let step = self.w.gemv_frames();
         let few = xs.iter().all(|x| x.len <= step);
         let many = xs.iter().all(|x| x.len > step);
@@ -262,15 +263,15 @@ impl ConvTr1d {
                 .map(|(st, x)| self.step(st, x, act))
                 .collect();
         }
-        let fulls: Vec<Option<Frames>> = (sts.iter_mut().zip(xs))
+        let fulls: RowList<Option<Frames>> = (sts.iter_mut().zip(xs))
             .map(|(st, x)| (x.len > 0).then(|| self.prepare(st, x, act)))
             .collect();
-        let ns: Vec<usize> = xs.iter().map(|x| x.len).collect();
+        let ns: RowList<usize> = xs.iter().map(|x| x.len).collect();
         if many {
             return self.run_joined(&fulls, &ns);
         }
         let tk = self.taps * self.cin;
-        let cols: Vec<Frames> = (fulls.iter().zip(&ns))
+        let cols: RowList<Frames> = (fulls.iter().zip(&ns))
             .map(|(f, &n)| {
                 f.as_ref()
                     .map_or_else(|| Frames::empty(tk), |full| self.gemv_cols(full, n))
@@ -286,8 +287,8 @@ impl ConvTr1d {
     /// Rows' prepared inputs (each `taps - 1` earlier frames then `ns[r]` new ones) side by
     /// side in one tiled run: output frame `t` reads input frames `t .. t + taps`, so row
     /// `r`'s outputs start at its start's.
-    fn run_joined(&self, fulls: &[Option<Frames>], ns: &[usize]) -> Vec<Frames> {
-        let parts: Vec<&Frames> = fulls.iter().flatten().collect();
+    fn run_joined(&self, fulls: &[Option<Frames>], ns: &[usize]) -> RowList<Frames> {
+        let parts: RowList<&Frames> = fulls.iter().flatten().collect();
         let joined = Joined::new(&parts, self.cin, 1);
         let y = self.run(&joined.frames, joined.frames.len + 1 - self.taps);
         let s = self.stride;

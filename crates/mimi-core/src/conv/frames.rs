@@ -4,6 +4,7 @@
 
 use super::activation::copy_act;
 use super::buffers;
+use crate::rows::RowList;
 
 /// `(channels, frames)` activations of one batch item, row-major.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -35,7 +36,7 @@ impl Frames {
 
     /// A buffer of the given shape with unspecified contents (every element is written by
     /// the caller).
-    pub(super) fn uninit(channels: usize, len: usize) -> Self {
+    pub(crate) fn uninit(channels: usize, len: usize) -> Self {
         Self::new(channels, len, buffers::take(channels * len))
     }
 
@@ -106,14 +107,14 @@ impl Frames {
 /// product over this (see `Conv1d::step_rows`).
 pub(super) struct Joined {
     pub(super) frames: Frames,
-    pub(super) starts: Vec<usize>,
+    pub(super) starts: RowList<usize>,
 }
 
 impl Joined {
     /// `parts` one after the other, each starting at a multiple of `align` (a strided
     /// convolution's rows then start at whole output frames).
     pub(super) fn new(parts: &[&Frames], channels: usize, align: usize) -> Self {
-        let mut starts = Vec::with_capacity(parts.len());
+        let mut starts = RowList::with_capacity(parts.len());
         let mut len = 0;
         for p in parts {
             starts.push(len);

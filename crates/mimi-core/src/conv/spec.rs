@@ -2,6 +2,7 @@
 //! ([`ConvState`]), and their weights as candle's Mimi modules store them ([`conv_weight`],
 //! plain or weight-norm, read into a host `Vec` by [`to_vec`]).
 
+use crate::rows::RowList;
 use candle::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use std::sync::Arc;
@@ -218,8 +219,8 @@ impl Matrix {
         ns: &[usize],
         (k, n): (usize, usize),
         mut out: impl FnMut(&[f32], usize) -> Frames,
-    ) -> Vec<Frames> {
-        let mut rows = Vec::with_capacity(ns.len());
+    ) -> RowList<Frames> {
+        let mut rows = RowList::with_capacity(ns.len());
         let mut i = 0;
         while i < ns.len() {
             let (mut j, mut total) = (i + 1, ns[i]);

@@ -2,6 +2,7 @@
 //! `StreamableConvTranspose1d`, `ConvTrUpsample1d`), offline and in streaming chunks, and
 //! the padded gather and the ELU against their definitions.
 
+use crate::rows::RowList;
 use candle::{DType, Device, Module, Result, StreamingModule, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models::mimi::conv as cconv;
@@ -291,7 +292,7 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
                     super::tiles::test_hooks::CACHED_LIMIT.set(old);
                 }
             };
-            let (mut got, mut got_tr) = (Vec::new(), Vec::new());
+            let (mut got, mut got_tr) = (RowList::new(), RowList::new());
             group(&mut || {
                 let mut sts: Vec<&mut ConvState> = together.iter_mut().collect();
                 got = conv.step_rows(&mut sts, &xs, Some(1.0), last);

@@ -193,27 +193,29 @@ pub(super) unsafe fn gemm_acc(
     for b in 0..k.div_ceil(DEPTH_BLOCK).max(1) {
         let k0 = b * DEPTH_BLOCK;
         let kb = DEPTH_BLOCK.min(k - k0);
-        gemm::gemm(
-            m,
-            n,
-            kb,
-            dst,
-            1,
-            dst_rs as isize,
-            acc || b > 0,
-            lhs.add(k0),
-            1,
-            lhs_rs as isize,
-            rhs.add(k0 * rhs_rs),
-            1,
-            rhs_rs as isize,
-            1f32,
-            1f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
+        crate::runtime::profile::in_gemm(|| {
+            gemm::gemm(
+                m,
+                n,
+                kb,
+                dst,
+                1,
+                dst_rs as isize,
+                acc || b > 0,
+                lhs.add(k0),
+                1,
+                lhs_rs as isize,
+                rhs.add(k0 * rhs_rs),
+                1,
+                rhs_rs as isize,
+                1f32,
+                1f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        });
     }
 }
 

@@ -29,15 +29,29 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
     let done = AtomicBool::new(false);
     let done = &done;
-    rayon::scope(|s| {
+    // `join` moves the call onto a worker; its second half is an empty job.
+    let on_worker = move || {
         let owner = rayon::current_thread_index();
-        for _ in 1..threads {
-            s.spawn(move |_| keep_awake(done, owner));
-        }
+        with_keepers(threads - 1, (done, owner), f)
+    };
+    rayon::join(on_worker, || ()).0
+}
+
+/// Runs `f` on this worker (`owner`) with `n` keepers ([`keep_awake`]) offered to the other
+/// workers, each as the second half of a `join` (a job on this worker's stack: nothing is
+/// allocated, where a scope's spawned job is boxed); `done` is set when `f` returns.
+fn with_keepers<R: Send>(
+    n: usize,
+    (done, owner): (&AtomicBool, Option<usize>),
+    f: impl FnOnce() -> R + Send,
+) -> R {
+    if n == 0 {
         // Set on the way out, a panic included (it resurfaces once the keepers returned).
         let _finish = Finish(done);
-        super::team::as_owner(f)
-    })
+        return super::team::as_owner(f);
+    }
+    let keeper = move || keep_awake(done, owner);
+    rayon::join(move || with_keepers(n - 1, (done, owner), f), keeper).0
 }
 
 /// Whether [`in_pool`] keeps the pool's other workers spinning for the length of a call (the

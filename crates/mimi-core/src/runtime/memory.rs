@@ -7,7 +7,6 @@ use crate::error::{Error, Result};
 /// Bytes this process can still allocate, as far as the OS tells: `MemAvailable`, and the
 /// address-space limit (`ulimit -v`) minus what is mapped. `None` where unknown (not Linux).
 pub fn available_memory() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kb = |text: &str, key: &str| -> Option<u64> {
         text.lines()
             .find(|l| l.starts_with(key))?
@@ -17,21 +16,39 @@ pub fn available_memory() -> Option<u64> {
             .ok()
             .map(|v| v * 1024)
     };
-    let mut avail = kb(&meminfo, "MemAvailable:")?;
-    if let (Ok(limits), Ok(status)) = (
-        std::fs::read_to_string("/proc/self/limits"),
-        std::fs::read_to_string("/proc/self/status"),
-    ) {
-        let as_limit = limits
-            .lines()
+    let mut avail = read_proc("/proc/meminfo", |t| kb(t, "MemAvailable:"))?;
+    let as_limit = read_proc("/proc/self/limits", |t| {
+        t.lines()
             .find(|l| l.starts_with("Max address space"))
             .and_then(|l| l.split_whitespace().nth(3))
-            .and_then(|v| v.parse::<u64>().ok());
-        if let (Some(limit), Some(used)) = (as_limit, kb(&status, "VmSize:")) {
+            .and_then(|v| v.parse::<u64>().ok())
+    });
+    if let Some(limit) = as_limit {
+        if let Some(used) = read_proc("/proc/self/status", |t| kb(t, "VmSize:")) {
             avail = avail.min(limit.saturating_sub(used));
         }
     }
     Some(avail)
+}
+
+thread_local! {
+    /// The text of the last /proc file read on this thread, its capacity kept: a streaming
+    /// step of many rows checks its memory every call, and allocates nothing doing so.
+    static PROC_TEXT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// `f` of the text of `path` (None if it cannot be read), read into [`PROC_TEXT`].
+fn read_proc<R>(path: &str, f: impl FnOnce(&str) -> Option<R>) -> Option<R> {
+    use std::io::Read;
+    PROC_TEXT.with(|cell| {
+        let mut text = cell.try_borrow_mut().ok()?;
+        text.clear();
+        std::fs::File::open(path)
+            .ok()?
+            .read_to_string(&mut text)
+            .ok()?;
+        f(&text)
+    })
 }
 
 /// Refuses work estimated to need more than the available memory.

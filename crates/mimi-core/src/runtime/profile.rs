@@ -8,6 +8,7 @@
 //! once for all rows adds one: the totals compare directly across the two.
 
 use crate::error::locked;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -15,6 +16,30 @@ use std::time::{Duration, Instant};
 static ON: AtomicBool = AtomicBool::new(false);
 static SKIP_PRODUCTS: AtomicBool = AtomicBool::new(false);
 static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// This thread is inside a call into the `gemm` crate ([`in_gemm`]).
+    static IN_GEMM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, a call into the `gemm` crate (the convolutions' tiles), marked as one on this
+/// thread, profiling on or off. `gemm` allocates on every call (gemm-common 0.19,
+/// `gemm_basic_generic`: its `did_pack_lhs` flags, and packing buffers for some shapes):
+/// the only allocations of a warm streaming step besides the arrays it returns. The
+/// allocation test and `mimi_step_allocs` tell them apart by [`inside_gemm`].
+#[inline]
+pub(crate) fn in_gemm<R>(f: impl FnOnce() -> R) -> R {
+    IN_GEMM.set(true);
+    let out = f();
+    IN_GEMM.set(false);
+    out
+}
+
+/// Whether this thread is inside a call into the `gemm` crate (see [`in_gemm`]): what a
+/// counting allocator asks to tell `gemm`'s allocations from the rest. Allocates nothing.
+pub fn inside_gemm() -> bool {
+    IN_GEMM.get()
+}
 
 /// One timed label: its total wall time and how many calls made it.
 #[derive(Clone, Debug, PartialEq)]

@@ -9,6 +9,7 @@ use candle_nn::VarBuilder;
 use crate::config::SeanetConfig;
 use crate::conv::{Conv1d, ConvState, ConvTr1d, Frames};
 use crate::error::Cancel;
+use crate::rows::RowList;
 use crate::runtime::profile::time;
 
 pub mod topology;
@@ -105,7 +106,7 @@ impl ResBlock {
         xs: &[Frames],
         alpha: f32,
         last: bool,
-    ) -> Vec<Frames> {
+    ) -> RowList<Frames> {
         let (c1, c2) = (&self.convs[0], &self.convs[1]);
         let fused = c1.stride == 1 && c2.k == 1 && self.shortcut.is_none();
         let bytes = c1.weights_nbytes() + c2.weights_nbytes();
@@ -117,13 +118,13 @@ impl ResBlock {
                 .collect();
         }
         // Every row has frames, so every row's prepared input is there.
-        let fulls: Vec<Frames> = (sts.iter_mut().zip(xs))
+        let fulls: RowList<Frames> = (sts.iter_mut().zip(xs))
             .filter_map(|(st, x)| {
                 st.convs.resize_with(2, ConvState::default);
                 c1.prepare(&mut st.convs[0], x, Some(alpha), last)
             })
             .collect();
-        let skips: Vec<&Frames> = xs.iter().collect();
+        let skips: RowList<&Frames> = xs.iter().collect();
         c1.run_fused_rows(&fulls, c2, alpha, &skips)
     }
 }
@@ -244,7 +245,7 @@ impl Encoder {
         xs: &[Frames],
         last: bool,
         cancel: Cancel,
-    ) -> Result<Vec<Frames>> {
+    ) -> Result<RowList<Frames>> {
         let a = Some(self.alpha);
         for st in sts.iter_mut() {
             st.layers.resize_with(self.layers.len(), Default::default);
@@ -252,16 +253,17 @@ impl Encoder {
                 ls.0.resize_with(res.len(), Default::default);
             }
         }
-        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
+        let mut cs: RowList<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
         let mut x = time(
             || "enc.init".into(),
             || self.init.step_rows(&mut cs, xs, None, last),
         );
+        drop(cs); // (a `RowList` holds its borrows to its end)
         let stages = self.layers.len();
         for (i, (res, down)) in self.layers.iter().enumerate() {
             crate::error::check_cancel(cancel)?;
             for (j, r) in res.iter().enumerate() {
-                let mut rs: Vec<&mut ResState> =
+                let mut rs: RowList<&mut ResState> =
                     sts.iter_mut().map(|st| &mut st.layers[i].0[j]).collect();
                 x = time(
                     || format!("enc.s{i}.res{j}"),
@@ -269,7 +271,7 @@ impl Encoder {
                 );
             }
             if i + 1 < stages {
-                let mut cs: Vec<&mut ConvState> =
+                let mut cs: RowList<&mut ConvState> =
                     sts.iter_mut().map(|st| &mut st.layers[i].1).collect();
                 x = time(
                     || format!("enc.s{i}.down"),
@@ -311,13 +313,13 @@ impl Encoder {
         sts: &mut [&mut EncoderState],
         xs: &[Frames],
         last: bool,
-    ) -> Vec<Frames> {
+    ) -> RowList<Frames> {
         let a = Some(self.alpha);
         for st in sts.iter_mut() {
             st.layers.resize_with(self.layers.len(), Default::default);
         }
         let down = self.layers.last().map(|(_, down)| {
-            let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
+            let mut cs: RowList<&mut ConvState> = (sts.iter_mut())
                 .filter_map(|st| st.layers.last_mut().map(|l| &mut l.1))
                 .collect();
             let i = self.layers.len() - 1;
@@ -326,7 +328,7 @@ impl Encoder {
                 || down.step_rows(&mut cs, xs, a, last),
             )
         });
-        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
+        let mut cs: RowList<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
         time(
             || "enc.last".into(),
             || {
@@ -433,18 +435,19 @@ impl Decoder {
     }
 
     /// [`Self::frame_rate`] of several rows at once, as [`Encoder::frame_rate_rows`].
-    pub fn frame_rate_rows(&self, sts: &mut [&mut DecoderState], xs: &[Frames]) -> Vec<Frames> {
+    pub fn frame_rate_rows(&self, sts: &mut [&mut DecoderState], xs: &[Frames]) -> RowList<Frames> {
         for st in sts.iter_mut() {
             st.layers.resize_with(self.layers.len(), Default::default);
         }
-        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
+        let mut cs: RowList<&mut ConvState> = sts.iter_mut().map(|st| &mut st.init).collect();
         let x = time(
             || "dec.init".into(),
             || self.init.step_rows(&mut cs, xs, None, false),
         );
+        drop(cs); // (a `RowList` holds its borrows to its end)
         match self.layers.first() {
             Some((up, _)) => {
-                let mut cs: Vec<&mut ConvState> = (sts.iter_mut())
+                let mut cs: RowList<&mut ConvState> = (sts.iter_mut())
                     .filter_map(|st| st.layers.first_mut().map(|l| &mut l.0))
                     .collect();
                 time(
@@ -473,7 +476,7 @@ impl Decoder {
         sts: &mut [&mut DecoderState],
         xs: &[Frames],
         cancel: Cancel,
-    ) -> Result<Vec<Frames>> {
+    ) -> Result<RowList<Frames>> {
         let a = Some(self.alpha);
         for st in sts.iter_mut() {
             st.layers.resize_with(self.layers.len(), Default::default);
@@ -481,11 +484,11 @@ impl Decoder {
                 ls.1.resize_with(res.len(), Default::default);
             }
         }
-        let mut y: Option<Vec<Frames>> = None; // the latest layer's output (`xs` before any)
+        let mut y: Option<RowList<Frames>> = None; // the latest layer's output (`xs` before any)
         for (i, (up, res)) in self.layers.iter().enumerate() {
             crate::error::check_cancel(cancel)?;
             if i > 0 {
-                let mut cs: Vec<&mut ConvState> =
+                let mut cs: RowList<&mut ConvState> =
                     sts.iter_mut().map(|st| &mut st.layers[i].0).collect();
                 y = Some(time(
                     || format!("dec.s{i}.up"),
@@ -493,7 +496,7 @@ impl Decoder {
                 ));
             }
             for (j, r) in res.iter().enumerate() {
-                let mut rs: Vec<&mut ResState> =
+                let mut rs: RowList<&mut ResState> =
                     sts.iter_mut().map(|st| &mut st.layers[i].1[j]).collect();
                 y = Some(time(
                     || format!("dec.s{i}.res{j}"),
@@ -501,7 +504,7 @@ impl Decoder {
                 ));
             }
         }
-        let mut cs: Vec<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
+        let mut cs: RowList<&mut ConvState> = sts.iter_mut().map(|st| &mut st.last).collect();
         Ok(time(
             || "dec.last".into(),
             || {

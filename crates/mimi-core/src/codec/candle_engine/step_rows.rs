@@ -22,7 +22,7 @@ pub(super) struct StepRows {
 impl StepRows {
     /// The device indices of `rows` (none for an unmasked step).
     pub fn new(rows: &Rows, dev: &Device) -> Result<Self> {
-        let (idx, batch) = (rows.indices().into_owned(), rows.batch());
+        let (idx, batch) = (rows.indices().to_vec(), rows.batch());
         if !rows.is_masked() || idx.len() == batch {
             return Ok(Self {
                 idx,
