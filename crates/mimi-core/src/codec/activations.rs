@@ -148,10 +148,10 @@ fn split_rows(data: Vec<f32>, rows: usize, channels: usize, len: usize) -> Resul
     if rows == 1 {
         return Ok(std::iter::once(Frames::new(channels, len, data)).collect());
     }
-    Ok((data.chunks_exact(per.max(1)))
-        .map(|row| {
+    Ok((0..rows)
+        .map(|r| {
             let mut f = Frames::uninit(channels, len);
-            f.data.copy_from_slice(row);
+            f.data.copy_from_slice(&data[r * per..(r + 1) * per]);
             f
         })
         .collect())

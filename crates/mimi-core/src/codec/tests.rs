@@ -531,6 +531,20 @@ mod host_calls {
         let latents = c.decode_latents_host(codes, Some(&[0, 0])).unwrap();
         assert_eq!(latents.shape, direct.dims());
         assert_eq!((latents.shape, latents.data.len()), (vec![2, dim, 0], 0));
+        // A masked step of no samples on several active rows: no codes, no audio, the
+        // streams unchanged (each row's frames come apart from one empty array).
+        let mut s = c.encode_stream();
+        let active = Some(Rows::from_mask(&[true, false, true]));
+        let step = EncodeStep {
+            active: active.clone(),
+            last: false,
+        };
+        let none = c.encode_step_host(&mut s, HostArray::new(vec![], vec![3, 1, 0]), step);
+        assert!(matches!(none, Ok(None)), "{none:?}");
+        assert_eq!(s.counts(), &[0, 0, 0]);
+        let mut d = c.decode_stream();
+        let none = c.decode_step_host(&mut d, HostArray::new(vec![], vec![3, k, 0]), active);
+        assert!(matches!(none, Ok(None)), "{none:?}");
     }
 }
 
