@@ -8,8 +8,8 @@
 //! buffers for some shapes), and `other` what is left once both are taken off: what a
 //! planned step brings to 0 (`tests/step_alloc.rs` asserts it).
 //!
-//! `cargo run --release -p mimi-core --bin mimi_step_allocs -- [batches]` (default `1,8`)
-//! prints one JSON line per B. With `MIMI_ALLOC_SITES=1` it also prints, per B, where they
+//! `cargo run --release -p mimi-core --bin mimi_step_allocs -- [batches] [float32|bfloat16]`
+//! (default `1,8`, float32 weights) prints one JSON line per B. With `MIMI_ALLOC_SITES=1` it also prints, per B, where they
 //! were made (the first frame outside the standard library, which may be a dependency's,
 //! and the first `mimi_core` frame of each allocation's backtrace, by count): the list of
 //! what is left to plan. The counts on that line then include the other thread's
@@ -18,6 +18,7 @@
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use mimi_core::candle::{DType, Device};
+use mimi_core::runtime::device::WeightsDType;
 use mimi_core::runtime::profile::inside_gemm;
 use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -156,7 +157,11 @@ fn main() -> Result<()> {
     let sites = std::env::var("MIMI_ALLOC_SITES").is_ok_and(|v| v == "1");
     let cfg = CodecConfig::mimi(8);
     let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
-    let codec = Codec::new(&cfg, source, &Device::Cpu, DType::F32)?;
+    let wd = match std::env::args().nth(2).as_deref() {
+        Some("bfloat16") => WeightsDType::BF16,
+        _ => WeightsDType::F32,
+    };
+    let codec = Codec::with_weights_dtype(&cfg, source, &Device::Cpu, DType::F32, wd)?;
     for b in batches {
         let (enc, dec, gemm) = count_frame(&codec, b, sites)?;
         let other = (enc + dec).saturating_sub(gemm + RETURNED);
