@@ -13,12 +13,12 @@ use super::engine::{
 use super::offline::{empty, segments, split, stream_window};
 use crate::config::{CodecConfig, PadMode};
 use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
-use crate::error::{Cancel, Result};
+use crate::error::{locked, Cancel, Error, Result};
 use crate::rows::{RowList, Rows};
 use crate::seanet;
 use candle::Tensor;
 use candle_nn::VarBuilder;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// One batch item's encoder state: the SEANet encoder's and the downsampling's.
 type EncodeItem = (seanet::EncoderState, ConvState);
@@ -358,7 +358,9 @@ impl EncodeConvs for NativeEncode {
 /// `f` over the rows (`sts[r]`, `xs[r]`) in one group per thread, the groups at once: the
 /// high-rate layers (small weights, many frames per row) keep both threads busier split by
 /// rows than by the output channels of each layer in turn, as the offline path splits by
-/// segments. A row's bits do not depend on its group.
+/// segments. The groups are one team loop (`kernels::for_each_index`: no fork/join, and
+/// nothing allocated up to [`crate::rows::ROWS_INLINE`] rows); each group's own loops run in
+/// place. A row's bits do not depend on its group.
 fn by_groups<S: Send, T: Send>(
     sts: &mut [S],
     xs: &[Frames],
@@ -374,23 +376,25 @@ fn by_groups<S: Send, T: Send>(
             _ => f(sts, xs),
         };
     }
-    fn halves<S: Send, T: Send>(
-        sts: &mut [S],
-        xs: &[Frames],
-        size: usize,
-        f: &(impl Fn(&mut [S], &[Frames]) -> Result<RowList<T>> + Sync),
-    ) -> Result<RowList<T>> {
-        if sts.len() <= size {
-            return crate::conv::as_group(|| f(sts, xs));
+    // Each group's states, and each row's output; the first error.
+    let groups: RowList<Mutex<&mut [S]>> = sts.chunks_mut(size).map(Mutex::new).collect();
+    let outs: RowList<Mutex<Option<T>>> = xs.iter().map(|_| Mutex::new(None)).collect();
+    let failed: Mutex<Option<Error>> = Mutex::new(None);
+    crate::kernels::for_each_index(groups.len(), |g| {
+        let mut group = locked(&groups[g]);
+        let rows = g * size..g * size + group.len();
+        match crate::conv::as_group(|| f(&mut group, &xs[rows.clone()])) {
+            Ok(ys) => (ys.into_iter().zip(&outs[rows])).for_each(|(y, o)| *locked(o) = Some(y)),
+            Err(e) => *locked(&failed) = Some(e),
         }
-        let h = sts.len() / 2;
-        let ((s1, s2), (x1, x2)) = (sts.split_at_mut(h), xs.split_at(h));
-        let (a, b) = rayon::join(|| halves(s1, x1, size, f), || halves(s2, x2, size, f));
-        let mut a = a?;
-        a.extend(b?);
-        Ok(a)
+    });
+    if let Some(e) = locked(&failed).take() {
+        return Err(e);
     }
-    halves(sts, xs, size, f)
+    (outs.into_iter())
+        .map(|o| o.into_inner().ok().flatten())
+        .collect::<Option<RowList<T>>>()
+        .ok_or_else(|| Error::Internal("a group of rows left a row without output".into()))
 }
 
 /// A decoder stream on the native engine: one state per batch row.
