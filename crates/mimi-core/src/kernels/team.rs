@@ -11,9 +11,9 @@
 //! done. Which thread runs a task never changes what it computes, so results do not depend
 //! on the threads.
 //!
-//! With one thread, one task, or inside a task, the loop runs in place. On a thread that is
-//! not an owner (the other group of rows at B >= 2, which `by_groups` hands to rayon), or
-//! while another call holds the slot, it runs on rayon's `par_iter`, as before. A panic in a
+//! With one thread, one task, or inside a task (a group of rows of `by_groups`, each a task
+//! of one loop), the loop runs in place. On a thread that is not an owner (a call made from
+//! inside the pool), or while another call holds the slot, it runs on rayon's `par_iter`. A panic in a
 //! task reaches the owner with its own payload once every task is done.
 
 use crate::error::locked;
