@@ -4,40 +4,13 @@
 
 use mimi_core::candle::{DType, Device};
 use mimi_core::runtime::device::WeightsDType;
+use mimi_core::runtime::profile::CountingAlloc;
 use mimi_core::transformer::{State, Transformer};
 use mimi_core::weights::{load_transformer_only, LoadSpec, QkLayout};
 use mimi_core::{Result, TensorSource, TransformerConfig};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.alloc(layout)
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.alloc_zeroed(layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        System.realloc(ptr, layout, new_size)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
 
 #[global_allocator]
-static COUNTING: Counting = Counting;
+static COUNTING: CountingAlloc = CountingAlloc::new();
 
 /// A small f32 transformer on the CPU (the planned step), seeded.
 fn model() -> Result<Transformer> {
@@ -88,11 +61,11 @@ fn a_warm_planned_step_allocates_nothing() -> Result<()> {
             // an allocation made by the step itself would show in every window.
             let mut made = Vec::new();
             for _ in 0..5 {
-                let before = ALLOCATIONS.load(Ordering::SeqCst);
+                let before = COUNTING.counts();
                 for _ in 0..10 {
                     model.step_host(&mut state, &x, &rows, &mut out, None)?;
                 }
-                made.push(ALLOCATIONS.load(Ordering::SeqCst) - before);
+                made.push((COUNTING.counts() - before).total);
                 if made.last() == Some(&0) {
                     break;
                 }

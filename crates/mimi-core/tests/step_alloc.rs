@@ -8,48 +8,11 @@
 //! binary, so no other test allocates while it counts.)
 
 use mimi_core::candle::{DType, Device};
-use mimi_core::runtime::profile::inside_gemm;
+use mimi_core::runtime::profile::CountingAlloc;
 use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-struct Counting;
-
-/// Allocations outside `gemm`'s calls, and inside them.
-static OURS: AtomicUsize = AtomicUsize::new(0);
-static GEMM: AtomicUsize = AtomicUsize::new(0);
-
-fn count() {
-    match inside_gemm() {
-        true => GEMM.fetch_add(1, Ordering::SeqCst),
-        false => OURS.fetch_add(1, Ordering::SeqCst),
-    };
-}
-
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc(layout)
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc_zeroed(layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        System.realloc(ptr, layout, new_size)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
 
 #[global_allocator]
-static COUNTING: Counting = Counting;
+static COUNTING: CountingAlloc = CountingAlloc::new();
 
 /// Allocations of one frame's two returned arrays (codes, audio), each values and shape.
 const RETURNED: usize = 4;
@@ -89,11 +52,11 @@ fn windows(codec: &Codec, b: usize) -> Result<(Vec<usize>, Vec<u32>)> {
     }
     let mut made = Vec::new();
     while made.len() < 6 && made.last() != Some(&(RETURNED * WINDOW)) {
-        let before = OURS.load(Ordering::SeqCst);
+        let before = COUNTING.counts();
         for _ in 0..WINDOW {
             frame(&mut last)?;
         }
-        made.push(OURS.load(Ordering::SeqCst) - before);
+        made.push((COUNTING.counts() - before).outside_gemm());
     }
     Ok((made, last))
 }
@@ -112,7 +75,7 @@ fn a_warm_codec_step_allocates_only_what_it_returns() -> Result<()> {
         .build()
         .map_err(|e| mimi_core::Error::Internal(e.to_string()))?;
     for b in [1, 2, 5] {
-        let gemm = GEMM.load(Ordering::SeqCst);
+        let gemm = COUNTING.counts().in_gemm;
         let (made, codes) = windows(&codec, b)?;
         assert_eq!(
             made.last(),
@@ -128,7 +91,7 @@ fn a_warm_codec_step_allocates_only_what_it_returns() -> Result<()> {
         // The counter does see `gemm`'s own allocations (the test would otherwise prove
         // nothing about them being told apart).
         assert!(
-            GEMM.load(Ordering::SeqCst) > gemm,
+            COUNTING.counts().in_gemm > gemm,
             "{b} rows: no gemm call counted"
         );
     }

@@ -19,30 +19,16 @@
 
 use mimi_core::candle::{DType, Device};
 use mimi_core::runtime::device::WeightsDType;
-use mimi_core::runtime::profile::inside_gemm;
+use mimi_core::runtime::profile::CountingAlloc;
 use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-
-struct Counting;
 
 /// The allocations of the two returned arrays (codes, audio): each its values and its shape.
 const RETURNED: usize = 4;
 
-/// Counts one allocation (and where, when on).
-fn count() {
-    COUNT.fetch_add(1, Ordering::SeqCst);
-    if inside_gemm() {
-        IN_GEMM.fetch_add(1, Ordering::SeqCst);
-    }
-    record();
-}
-
-static COUNT: AtomicUsize = AtomicUsize::new(0);
-static IN_GEMM: AtomicUsize = AtomicUsize::new(0);
 static SITES_ON: AtomicBool = AtomicBool::new(false);
 static SITES: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
 
@@ -80,9 +66,10 @@ fn record() {
         .iter()
         .any(|p| f.starts_with(p))
             && !f.contains("backtrace")
+            && !f.contains("CountingAlloc")
     };
     let first = frames.iter().find(|(f, _)| outside(f));
-    let ours = frames.iter().find(|(f, _)| f.contains("mimi_core::"));
+    let ours = (frames.iter()).find(|(f, _)| f.contains("mimi_core::") && outside(f));
     let site = [first, ours]
         .iter()
         .flatten()
@@ -98,30 +85,8 @@ fn record() {
     RECORDING.with(|c| c.set(false));
 }
 
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc(layout)
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        System.alloc_zeroed(layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        System.realloc(ptr, layout, new_size)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
-
 #[global_allocator]
-static COUNTING: Counting = Counting;
+static COUNTING: CountingAlloc = CountingAlloc::with_hook(Some(record));
 
 /// Allocations of one frame of `b` rows after 5 warm ones: (encode, decode, inside gemm).
 fn count_frame(codec: &Codec, b: usize, sites: bool) -> Result<(usize, usize, usize)> {
@@ -131,17 +96,16 @@ fn count_frame(codec: &Codec, b: usize, sites: bool) -> Result<(usize, usize, us
     let mut counts = (0, 0, 0);
     for i in 0..6 {
         let x = HostArray::new(pcm.clone(), vec![b, 1, f]);
-        let g0 = IN_GEMM.load(Ordering::SeqCst);
-        let n0 = COUNT.load(Ordering::SeqCst);
+        let c0 = COUNTING.counts();
         SITES_ON.store(sites && i == 5, Ordering::SeqCst);
         let codes = codec.encode_step_host(&mut enc, x, EncodeStep::default())?;
-        let n1 = COUNT.load(Ordering::SeqCst);
+        let c1 = COUNTING.counts();
         if let Some(codes) = codes {
             codec.decode_step_host(&mut dec, codes, None)?;
         }
         SITES_ON.store(false, Ordering::SeqCst);
-        let gemm = IN_GEMM.load(Ordering::SeqCst) - g0;
-        counts = (n1 - n0, COUNT.load(Ordering::SeqCst) - n1, gemm);
+        let c2 = COUNTING.counts();
+        counts = ((c1 - c0).total, (c2 - c1).total, (c2 - c0).in_gemm);
     }
     Ok(counts)
 }

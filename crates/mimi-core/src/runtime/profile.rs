@@ -8,8 +8,9 @@
 //! once for all rows adds one: the totals compare directly across the two.
 
 use crate::error::locked;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,106 @@ pub(crate) fn in_gemm<R>(f: impl FnOnce() -> R) -> R {
 /// counting allocator asks to tell `gemm`'s allocations from the rest. Allocates nothing.
 pub fn inside_gemm() -> bool {
     IN_GEMM.get()
+}
+
+/// A global allocator for the allocation tests and `mimi_step_allocs`: it counts heap
+/// allocations (`alloc`, `alloc_zeroed`, `realloc`), those made inside calls into `gemm`
+/// apart ([`inside_gemm`]), and forwards every call to the system allocator unchanged. A test
+/// or bench binary installs it (`#[global_allocator] static A: CountingAlloc =
+/// CountingAlloc::new();`) and reads [`CountingAlloc::counts`]; the library never does.
+pub struct CountingAlloc {
+    total: AtomicUsize,
+    in_gemm: AtomicUsize,
+    hook: Option<fn()>,
+}
+
+/// What a [`CountingAlloc`] has counted; `after - before` is what happened in between.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocCounts {
+    /// Every allocation.
+    pub total: usize,
+    /// Those made inside calls into `gemm` ([`inside_gemm`]).
+    pub in_gemm: usize,
+}
+
+impl AllocCounts {
+    /// Those made outside calls into `gemm`.
+    pub fn outside_gemm(self) -> usize {
+        self.total - self.in_gemm
+    }
+}
+
+impl std::ops::Sub for AllocCounts {
+    type Output = AllocCounts;
+    fn sub(self, before: AllocCounts) -> AllocCounts {
+        AllocCounts {
+            total: self.total - before.total,
+            in_gemm: self.in_gemm - before.in_gemm,
+        }
+    }
+}
+
+impl CountingAlloc {
+    pub const fn new() -> Self {
+        Self::with_hook(None)
+    }
+
+    /// Also calls `hook` on each allocation, after counting it (the bench's list of where
+    /// allocations are made; a hook that allocates must guard against its own calls).
+    pub const fn with_hook(hook: Option<fn()>) -> Self {
+        Self {
+            total: AtomicUsize::new(0),
+            in_gemm: AtomicUsize::new(0),
+            hook,
+        }
+    }
+
+    /// The counts so far, of every thread.
+    pub fn counts(&self) -> AllocCounts {
+        AllocCounts {
+            total: self.total.load(Ordering::SeqCst),
+            in_gemm: self.in_gemm.load(Ordering::SeqCst),
+        }
+    }
+
+    fn count(&self) {
+        self.total.fetch_add(1, Ordering::SeqCst);
+        if inside_gemm() {
+            self.in_gemm.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(hook) = self.hook {
+            hook();
+        }
+    }
+}
+
+impl Default for CountingAlloc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; counting allocates
+// nothing.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.count();
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.count();
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        self.count();
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
 }
 
 /// One timed label: its total wall time and how many calls made it.
