@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, as one prepared run on the GPU machine (repository root, results in $OUT):
-#   1. a virtualenv over the machine's Python (PyTorch and NVIDIA's CUDA wheels come from it),
-#      with the carried CUDA wheel of mimi_py and the test/bench wheels (no network there);
+#   1. the machine's python3 (PyTorch and NVIDIA's CUDA wheels come from it), with the carried
+#      CUDA wheel of mimi_py, moshi, and those test/bench wheels the machine lacks, installed
+#      into a folder on PYTHONPATH (no network there). Not a virtualenv: that python3 is itself
+#      one, and a virtualenv made from it sees the base interpreter's packages, not its torch;
 #   2. the device-independent test suites on MIMI_TEST_DEVICE (default cuda): fixture numerics,
 #      state invariants, codec codes and audio, half precision, hostile inputs;
 #   3. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
@@ -10,8 +12,8 @@
 # Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
 # test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
 # compared with the CPU's (at least 99% equal, tests/support/ondevice.py).
-# Sized for under 8 minutes of device time. Prepare .gpu/ first (scripts/prepare_gpu_check.sh),
-# then: device run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
+# Sized for under 9 minutes of run time (tests up to 270 s, bench up to 240 s). Prepare .gpu/
+# first (scripts/prepare_gpu_check.sh), then: device run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=560).
 #
 # Dry run on a CPU machine, with the mimi_py the current Python imports and a tiny bench:
 #   MIMI_TEST_DEVICE=cpu bash scripts/gpu_check.sh
@@ -29,15 +31,29 @@ if [ "$DEVICE" = cpu ]; then
     BENCH_SIZE=(--tiny)
     PYTHON="${PYTHON:-python}"
 else
-    BENCH_SIZE=()
+    # Four (engine, dtype) workers of at most 55 s each fit inside the bench's 240 s, so a
+    # slow worker loses its own rows, not the whole table.
+    BENCH_SIZE=(--timeout 55)
     step "environment"
     (nvidia-smi || true) >"$OUT/nvidia-smi.txt" 2>&1
     head -15 "$OUT/nvidia-smi.txt"
-    python3 -m venv --system-site-packages /tmp/gpu-venv
-    PYTHON=/tmp/gpu-venv/bin/python
-    "$PYTHON" -m pip install --quiet --no-index --find-links .gpu/wheels \
-        pytest hypothesis einops sentencepiece safetensors || status=1
-    "$PYTHON" -m pip install --quiet --no-index --no-deps .gpu/wheels/moshi-*.whl .gpu/mimi_py-*.whl || status=1
+    PYTHON="${PYTHON:-python3}"
+    SITE=/tmp/gpu-site
+    missing=()
+    for pkg in pytest hypothesis einops sentencepiece safetensors; do
+        "$PYTHON" -c "import $pkg" 2>/dev/null || missing+=("$pkg")
+    done
+    echo "python: $(command -v "$PYTHON"), torch $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1); carried for lack of them: ${missing[*]:-none}"
+    for pkg in "${missing[@]}"; do # one at a time: one that fails leaves the others
+        "$PYTHON" -m pip install --quiet --no-index --find-links .gpu/wheels --target "$SITE" \
+            "$pkg" || status=1
+    done
+    "$PYTHON" -m pip install --quiet --no-index --no-deps --target "$SITE" \
+        .gpu/wheels/moshi-*.whl .gpu/mimi_py-*.whl || status=1
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    # Only the plugins the suites need: the machine's own (benchmark, cov, xdist, ...) could
+    # warn, and the suites turn warnings into errors.
+    export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 fi
 export MIMI_TEST_DEVICE="$DEVICE"
 
