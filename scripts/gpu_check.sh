@@ -6,14 +6,16 @@
 #      one, and a virtualenv made from it sees the base interpreter's packages, not its torch;
 #   2. the device-independent test suites on MIMI_TEST_DEVICE (default cuda): fixture numerics,
 #      state invariants, codec codes and audio, half precision, hostile inputs;
-#   3. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
+#   3. the real-size seeded codec's float32 codes on the device against the CPU's (>= 99%);
+#   4. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
 #      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64, and mimi_py's
 #      masked streaming (active=, 3 rows in 4) at the same sizes).
 # Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
 # test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
 # compared with the CPU's (at least 99% equal, tests/support/ondevice.py).
-# Sized for under 9 minutes of run time (tests up to 270 s, bench up to 240 s). Prepare .gpu/
-# first (scripts/prepare_gpu_check.sh), then: device run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=560).
+# Sized for under 8 minutes (tests up to 180 s, codes 90 s, bench 190 s). Prepare .gpu/
+# first (scripts/prepare_gpu_check.sh), then, with the device tool:
+#   run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=500).
 #
 # Dry run on a CPU machine, with the mimi_py the current Python imports and a tiny bench:
 #   MIMI_TEST_DEVICE=cpu bash scripts/gpu_check.sh
@@ -31,9 +33,9 @@ if [ "$DEVICE" = cpu ]; then
     BENCH_SIZE=(--tiny)
     PYTHON="${PYTHON:-python}"
 else
-    # Four (engine, dtype) workers of at most 55 s each fit inside the bench's 240 s, so a
+    # Four (engine, dtype) workers of at most 45 s each fit inside the bench's 190 s, so a
     # slow worker loses its own rows, not the whole table.
-    BENCH_SIZE=(--timeout 55)
+    BENCH_SIZE=(--timeout 45)
     step "environment"
     (nvidia-smi || true) >"$OUT/nvidia-smi.txt" 2>&1
     head -15 "$OUT/nvidia-smi.txt"
@@ -66,7 +68,7 @@ print(c, "->", c.encode(np.zeros((1, 1, 1920), np.float32)).shape)
 PY
 
 step "tests on $DEVICE"
-timeout 270 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" \
+timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" \
     tests/transformer/test_fixtures.py tests/transformer/test_state.py tests/codec/test_codec.py \
     tests/codec/test_half.py tests/inputs/test_input_arrays.py tests/transformer/test_transformer_inputs.py \
     tests/codec/test_codec_inputs.py tests/transformer/test_config.py tests/weights/test_weights.py \
@@ -74,8 +76,37 @@ timeout 270 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/ju
     2>&1 | tee "$OUT/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+step "real-size codes on $DEVICE against the CPU's"
+# The tests use the small codec; here the real-size seeded one: float32 codes on the device
+# must equal the CPU's (>= 99%), offline and streaming (the streamed frames equal offline's).
+timeout 90 "$PYTHON" - "$DEVICE" <<'PY' 2>&1 | tee "$OUT/agreement.txt"
+import sys
+import numpy as np
+import mimi_py
+dev = sys.argv[1]
+pcm = (np.random.default_rng(0).standard_normal((2, 1, 4 * 24000)) * 0.1).astype(np.float32)
+cpu = mimi_py.MimiCodec(seed=0, num_codebooks=8)
+ref = cpu.encode(pcm)
+audio_ref = cpu.decode(ref)
+print("cpu codes", ref.shape, "distinct values", len(np.unique(ref)))
+worst = 1.0
+for dtype in ("float32", "bfloat16"):
+    gpu = mimi_py.MimiCodec(seed=0, num_codebooks=8, device=dev, dtype=dtype)
+    off = float((gpu.encode(pcm) == ref).mean())
+    steps = [gpu.encode_step(pcm[..., i * 1920 : (i + 1) * 1920]) for i in range(25)]
+    stream = float((np.concatenate(steps, -1) == ref[..., :25]).mean())
+    audio = gpu.decode(ref)
+    rel = float(np.abs(audio - audio_ref).max() / np.abs(audio_ref).max())
+    print(f"{dtype}: codes equal offline {off:.1%}, streaming {stream:.1%}; decode max err {rel:.2e} of peak")
+    if dtype == "float32":
+        worst = min(off, stream)
+if worst < 0.99:
+    sys.exit(f"float32 codes on {dev} differ from the CPU's: {worst:.1%} equal (expected >= 99%)")
+PY
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
 step "bench on $DEVICE"
-timeout 240 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
+timeout 190 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
     | tee "$OUT/bench.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 [ -f "$OUT/gpu_results.md" ] && cat "$OUT/gpu_results.md"

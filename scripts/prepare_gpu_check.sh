@@ -5,7 +5,7 @@
 #   .gpu/wheels/         pytest, hypothesis and moshi 0.2.13 (--no-deps) with the few packages
 #                        moshi's Mimi needs, as wheels for CPython 3.12 on x86-64 Linux
 # Usage: bash scripts/prepare_gpu_check.sh [CUDA_WHEEL]
-# Then, with the device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=560).
+# Then, with the device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=500).
 # Everything that travels must stay under the device tool's 64 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."

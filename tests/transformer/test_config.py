@@ -304,6 +304,17 @@ def test_a_codec_config_that_builds_a_codec_also_encodes_and_decodes(changes):
     np.testing.assert_array_equal(first, codes[..., :2])
 
 
+def test_residual_blocks_without_hidden_channels_are_refused_up_front():
+    """n_filters / compress = 0 hidden channels: a ConfigError naming compress, not a codec
+    whose first encode fails (CUDA's matrix product refuses the empty layers)."""
+    d = small_codec_config_dict()
+    d["seanet"].update(n_filters=1, compress=2)
+    with pytest.raises(mimi_py.ConfigError, match=r"compress.*n_filters / compress = 1 / 2 = 0"):
+        mimi_py.CodecConfig(**d)
+    d["seanet"]["n_residual_layers"] = 0  # no residual blocks: nothing to refuse
+    assert mimi_py.CodecConfig(**d).seanet["n_filters"] == 1
+
+
 def test_unsupported_pad_mode_is_refused_up_front():
     """reflect padding is not implemented by candle's streaming convolutions: refused up front."""
     d = small_codec_config_dict()

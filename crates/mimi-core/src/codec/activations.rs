@@ -12,6 +12,7 @@ use crate::conv::Frames;
 use crate::error::{Error, Result};
 use crate::host::HostArray;
 use crate::rows::RowList;
+use crate::runtime::device::{cast, zeros_on};
 use candle::{DType, Device, Tensor};
 
 /// A stage's activations for the stepping rows: the native engine's one [`Frames`] per
@@ -39,7 +40,7 @@ impl Activations {
             EngineKind::Native => Ok(Self::Frames(split_rows(data, rows, channels, len)?)),
             EngineKind::Candle => {
                 let t = Tensor::from_vec(data, (rows, channels, len), dev)?;
-                Ok(Self::Tensor(t.to_dtype(dtype)?))
+                Ok(Self::Tensor(cast(&t, dtype)?))
             }
         }
     }
@@ -64,11 +65,7 @@ impl Activations {
                 Frames::empty(channels),
                 rows,
             ))),
-            EngineKind::Candle => Ok(Self::Tensor(Tensor::zeros(
-                (rows, channels, 0),
-                dtype,
-                dev,
-            )?)),
+            EngineKind::Candle => Ok(Self::Tensor(zeros_on((rows, channels, 0), dtype, dev)?)),
         }
     }
 
@@ -111,9 +108,7 @@ impl Activations {
             Self::Tensor(t) => Ok(t),
             Self::Frames(xs) => match xs.first() {
                 None => Err(Error::Internal("activations of no rows".into())),
-                Some(f) if f.len == 0 => {
-                    Ok(Tensor::zeros((xs.len(), f.channels, 0), DType::F32, dev)?)
-                }
+                Some(f) if f.len == 0 => Ok(zeros_on((xs.len(), f.channels, 0), DType::F32, dev)?),
                 Some(_) => from_frames(xs, dev)?
                     .ok_or_else(|| Error::Internal("frames of no length".into())),
             },

@@ -6,12 +6,13 @@
 use crate::conv::Frames;
 use crate::error::Result;
 use crate::rows::RowList;
+use crate::runtime::device::cast;
 use candle::{DType, Device, Tensor};
 
 /// The batch items of a (B, C, T) f32 tensor as frames.
 pub(crate) fn to_frames(x: &Tensor) -> Result<RowList<Frames>> {
     let (b, c, t) = x.dims3()?;
-    let data = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let data = cast(x, DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     if b == 1 {
         return Ok(std::iter::once(Frames::new(c, t, data)).collect());
     }

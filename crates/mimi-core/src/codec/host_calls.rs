@@ -12,6 +12,7 @@ use super::{host_f32, host_u32, Codec, DecodeStream, EncodeStream, Rows};
 use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
 use crate::runtime::device;
+use crate::runtime::device::cast;
 use candle::Tensor;
 
 /// How one [`Codec::encode_step_host`] call steps.
@@ -29,7 +30,7 @@ impl Codec {
     /// `a` on the codec's device, in its dtype.
     fn tensor(&self, a: HostArray<f32>) -> Result<Tensor> {
         let t = Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?;
-        Ok(t.to_dtype(self.dtype())?)
+        Ok(cast(&t, self.dtype())?)
     }
 
     fn codes_tensor(&self, a: HostArray<u32>) -> Result<Tensor> {

@@ -6,6 +6,7 @@
 use super::offline::offline_call;
 use super::Codec;
 use crate::error::{Cancel, Error, Result};
+use crate::runtime::device::{cast, zeros_on};
 use candle::{DType, Tensor};
 use rayon::prelude::*;
 
@@ -26,7 +27,7 @@ pub fn check_lengths(lengths: &[usize], batch: usize, max: usize, what: &str) ->
     Ok(())
 }
 
-/// `f` on each item's first `lengths[i]` columns (dim 2) alone, in parallel; each output
+/// `f` on each item's first `lengths[i]` columns (dim 2) alone, in parallel on the CPU; each output
 /// padded with zeros along dim 2 to the longest, then stacked. An item of length 0 gives
 /// zeros (`out_len(0)` columns, `channels` rows).
 fn per_item_padded(
@@ -36,22 +37,27 @@ fn per_item_padded(
     out_len: impl Fn(usize) -> usize + Sync,
     f: impl Fn(&Tensor) -> Result<Tensor> + Sync,
 ) -> Result<Tensor> {
-    let outs = lengths
-        .par_iter()
-        .enumerate()
-        .map(|(i, &l)| match l {
-            0 => Ok(None),
-            l => f(&x.narrow(0, i, 1)?.narrow(2, 0, l)?).map(Some),
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let item = |(i, &l): (usize, &usize)| match l {
+        0 => Ok(None),
+        l => f(&x.narrow(0, i, 1)?.narrow(2, 0, l)?).map(Some),
+    };
+    // On a GPU the items stay on this thread (see `kernels::in_pool_on`).
+    let outs = match x.device().is_cpu() {
+        true => lengths.par_iter().enumerate().map(item).collect(),
+        false => lengths
+            .iter()
+            .enumerate()
+            .map(item)
+            .collect::<Result<Vec<_>>>(),
+    }?;
     let width = lengths.iter().map(|&l| out_len(l)).max().unwrap_or(0);
     let padded = outs
         .into_iter()
         .map(|y| match y {
-            None => Ok(Tensor::zeros((1, channels, width), dtype, x.device())?),
+            None => Ok(zeros_on((1, channels, width), dtype, x.device())?),
             Some(y) if y.dim(2)? == width => Ok(y),
             Some(y) => {
-                let pad = Tensor::zeros((1, y.dim(1)?, width - y.dim(2)?), y.dtype(), y.device())?;
+                let pad = zeros_on((1, y.dim(1)?, width - y.dim(2)?), y.dtype(), y.device())?;
                 Ok(Tensor::cat(&[&y, &pad], 2)?)
             }
         })
@@ -74,7 +80,7 @@ impl Codec {
         check_lengths(lengths, pcm.dim(0)?, pcm.dim(2)?, "samples")?;
         let p = &self.parts;
         let spec = (p.cfg.seanet.dimension, p.dtype);
-        offline_call(|| {
+        offline_call(&self.parts.device, || {
             let f = |x: &Tensor| super::offline::encode(&*self.engine, p, x, cancel);
             per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
         })
@@ -91,10 +97,10 @@ impl Codec {
         check_lengths(lengths, pcm.dim(0)?, pcm.dim(2)?, "samples")?;
         let p = &self.parts;
         let spec = (p.cfg.quantizer_n_q, DType::U32);
-        offline_call(|| {
+        offline_call(&self.parts.device, || {
             let f = |x: &Tensor| {
                 let latents = super::offline::encode(&*self.engine, p, x, cancel)?;
-                self.quantizer.encode(&latents.to_dtype(DType::F32)?)
+                self.quantizer.encode(&cast(&latents, DType::F32)?)
             };
             per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
         })
@@ -119,9 +125,9 @@ impl Codec {
         let p = &self.parts;
         let spec = (p.cfg.channels, p.dtype);
         let fs = p.cfg.frame_size();
-        offline_call(|| {
+        offline_call(&self.parts.device, || {
             let f = |c: &Tensor| {
-                let x = self.decode_latents(c)?.to_dtype(p.dtype)?;
+                let x = cast(&self.decode_latents(c)?, p.dtype)?;
                 super::offline::decode(&*self.engine, p, &x, cancel)
             };
             per_item_padded(codes, frames, spec, |f| f * fs, f)

@@ -39,6 +39,7 @@ use crate::config::CodecConfig;
 use crate::error::{Cancel, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
+use crate::runtime::device::cast;
 use crate::runtime::device::WeightsDType;
 use crate::transformer::{State, Transformer};
 use crate::weights::{self, QkLayout, TensorSource};
@@ -64,7 +65,7 @@ pub(crate) fn transform(
 
 /// A tensor's values on the host, as f32 or u32.
 fn host_f32(t: &Tensor) -> Result<HostArray<f32>> {
-    let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let data = cast(t, DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     Ok(HostArray::new(data, t.dims().to_vec()))
 }
 
@@ -166,6 +167,9 @@ impl Codec {
         };
         // Loading freed every weight it read once packed or converted: give those pages back.
         crate::runtime::memory::trim_heap();
+        // On a GPU the weights were queued on this thread's stream: wait for them, so that
+        // calls from other threads read them whole (`kernels::in_pool_on`).
+        device.synchronize()?;
         Ok(Self {
             parts,
             engine,
@@ -267,14 +271,16 @@ impl Codec {
 
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
     pub fn encode_latents(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        offline_call(|| offline::encode(&*self.engine, &self.parts, pcm, cancel))
+        offline_call(&self.parts.device, || {
+            offline::encode(&*self.engine, &self.parts, pcm, cancel)
+        })
     }
 
     /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
     /// padded, as in candle and transformers.
     pub fn encode(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let latents = self.encode_latents(pcm, cancel)?;
-        self.quantizer.encode(&latents.to_dtype(DType::F32)?)
+        self.quantizer.encode(&cast(&latents, DType::F32)?)
     }
 
     /// The quantizer's reconstruction of codes: (B, n_q, T) -> (B, dimension, T).
@@ -284,8 +290,8 @@ impl Codec {
 
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
     pub fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        offline_call(|| {
-            let x = self.decode_latents(codes)?.to_dtype(self.parts.dtype)?;
+        offline_call(&self.parts.device, || {
+            let x = cast(&self.decode_latents(codes)?, self.parts.dtype)?;
             offline::decode(&*self.engine, &self.parts, &x, cancel)
         })
     }

@@ -15,12 +15,12 @@ use crate::transformer::State;
 use candle::Tensor;
 use rayon::prelude::*;
 
-/// Runs an offline call inside the rayon pool, then frees the recycled buffers it left,
+/// Runs an offline call inside the rayon pool (on the CPU: `kernels::in_pool_on`), then frees the recycled buffers it left,
 /// and applies the working-memory policy
 /// ([`crate::runtime::memory::trim_heap_after`]).
-pub(crate) fn offline_call<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+pub(crate) fn offline_call<R: Send>(dev: &candle::Device, f: impl FnOnce() -> R + Send) -> R {
     let before = crate::runtime::memory::resident_bytes();
-    let r = crate::kernels::in_pool(f);
+    let r = crate::kernels::in_pool_on(dev, f);
     conv::release_buffers();
     crate::runtime::memory::trim_heap_after(before);
     r

@@ -16,6 +16,7 @@ use crate::conv::Frames;
 use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
+use crate::runtime::device::cast;
 use crate::runtime::profile::time;
 use crate::transformer::{State, Transformer};
 use candle::{DType, Tensor};
@@ -157,7 +158,7 @@ impl Codec {
         if rows.count() == 0 {
             return Ok(None);
         }
-        let out = crate::kernels::in_pool(|| -> Result<Option<Codes>> {
+        let out = crate::kernels::in_pool_on(&self.parts.device, || -> Result<Option<Codes>> {
             match self.latents_step(s, pcm, rows, last)? {
                 Some(x) => time(|| "quantizer.encode".into(), || self.quantize(x).map(Some)),
                 None => Ok(None),
@@ -207,7 +208,7 @@ impl Codec {
             x => {
                 let x = x.into_tensor(&self.parts.device)?;
                 return Ok(Codes::Tensor(
-                    self.quantizer.encode(&x.to_dtype(DType::F32)?)?,
+                    self.quantizer.encode(&cast(&x, DType::F32)?)?,
                 ));
             }
         };
@@ -254,7 +255,7 @@ impl Codec {
         // Codes of any integer dtype, as u32 (a negative code becomes one out of range).
         let codes = match codes.dtype() {
             DType::U32 => codes.clone(),
-            DType::U8 | DType::I64 => codes.to_dtype(DType::U32)?,
+            DType::U8 | DType::I64 => cast(codes, DType::U32)?,
             other => {
                 return Err(Error::DType(format!(
                     "codes must hold integers (u8, u32 or i64), got {other:?}"
@@ -280,7 +281,7 @@ impl Codec {
             return Ok(None);
         }
         let p = &self.parts;
-        let out = crate::kernels::in_pool(|| -> Result<Option<Activations>> {
+        let out = crate::kernels::in_pool_on(&p.device, || -> Result<Option<Activations>> {
             let x = time(|| "quantizer.decode".into(), || self.dequantize(codes))?;
             let Some(x) = time(|| "upsample".into(), || s.convs.upsample(rows, x))? else {
                 return Ok(None);
@@ -309,7 +310,7 @@ impl Codec {
             return Ok(Activations::Frames(from_tokens(&x.data, b, dim)));
         }
         let x = self.decode_latents(&codes.into_tensor(&p.device)?)?;
-        let x = Activations::Tensor(x.to_dtype(p.dtype)?);
+        let x = Activations::Tensor(cast(&x, p.dtype)?);
         match self.engine() {
             EngineKind::Native => Ok(Activations::Frames(x.into_frames()?)),
             EngineKind::Candle => Ok(x),

@@ -29,6 +29,19 @@ impl SeanetConfig {
                 "LSTM layers are not supported (candle's SEANet has none); use 0",
             ));
         }
+        // The narrowest stage is `n_filters` wide; its residual blocks' hidden layer is
+        // `n_filters / compress` (integer division), which must keep a channel.
+        if self.n_residual_layers > 0 && self.n_filters < self.compress {
+            return Err(Error::config(
+                "compress",
+                format!(
+                    "the residual blocks' hidden layers would have no channels (n_filters / \
+                     compress = {} / {} = 0); expected compress <= n_filters, or \
+                     n_residual_layers = 0",
+                    self.n_filters, self.compress
+                ),
+            ));
+        }
         if self.ratios.is_empty() || self.ratios.contains(&0) {
             return Err(Error::config(
                 "ratios",

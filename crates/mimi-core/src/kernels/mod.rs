@@ -50,7 +50,7 @@ pub use gemv::{gemv, gemv_into, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;
 pub use packed::{Packed, PANEL};
 pub use team::{for_each_chunk_mut, for_each_index};
-pub use workers::{in_pool, spin};
+pub use workers::{in_pool, in_pool_on, spin};
 
 /// Runs `f` with the thread-local `flag` set, then restores it (also when `f` panics): a
 /// thread's role for the length of a call (`team`'s owner, `conv::tiles`' group of rows).

@@ -37,6 +37,23 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::join(on_worker, || ()).0
 }
 
+/// [`in_pool`] for a call that computes on `dev`: on the CPU in the pool, elsewhere on this
+/// thread. candle's CUDA device issues work on the calling thread's own default stream
+/// (`per_thread_stream`), and cudarc sees one stream for every thread, so it orders nothing
+/// between threads: a call whose input was uploaded here but computed on a pool worker could
+/// read it before it landed (an H200 gave garbage codes and cuBLAS failures so). A call on a
+/// device stays on the thread that made its inputs, and waits for that thread's stream before
+/// it returns, so that the state it leaves is whole for a call from another thread (a failed
+/// wait shows again at the next operation on the device, as its error).
+pub fn in_pool_on<R: Send>(dev: &candle::Device, f: impl FnOnce() -> R + Send) -> R {
+    if dev.is_cpu() {
+        return in_pool(f);
+    }
+    let r = f();
+    _ = dev.synchronize();
+    r
+}
+
 /// Runs `f` on this worker (`owner`) with `n` keepers ([`keep_awake`]) offered to the other
 /// workers, each as the second half of a `join` (a job on this worker's stack: nothing is
 /// allocated, where a scope's spawned job is boxed); `done` is set when `f` returns.

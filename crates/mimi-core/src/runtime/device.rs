@@ -99,10 +99,28 @@ fn loadable(soname: &str) -> bool {
     !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) }.is_null()
 }
 
+/// The process's one candle device for `cuda:n`, opened on first use ([`open_cuda_new`]):
+/// every model on that GPU shares it. candle tells devices apart by the object
+/// (`same_device`), so a state copied between two models opened separately (`copy_state`)
+/// was refused, or failed at the next step. Sharing costs nothing: the device's work goes to
+/// the calling thread's own stream whichever model it computes, and its cuBLAS handle may be
+/// used from several threads.
+#[cfg(feature = "cuda")]
+fn open_cuda(n: usize) -> Result<Device> {
+    static OPEN: std::sync::Mutex<Vec<(usize, Device)>> = std::sync::Mutex::new(Vec::new());
+    let mut open = crate::error::locked(&OPEN);
+    if let Some((_, dev)) = open.iter().find(|(i, _)| *i == n) {
+        return Ok(dev.clone());
+    }
+    let dev = open_cuda_new(n)?;
+    open.push((n, dev.clone()));
+    Ok(dev)
+}
+
 /// Opens `cuda:n`: a missing library or driver is a `DeviceError` that says what to install,
 /// never a panic (cudarc's loader panics; caught here as a last resort).
 #[cfg(feature = "cuda")]
-fn open_cuda(n: usize) -> Result<Device> {
+fn open_cuda_new(n: usize) -> Result<Device> {
     #[cfg(target_os = "linux")]
     if let Some(missing) = missing_cuda_library() {
         return Err(Error::Device(format!(
@@ -297,4 +315,28 @@ mod tests {
             other => panic!("expected a device error, got {:?}", other.map(|d| d.1)),
         }
     }
+}
+
+/// `t` as `dtype`. candle launches its cast kernel even for a tensor of no elements, and CUDA
+/// refuses a launch of no blocks (`CUDA_ERROR_INVALID_VALUE`, as a `ComputeError`): such a
+/// tensor is made anew instead ([`zeros_on`]). Elsewhere the same as `Tensor::to_dtype`.
+pub fn cast(t: &candle::Tensor, dtype: DType) -> candle::Result<candle::Tensor> {
+    if t.dtype() != dtype && t.elem_count() == 0 {
+        return zeros_on(t.shape(), dtype, t.device());
+    }
+    t.to_dtype(dtype)
+}
+
+/// Zeros of `shape` on `dev`. A tensor of no elements is made on the host and copied over,
+/// the one way that launches no kernel on CUDA (see [`cast`]).
+pub fn zeros_on(
+    shape: impl Into<candle::Shape>,
+    dtype: DType,
+    dev: &Device,
+) -> candle::Result<candle::Tensor> {
+    let shape = shape.into();
+    if shape.elem_count() == 0 && !dev.is_cpu() {
+        return candle::Tensor::zeros(shape, dtype, &Device::Cpu)?.to_device(dev);
+    }
+    candle::Tensor::zeros(shape, dtype, dev)
 }

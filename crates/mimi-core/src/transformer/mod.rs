@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, HashMap};
 mod layer;
 mod state;
 mod step;
+use crate::runtime::device::cast;
 use layer::Layer;
 use state::LayerCache;
 pub use state::State;
@@ -144,6 +145,9 @@ impl Transformer {
                 }
             }
         }
+        // On a GPU the weights were queued on this thread's stream: wait for them (see
+        // `kernels::in_pool_on`).
+        device.synchronize()?;
         Ok(Self {
             cfg: cfg.clone(),
             layers,
@@ -177,7 +181,7 @@ impl Transformer {
     pub fn weights_host(&self) -> Result<BTreeMap<String, crate::host::HostArray<f32>>> {
         (self.weights()?.into_iter())
             .map(|(k, t)| {
-                let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let data = cast(&t, DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
                 Ok((k, crate::host::HostArray::new(data, t.dims().to_vec())))
             })
             .collect()
@@ -242,7 +246,7 @@ impl Transformer {
     pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
         self.check_input(xs.dims())?;
         self.check_batch(state, xs.dim(0)?)?;
-        crate::kernels::in_pool(|| self.forward_cancellable(state, xs, None))
+        crate::kernels::in_pool_on(&self.device, || self.forward_cancellable(state, xs, None))
     }
 
     /// Refuses an input that is not `(batch >= 1, time, d_model)`.
@@ -317,15 +321,15 @@ impl Transformer {
                 (rows.count(), t, d),
                 &self.device,
             )?;
-            let ys = self.forward_rows(state, &xs.to_dtype(self.dtype)?, &rows.indices())?;
+            let ys = self.forward_rows(state, &cast(&xs, self.dtype)?, &rows.indices())?;
             rows.scatter(
-                ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                cast(&ys, DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
                 t * d,
             )
         } else {
             let xs = Tensor::from_vec(x.data, (b, t, d), &self.device)?;
-            let ys = self.forward(state, &xs.to_dtype(self.dtype)?)?;
-            ys.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?
+            let ys = self.forward(state, &cast(&xs, self.dtype)?)?;
+            cast(&ys, DType::F32)?.flatten_all()?.to_vec1::<f32>()?
         };
         Ok(HostArray::new(out, vec![b, t, d]))
     }
@@ -333,7 +337,7 @@ impl Transformer {
     /// Runs `xs` (rows.len(), time, d_model) for the batch rows `rows` only (sorted, distinct,
     /// below the batch size), each continuing its own stream; the other rows are untouched.
     pub fn forward_rows(&self, state: &mut State, xs: &Tensor, rows: &[usize]) -> Result<Tensor> {
-        crate::kernels::in_pool(|| {
+        crate::kernels::in_pool_on(&self.device, || {
             let (b, t, _) = xs.dims3()?;
             if t == 0 || b == 0 {
                 return Ok(xs.clone());
@@ -502,7 +506,10 @@ impl Transformer {
             out.extend(inv.iter().map(|f| (p * f).cos() as f32));
             out.extend(inv.iter().map(|f| (p * f).sin() as f32));
         }
-        Ok(Tensor::from_vec(out, (t, d), &self.device)?.to_dtype(self.dtype)?)
+        Ok(cast(
+            &Tensor::from_vec(out, (t, d), &self.device)?,
+            self.dtype,
+        )?)
     }
 
     /// Additive mask for `t` queries at `pos..pos+t` over `n_old` cached keys (ring slots
@@ -522,7 +529,10 @@ impl Transformer {
                 }
             }));
         }
-        Ok(Tensor::from_vec(mask, (t, n), &self.device)?.to_dtype(self.dtype)?)
+        Ok(cast(
+            &Tensor::from_vec(mask, (t, n), &self.device)?,
+            self.dtype,
+        )?)
     }
 
     /// The positions of the keys a block of `t` steps from `pos` attends to: the ring's
@@ -642,7 +652,7 @@ impl Transformer {
             }
         }
         let mask = Tensor::from_vec(mask, (pos.len(), 1, t, c as usize + t), &self.device)?;
-        Ok(mask.to_dtype(self.dtype)?)
+        Ok(cast(&mask, self.dtype)?)
     }
 
     /// One block of `t <= context` steps for the batch rows `rows`, each at its own position

@@ -93,6 +93,12 @@ impl State {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // On a GPU the copies (and whatever this thread queued before them, such as a
+        // codec stream's convolution states) are queued on this thread's stream: wait for
+        // them, so that another thread may use the copy (`kernels::in_pool_on`).
+        if let Some(c) = caches.first().filter(|c| !c.k.device().is_cpu()) {
+            c.k.device().synchronize()?;
+        }
         Ok(State {
             pos: self.pos.clone(),
             caches,

@@ -18,6 +18,7 @@ use super::step_rows::{cat_time, take, StepRows};
 use crate::config::PadMode;
 use crate::conv::ConvSpec;
 use crate::error::{Error, Result};
+use crate::runtime::device::zeros_on;
 use candle::{Tensor, D};
 use candle_nn::VarBuilder;
 
@@ -94,7 +95,7 @@ impl Input {
 
     /// `(rows, cin, history)` zeros in `x`'s dtype, on its device.
     fn zeros(&self, rows: usize, x: &Tensor) -> Result<Tensor> {
-        Ok(Tensor::zeros(
+        Ok(zeros_on(
             (rows, self.cin, self.history),
             x.dtype(),
             x.device(),
@@ -211,7 +212,7 @@ impl Conv {
     ) -> Result<Tensor> {
         let (r, n) = (x.dim(0)?, x.dim(2)?);
         if n == 0 && !last {
-            return Ok(Tensor::zeros((r, self.cout, 0), x.dtype(), x.device())?);
+            return Ok(zeros_on((r, self.cout, 0), x.dtype(), x.device())?);
         }
         let p = self.input.prepare(st, rows, x)?;
         let s = self.stride as u64;
@@ -273,7 +274,7 @@ impl Conv {
         }
         let full = cat_time(&parts)?;
         if full.dim(2)? < keff {
-            return Ok(Tensor::zeros((r, self.cout, 0), x.dtype(), x.device())?);
+            return Ok(zeros_on((r, self.cout, 0), x.dtype(), x.device())?);
         }
         let y = full.conv1d(&self.w, 0, s, self.dilation, 1)?;
         Ok(match &self.b {
@@ -303,7 +304,7 @@ fn phase_taps(w: &Tensor, s: usize) -> Result<Tensor> {
     let (cin, cout, k) = w.dims3()?;
     let taps = k.div_ceil(s);
     let w = if taps * s > k {
-        let zeros = Tensor::zeros((cin, cout, taps * s - k), w.dtype(), w.device())?;
+        let zeros = zeros_on((cin, cout, taps * s - k), w.dtype(), w.device())?;
         Tensor::cat(&[w, &zeros], 2)?
     } else {
         w.clone()
@@ -349,7 +350,7 @@ impl ConvTr {
     pub fn step(&self, st: &mut LayerState, rows: &StepRows, x: &Tensor) -> Result<Tensor> {
         let (r, n) = (x.dim(0)?, x.dim(2)?);
         if n == 0 {
-            return Ok(Tensor::zeros((r, self.cout, 0), x.dtype(), x.device())?);
+            return Ok(zeros_on((r, self.cout, 0), x.dtype(), x.device())?);
         }
         let p = self.input.prepare(st, rows, x)?;
         let full = cat_time(&[p.hist, p.x])?;

@@ -22,6 +22,7 @@ use crate::config::{CodecConfig, PadMode};
 use crate::conv::ConvSpec;
 use crate::error::{Cancel, Result};
 use crate::rows::Rows;
+use crate::runtime::device::zeros_on;
 use candle::Tensor;
 use candle_nn::VarBuilder;
 use layers::{Conv, Depthwise, LayerState};
@@ -131,7 +132,7 @@ impl Engine for Candle {
 fn only_block(parts: Vec<Activations>, p: &Parts, (b, channels): (usize, usize)) -> Result<Tensor> {
     match parts.into_iter().next() {
         Some(x) => x.expect_tensor(),
-        None => Ok(Tensor::zeros((b, channels, 0), p.dtype, &p.device)?),
+        None => Ok(zeros_on((b, channels, 0), p.dtype, &p.device)?),
     }
 }
 
