@@ -63,16 +63,77 @@ fn write_ring(ring: &LayerCache, k: &Tensor, v: &Tensor, first: u64) -> Result<(
     Ok(())
 }
 
-/// Maximal runs of adjacent batch rows in sorted `rows`: `(index in rows, first row, length)`.
-fn adjacent_runs(rows: &[usize]) -> Vec<(usize, usize, usize)> {
-    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
-    for (i, &r) in rows.iter().enumerate() {
-        match runs.last_mut() {
-            Some((_, r0, len)) if *r0 + *len == r => *len += 1,
-            _ => runs.push((i, r, 1)),
+/// Some batch rows' places in a layer's key/value buffers `(batch, heads, context, hd)`, as
+/// device index tensors built once per block of [`Transformer::block_rows`]: which rows to
+/// read (`None`: every row, in order), and which ring slots `t` new keys per row go to.
+struct RingRows {
+    select: Option<Tensor>,
+    /// `(rows * heads * t, hd)` u32: the flat slot of each new key's values in the buffers
+    /// seen as `(batch * heads * context, hd)`.
+    slots: Tensor,
+}
+
+impl RingRows {
+    fn new(
+        rows: &[usize],
+        pos: &[u64],
+        t: usize,
+        caches: &[LayerCache],
+        cfg: &TransformerConfig,
+        dev: &Device,
+    ) -> Result<Self> {
+        let (heads, c, hd) = (cfg.num_heads, cfg.context, cfg.head_dim());
+        let batch = caches.first().map_or(Ok(0), |c| c.k.dim(0))?;
+        if t > c {
+            return Err(Error::Internal(
+                "a block of more steps than the context".into(),
+            ));
         }
+        let every = rows.len() == batch && rows.iter().enumerate().all(|(i, &r)| i == r);
+        let select = match every {
+            true => None,
+            false => {
+                let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+                Some(Tensor::from_vec(ids, rows.len(), dev)?)
+            }
+        };
+        let mut slots = Vec::with_capacity(rows.len() * heads * t * hd);
+        for (&r, &p) in rows.iter().zip(pos) {
+            for h in 0..heads {
+                for j in 0..t as u64 {
+                    let slot = (r * heads + h) * c + ((p + j) % c as u64) as usize;
+                    slots.extend(std::iter::repeat_n(slot as u32, hd));
+                }
+            }
+        }
+        let slots = Tensor::from_vec(slots, (rows.len() * heads * t, hd), dev)?;
+        Ok(Self { select, slots })
     }
-    runs
+
+    /// The rows' part of a whole-batch buffer.
+    fn select(&self, all: &Tensor) -> Result<Tensor> {
+        Ok(match &self.select {
+            None => all.clone(),
+            Some(ids) => all.index_select(ids, 0)?,
+        })
+    }
+
+    /// The rows' new keys and values `(rows, heads, t, hd)` into their ring slots, in place.
+    fn write(&self, ring: &LayerCache, k: &Tensor, v: &Tensor) -> Result<()> {
+        let hd = k.dim(3)?;
+        for (buf, new) in [(&ring.k, k), (&ring.v, v)] {
+            // A reshape shares a contiguous buffer's storage; of any other it would copy, and
+            // the writes would be lost.
+            if !buf.is_contiguous() {
+                return Err(Error::Internal(
+                    "a key/value buffer is not contiguous".into(),
+                ));
+            }
+            let flat = buf.reshape(((), hd))?;
+            flat.scatter_set(&self.slots, &new.contiguous()?.reshape(((), hd))?, 0)?;
+        }
+        Ok(())
+    }
 }
 
 /// Weights and shapes of a transformer; immutable once built.
@@ -656,9 +717,10 @@ impl Transformer {
     }
 
     /// One block of `t <= context` steps for the batch rows `rows`, each at its own position
-    /// `pos[i]`. The products are batched over the rows; attention runs over each run of
-    /// adjacent rows' whole rings plus the new keys, masked per row; the new keys go into each
-    /// row's ring once every layer succeeded.
+    /// `pos[i]`. Every operation covers all the rows at once (a GPU launches a few kernels
+    /// per layer, not a few per row): the rows' rings are gathered, attention runs over each
+    /// row's whole ring plus the new keys, masked per row, and the new keys are scattered into
+    /// the rings once every layer succeeded.
     fn block_rows(
         &self,
         pos: &[u64],
@@ -668,36 +730,20 @@ impl Transformer {
     ) -> Result<Tensor> {
         let t = xs.dim(1)?;
         let (rope, mut xs) = self.embed_rows(pos, t, xs)?;
-        let runs = adjacent_runs(rows);
-        let masks = runs
-            .iter()
-            .map(|&(i0, _, len)| self.rows_mask(&pos[i0..i0 + len], t))
-            .collect::<Result<Vec<_>>>()?;
+        let mask = self.rows_mask(pos, t)?;
+        let gather = RingRows::new(rows, pos, t, caches, &self.cfg, &self.device)?;
         let mut pending = Vec::with_capacity(caches.len());
         for (layer, cache) in self.layers.iter().zip(caches) {
             let (q, k, v) = self.project(layer, &xs, rope.as_ref())?;
-            let mut outs = Vec::with_capacity(runs.len());
-            for (&(i0, r0, len), mask) in runs.iter().zip(&masks) {
-                let keys = Tensor::cat(&[&cache.k.narrow(0, r0, len)?, &k.narrow(0, i0, len)?], 2)?;
-                let vals = Tensor::cat(&[&cache.v.narrow(0, r0, len)?, &v.narrow(0, i0, len)?], 2)?;
-                let scores = q
-                    .narrow(0, i0, len)?
-                    .matmul(&keys.t()?)?
-                    .broadcast_add(mask)?;
-                outs.push(candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?);
-            }
-            let attn = match outs.len() {
-                1 => outs.remove(0),
-                _ => Tensor::cat(&outs, 0)?,
-            };
+            let keys = Tensor::cat(&[&gather.select(&cache.k)?, &k], 2)?;
+            let vals = Tensor::cat(&[&gather.select(&cache.v)?, &v], 2)?;
+            let scores = q.matmul(&keys.t()?)?.broadcast_add(&mask)?;
+            let attn = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?;
             pending.push((k, v));
             xs = self.finish_layer(layer, xs, &attn)?;
         }
         for (cache, (k, v)) in caches.iter().zip(pending) {
-            for (i, (&r, &p)) in rows.iter().zip(pos).enumerate() {
-                let ring = cache.row(r)?;
-                write_ring(&ring, &k.narrow(0, i, 1)?, &v.narrow(0, i, 1)?, p)?;
-            }
+            gather.write(cache, &k, &v)?;
         }
         Ok(xs)
     }

@@ -13,16 +13,6 @@ pub(super) struct LayerCache {
     pub(super) v: Tensor,
 }
 
-impl LayerCache {
-    /// The buffers of batch row `r` alone: views of the same storage, so writes land in it.
-    pub(super) fn row(&self, r: usize) -> Result<LayerCache> {
-        Ok(LayerCache {
-            k: self.k.narrow(0, r, 1)?,
-            v: self.v.narrow(0, r, 1)?,
-        })
-    }
-}
-
 /// The streaming state: each row's position (steps since its own start or reset) and the last
 /// `context` keys/values of each layer (allocated at the first call, when the batch size is
 /// known). A row's ring slots past its position hold stale values that no query reads, so a
