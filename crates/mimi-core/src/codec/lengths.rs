@@ -27,9 +27,9 @@ pub fn check_lengths(lengths: &[usize], batch: usize, max: usize, what: &str) ->
     Ok(())
 }
 
-/// `f` on each item's first `lengths[i]` columns (dim 2) alone, in parallel on the CPU; each output
-/// padded with zeros along dim 2 to the longest, then stacked. An item of length 0 gives
-/// zeros (`out_len(0)` columns, `channels` rows).
+/// `f` on each item's first `lengths[i]` columns (dim 2) alone, in parallel on the CPU; each
+/// output padded with zeros along dim 2 to the longest, then stacked. An item of length 0
+/// gives zeros (`out_len(0)` columns, `channels` rows).
 fn per_item_padded(
     x: &Tensor,
     lengths: &[usize],

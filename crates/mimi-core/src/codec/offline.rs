@@ -15,8 +15,8 @@ use crate::transformer::State;
 use candle::Tensor;
 use rayon::prelude::*;
 
-/// Runs an offline call inside the rayon pool (on the CPU: `kernels::in_pool_on`), then frees the recycled buffers it left,
-/// and applies the working-memory policy
+/// Runs an offline call inside the rayon pool (on the CPU: `kernels::in_pool_on`), then frees
+/// the recycled buffers it left, and applies the working-memory policy
 /// ([`crate::runtime::memory::trim_heap_after`]).
 pub(crate) fn offline_call<R: Send>(dev: &candle::Device, f: impl FnOnce() -> R + Send) -> R {
     let before = crate::runtime::memory::resident_bytes();

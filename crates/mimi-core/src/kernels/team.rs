@@ -13,8 +13,8 @@
 //!
 //! With one thread, one task, or inside a task (a group of rows of `by_groups`, each a task
 //! of one loop), the loop runs in place. On a thread that is not an owner (a call made from
-//! inside the pool), or while another call holds the slot, it runs on rayon's `par_iter`. A panic in a
-//! task reaches the owner with its own payload once every task is done.
+//! inside the pool), or while another call holds the slot, it runs on rayon's `par_iter`. A
+//! panic in a task reaches the owner with its own payload once every task is done.
 
 use crate::error::locked;
 use rayon::prelude::*;
