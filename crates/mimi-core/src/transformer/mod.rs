@@ -34,7 +34,7 @@ mod state;
 mod step;
 use crate::runtime::device::cast;
 use layer::Layer;
-use state::LayerCache;
+use state::{ring_slot, LayerCache};
 pub use state::State;
 
 /// Queries processed per internal block when a call is longer than this; results do not
@@ -51,7 +51,7 @@ fn write_ring(ring: &LayerCache, k: &Tensor, v: &Tensor, first: u64) -> Result<(
     let m = k.dim(2)?;
     let skip = m.saturating_sub(c);
     let (m, first) = (m - skip, first + skip as u64);
-    let start = (first % c as u64) as usize;
+    let start = ring_slot(first, c);
     let head = m.min(c - start);
     for (buf, new) in [(&ring.k, k), (&ring.v, v)] {
         let new = new.narrow(2, skip, m)?;
@@ -101,7 +101,7 @@ impl RingRows {
         for (&r, &p) in rows.iter().zip(pos) {
             for h in 0..heads {
                 for j in 0..t as u64 {
-                    let slot = (r * heads + h) * c + ((p + j) % c as u64) as usize;
+                    let slot = (r * heads + h) * c + ring_slot(p + j, c);
                     slots.extend(std::iter::repeat_n(slot as u32, hd));
                 }
             }
@@ -779,7 +779,7 @@ impl Transformer {
             let attn = if t == 1 {
                 // Slot pos % C holds position pos - C, which no query from pos on needs,
                 // so writing before the other layers ran is safe.
-                let slot = (pos % cpos) as usize;
+                let slot = ring_slot(pos, c);
                 cache.k.slice_set(&k, 2, slot)?;
                 cache.v.slice_set(&v, 2, slot)?;
                 let n = (pos + 1).min(cpos) as usize;

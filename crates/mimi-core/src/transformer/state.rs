@@ -5,8 +5,14 @@ use super::step;
 use crate::error::Result;
 use candle::Tensor;
 
+/// The ring slot of position `pos` in a window of `context` keys: every ring (the block
+/// path's, the masked rows', the planned step's) keeps position `p` in slot `p % context`.
+pub(super) fn ring_slot(pos: u64, context: usize) -> usize {
+    (pos % context as u64) as usize
+}
+
 /// One layer's ring buffers of keys and values, `(batch, heads, context, head_dim)`.
-/// Slot `p % context` holds position `p`.
+/// Slot [`ring_slot`]`(p)` holds position `p`.
 #[derive(Clone)]
 pub(super) struct LayerCache {
     pub(super) k: Tensor,

@@ -11,6 +11,7 @@
 //! keeps the exact window (docs/correctness.md).
 
 use super::layer::{add_scaled, FeedForward, HostParams, Layer};
+use super::state::ring_slot;
 use super::{State, Transformer};
 use crate::config::PositionalEmbedding;
 use crate::error::{Error, Result};
@@ -342,7 +343,7 @@ impl Transformer {
             for j in 0..t {
                 let tok = i * t + j;
                 let p = pos[tok];
-                let slot = (p % c as u64) as usize * hd;
+                let slot = ring_slot(p, c) * hd;
                 let new = &qkv[tok * 3 * d..][..3 * d];
                 kr[slot..slot + hd].copy_from_slice(&new[d + h * hd..][..hd]);
                 vr[slot..slot + hd].copy_from_slice(&new[2 * d + h * hd..][..hd]);
