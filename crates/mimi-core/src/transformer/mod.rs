@@ -34,8 +34,8 @@ mod state;
 mod step;
 use crate::runtime::device::cast;
 use layer::Layer;
-use state::{ring_slot, LayerCache};
 pub use state::State;
+use state::{ring_slot, LayerCache};
 
 /// Queries processed per internal block when a call is longer than this; results do not
 /// depend on it (the computation is chunk-invariant), only memory does.
