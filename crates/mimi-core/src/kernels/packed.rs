@@ -33,21 +33,8 @@ fn tile_rows(isa: Simd) -> usize {
     }
 }
 
-/// Panels per parallel task of a product with several register tiles of rows.
+/// Panels per parallel task.
 const TASK_PANELS: usize = 4;
-
-/// Panels per parallel task of a product of `panels` panels on `threads` threads. With one
-/// register tile of rows (`streaming`: B = 1 to 8 tokens, every weight read once), each
-/// thread gets one contiguous share, in whole pairs of panels, so that it streams one run of
-/// the weights: small tasks claimed in turn interleave the two threads' reads, which cost
-/// 15-20% of the read rate on the 2-core Zen 4 (benches/README.md, "tenth pass"). Otherwise
-/// [`TASK_PANELS`], so that the compute-bound products balance.
-fn task_panels(panels: usize, streaming: bool, threads: usize) -> usize {
-    match streaming {
-        true => (panels.div_ceil(threads.max(1)).div_ceil(2) * 2).max(2),
-        false => TASK_PANELS,
-    }
-}
 
 /// A weight `(n, k)` in panels (see the module doc).
 #[derive(Debug)]
@@ -146,15 +133,13 @@ impl<W: Weight + Default> Packed<W> {
             n,
         };
         let panels = n.div_ceil(PANEL);
-        let threads = rayon::current_num_threads();
-        let per = task_panels(panels, m <= tile_rows(isa), threads);
         let run = |t: usize| {
-            let p1 = ((t + 1) * per).min(panels);
-            // SAFETY: panels t*per..p1 are this task's alone; `isa` was detected.
-            unsafe { self.panels(isa, (t * per, p1), x, m, bias, out) }
+            let p1 = ((t + 1) * TASK_PANELS).min(panels);
+            // SAFETY: panels t*TASK_PANELS..p1 are this task's alone; `isa` was detected.
+            unsafe { self.panels(isa, (t * TASK_PANELS, p1), x, m, bias, out) }
         };
-        let tasks = panels.div_ceil(per);
-        if threads <= 1 || n * k < 1 << 16 {
+        let tasks = panels.div_ceil(TASK_PANELS);
+        if rayon::current_num_threads() <= 1 || n * k < 1 << 16 {
             (0..tasks).for_each(run);
         } else {
             super::for_each_index(tasks, run);
@@ -438,29 +423,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// A streaming product gives each thread at most one contiguous share, in whole pairs of
-    /// panels (the AVX-512 tile's width); a larger one keeps its small tasks.
-    #[test]
-    fn a_streaming_product_splits_into_one_share_per_thread() {
-        for threads in 1..=4 {
-            for panels in 1..=130 {
-                let per = task_panels(panels, true, threads);
-                assert!(
-                    per >= 2 && per.is_multiple_of(2),
-                    "{panels} panels, {threads} threads: {per}"
-                );
-                let tasks = panels.div_ceil(per);
-                assert!(
-                    tasks <= threads,
-                    "{panels} panels, {threads} threads: {tasks} tasks"
-                );
-                assert_eq!(task_panels(panels, false, threads), TASK_PANELS);
-            }
-        }
-        // Mimi's out projection on two threads: 16 panels each.
-        assert_eq!(task_panels(32, true, 2), 16);
     }
 
     /// A row's bits are the same alone or among 64 rows, and on AVX2 and AVX-512; bf16
