@@ -746,8 +746,8 @@ impl Transformer {
     /// per layer, not a few per row). Attention runs over each row's whole ring plus the new
     /// keys, masked per row, and reads the rings in place: the products with the rings cover
     /// the whole batch (zero queries and weights in the rows that do not step, whose results
-    /// are dropped), so no ring is copied. The new keys are scattered into the rings once
-    /// every layer succeeded.
+    /// are dropped), so no ring is copied, and a masked step's attention costs at most the
+    /// whole batch's. The new keys are scattered into the rings once every layer succeeded.
     fn block_rows(
         &self,
         pos: &[u64],

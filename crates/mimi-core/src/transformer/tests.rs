@@ -228,8 +228,7 @@ fn rows_are_independent_streams() {
 /// with a mask per row over the rings in place, one scatter of the new keys per buffer), in
 /// f16 on the CPU: rows that are not adjacent, resets, blocks longer than the context.
 /// Within four f16 ulps of the peak: candle's products round a batch of rows and a row
-/// alone differently (the same with the rings gathered and concatenated, before 0b52d2d's
-/// successor).
+/// alone differently (as they did when the rings were gathered and concatenated).
 #[test]
 fn rows_are_independent_streams_on_candles_path() {
     for pe in ["rope", "sin"] {
