@@ -65,12 +65,9 @@ fn write_ring(ring: &LayerCache, k: &Tensor, v: &Tensor, first: u64) -> Result<(
 
 /// Some batch rows' places in a layer's key/value buffers `(batch, heads, context, hd)`, as
 /// device index tensors built once per block of [`Transformer::block_rows`]: which rows to
-/// read (`None`: every row, in order), where each batch row's values sit in
-/// `[zeros ++ the rows' values]`, and which ring slots `t` new keys per row go to.
+/// read (`None`: every row, in order), and which ring slots `t` new keys per row go to.
 struct RingRows {
     select: Option<Tensor>,
-    /// `(batch,)` u32: `1 + i` for the batch row of row `i`, 0 for a row that does not step.
-    spread: Option<Tensor>,
     /// `(rows * heads * t, hd)` u32: the flat slot of each new key's values in the buffers
     /// seen as `(batch * heads * context, hd)`.
     slots: Tensor,
@@ -93,18 +90,11 @@ impl RingRows {
             ));
         }
         let every = rows.len() == batch && rows.iter().enumerate().all(|(i, &r)| i == r);
-        let (select, spread) = match every {
-            true => (None, None),
+        let select = match every {
+            true => None,
             false => {
                 let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-                let mut spread = vec![0u32; batch];
-                for (i, &r) in rows.iter().enumerate() {
-                    spread[r] = 1 + i as u32;
-                }
-                (
-                    Some(Tensor::from_vec(ids, rows.len(), dev)?),
-                    Some(Tensor::from_vec(spread, batch, dev)?),
-                )
+                Some(Tensor::from_vec(ids, rows.len(), dev)?)
             }
         };
         let mut slots = Vec::with_capacity(rows.len() * heads * t * hd);
@@ -117,22 +107,7 @@ impl RingRows {
             }
         }
         let slots = Tensor::from_vec(slots, (rows.len() * heads * t, hd), dev)?;
-        Ok(Self {
-            select,
-            spread,
-            slots,
-        })
-    }
-
-    /// The rows' values `(rows, ...)` as a whole batch's, zeros in the rows that do not step.
-    fn spread(&self, part: &Tensor) -> Result<Tensor> {
-        Ok(match &self.spread {
-            None => part.clone(),
-            Some(ids) => {
-                let zero = part.narrow(0, 0, 1)?.zeros_like()?;
-                Tensor::cat(&[&zero, part], 0)?.index_select(ids, 0)?
-            }
-        })
+        Ok(Self { select, slots })
     }
 
     /// The rows' part of a whole-batch buffer.
@@ -743,11 +718,9 @@ impl Transformer {
 
     /// One block of `t <= context` steps for the batch rows `rows`, each at its own position
     /// `pos[i]`. Every operation covers all the rows at once (a GPU launches a few kernels
-    /// per layer, not a few per row). Attention runs over each row's whole ring plus the new
-    /// keys, masked per row, and reads the rings in place: the products with the rings cover
-    /// the whole batch (zero queries and weights in the rows that do not step, whose results
-    /// are dropped), so no ring is copied, and a masked step's attention costs at most the
-    /// whole batch's. The new keys are scattered into the rings once every layer succeeded.
+    /// per layer, not a few per row): the rows' rings are gathered, attention runs over each
+    /// row's whole ring plus the new keys, masked per row, and the new keys are scattered into
+    /// the rings once every layer succeeded.
     fn block_rows(
         &self,
         pos: &[u64],
@@ -762,13 +735,10 @@ impl Transformer {
         let mut pending = Vec::with_capacity(caches.len());
         for (layer, cache) in self.layers.iter().zip(caches) {
             let (q, k, v) = self.project(layer, &xs, rope.as_ref())?;
-            let c = cache.k.dim(2)?;
-            let ring = gather.select(&gather.spread(&q)?.matmul(&cache.k.t()?)?)?;
-            let scores = Tensor::cat(&[&ring, &q.matmul(&k.t()?)?], 3)?.broadcast_add(&mask)?;
-            let w = candle_nn::ops::softmax_last_dim(&scores)?;
-            let old = gather.spread(&w.narrow(3, 0, c)?.contiguous()?)?;
-            let attn = (gather.select(&old.matmul(&cache.v)?)?
-                + w.narrow(3, c, t)?.contiguous()?.matmul(&v)?)?;
+            let keys = Tensor::cat(&[&gather.select(&cache.k)?, &k], 2)?;
+            let vals = Tensor::cat(&[&gather.select(&cache.v)?, &v], 2)?;
+            let scores = q.matmul(&keys.t()?)?.broadcast_add(&mask)?;
+            let attn = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?;
             pending.push((k, v));
             xs = self.finish_layer(layer, xs, &attn)?;
         }

@@ -224,11 +224,11 @@ fn rows_are_independent_streams() {
     }
 }
 
-/// The same on candle's path (what a GPU or half precision runs: one batched attention
-/// with a mask per row over the rings in place, one scatter of the new keys per buffer), in
-/// f16 on the CPU: rows that are not adjacent, resets, blocks longer than the context.
-/// Within four f16 ulps of the peak: candle's products round a batch of rows and a row
-/// alone differently (as they did when the rings were gathered and concatenated).
+/// The same on candle's path (what a GPU or half precision runs: one gather of the rows'
+/// rings, one batched attention with a mask per row, one scatter of the new keys per
+/// buffer), in f16 on the CPU: rows that are not adjacent, resets, blocks longer than the
+/// context. Within four f16 ulps of the peak: candle's products round a batch of rows and a
+/// row alone differently (the same before the gather and scatter).
 #[test]
 fn rows_are_independent_streams_on_candles_path() {
     for pe in ["rope", "sin"] {
