@@ -18,6 +18,9 @@ file that common.py writes (random weights of the real architecture, 8 codebooks
 * masked streaming (engines with per-row streams: mimi_py): the same frames with an `active=`
   mask on both calls, three rows in four stepping (row r sits out frame i when (r + i) % 4 == 0;
   at B = 1 the mask is [True]); per active stream = the frames' total time ÷ their active rows.
+* the transformer alone (mimi_py): Mimi's transformer on the device and dtype, its rings full,
+  steps of 2 tokens (one frame's, at 25 Hz) at each of `--stream-batches`, unmasked and with the
+  masks above, in turns: what of a masked frame's extra cost the transformer accounts for.
 
 torch on CUDA is synchronized before each timer stops; mimi_py returns numpy arrays, so its calls
 are synchronous. Every row that fails (out of memory, a dtype or device the build does not support,
@@ -239,7 +242,7 @@ def _masked_row(eng, spec, batch, save_dir):
     warm, frames = spec["warmup"], spec["frames"]
     pcm = np.stack([common.smooth_noise((warm + frames) * fs, seed=5 + r) for r in range(batch)])[:, None]
     eng.reset(batch)
-    tot, enc, active = [], [], []
+    tot, enc, dec, active = [], [], [], []
     for i in range(warm + frames):
         mask = _mask(batch, i)
         t0 = time.perf_counter()
@@ -250,6 +253,7 @@ def _masked_row(eng, spec, batch, save_dir):
         if i >= warm:
             tot.append(t2 - t0)
             enc.append(t1 - t0)
+            dec.append(t2 - t1)
             active.append(int(mask.sum()))
     t = common.summary_us(tot)
     mean_active = sum(active) / len(active)
@@ -258,11 +262,37 @@ def _masked_row(eng, spec, batch, save_dir):
         "warmup": warm,
         "mean_active_rows": round(mean_active, 2),
         "encode_step": common.summary_us(enc),
+        "decode_step": common.summary_us(dec),
         "frame_total": t,
         # all timed frames' time over all their active rows
         "per_active_stream_mean_us": round(1e6 * sum(tot) / sum(active), 1),
         "real_time": t["p99_us"] <= REAL_TIME_US,
     }
+
+
+def _transformer_row(eng, spec, batch, save_dir):
+    """Mimi's transformer alone, rings full: 2-token steps unmasked and masked, in turns."""
+    import numpy as np
+
+    if not getattr(eng, "masks", False):
+        raise NotImplementedError(f"{eng.name}: no per-row streams (active= masks) in this bench")
+    import mimi_py
+
+    cfg = mimi_py.TransformerConfig.mimi()
+    model = mimi_py.StreamingTransformer(cfg, seed=0, device=spec["device"], dtype=spec["dtype"])
+    rng = np.random.default_rng(7)
+    model.step((rng.standard_normal((batch, cfg.context, cfg.d_model)) * 0.1).astype(np.float32))
+    x = (rng.standard_normal((batch, 2, cfg.d_model)) * 0.1).astype(np.float32)
+    times = {"unmasked": [], "masked": []}
+    for i in range(spec["warmup"] + spec["frames"]):
+        for kind, kw in (("unmasked", {}), ("masked", {"active": _mask(batch, i)})):
+            t0 = time.perf_counter()
+            model.step(x, **kw)
+            if i >= spec["warmup"]:
+                times[kind].append(time.perf_counter() - t0)
+    row = {kind: common.summary_us(t) for kind, t in times.items()}
+    row["masked_over_unmasked"] = round(row["masked"]["median_us"] / row["unmasked"]["median_us"], 3)
+    return row
 
 
 def wanted_rows(spec: dict) -> list[tuple[str, int]]:
@@ -271,6 +301,7 @@ def wanted_rows(spec: dict) -> list[tuple[str, int]]:
         [("offline", b) for b in spec["batches"]]
         + [("streaming", b) for b in spec["stream_batches"]]
         + [("masked", b) for b in spec["stream_batches"]]
+        + [("transformer", b) for b in spec["stream_batches"]]
     )
 
 
@@ -307,7 +338,12 @@ def worker_main(spec: dict) -> int:
         first = batch == min(spec["batches"] if kind == "offline" else spec["stream_batches"])
         save = spec["save_dir"] if first else None
         row = {"kind": kind, "batch": batch}
-        measure = {"offline": _offline_row, "streaming": _streaming_row, "masked": _masked_row}[kind]
+        measure = {
+            "offline": _offline_row,
+            "streaming": _streaming_row,
+            "masked": _masked_row,
+            "transformer": _transformer_row,
+        }[kind]
         try:
             with Timer() as tr:
                 row.update(measure(eng, spec, batch, save))
@@ -552,9 +588,9 @@ def render_masked(res) -> list[str]:
         "",
     ]
     L.append(
-        "| engine | dtype | B | active rows | frame median | frame p99 | per active stream | encode_step median | real time |"
+        "| engine | dtype | B | active rows | frame median | frame p99 | per active stream | encode_step median | decode_step median | real time |"
     )
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in res["runs"]:
         for x in (x for x in r["rows"] if x["kind"] == "masked"):
             if x.get("ok"):
@@ -562,12 +598,29 @@ def render_masked(res) -> list[str]:
                 L.append(
                     f"| {r['engine']} | {r['dtype']} | {x['batch']} | {x['mean_active_rows']:g} | "
                     f"{_ms(t['median_us'])} | {_ms(t['p99_us'])} | {_ms(x['per_active_stream_mean_us'])} | "
-                    f"{_ms(x['encode_step']['median_us'])} | {'✅' if x['real_time'] else '❌'} |"
+                    f"{_ms(x['encode_step']['median_us'])} | {_ms(x['decode_step']['median_us'])} | "
+                    f"{'✅' if x['real_time'] else '❌'} |"
                 )
             else:
                 L.append(
-                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | | | | |"
+                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | | | | | |"
                 )
+    return L
+
+
+def render_transformer(res) -> list[str]:
+    L = ["", "## The transformer alone: 2-token steps, rings full, unmasked and masked in turns", ""]
+    L.append("| engine | dtype | B | unmasked median | masked median | masked ÷ unmasked |")
+    L.append("| --- | --- | --- | --- | --- | --- |")
+    for r in res["runs"]:
+        for x in (x for x in r["rows"] if x["kind"] == "transformer"):
+            if x.get("ok"):
+                L.append(
+                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_ms(x['unmasked']['median_us'])} | "
+                    f"{_ms(x['masked']['median_us'])} | {x['masked_over_unmasked']:.2f} |"
+                )
+            else:
+                L.append(f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | |")
     return L
 
 
@@ -634,6 +687,7 @@ def render(res) -> str:
                     f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | | | | | |"
                 )
     L += render_masked(res)
+    L += render_transformer(res)
     L.append("")
     L.append("## Code agreement (fraction of equal codes)")
     L.append("")

@@ -9,7 +9,8 @@
 #   3. the real-size seeded codec's float32 codes on the device against the CPU's (>= 99%);
 #   4. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
 #      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64, and mimi_py's
-#      masked streaming (active=, 3 rows in 4) at the same sizes).
+#      masked streaming (active=, 3 rows in 4) at the same sizes, and its transformer alone,
+#      masked and unmasked).
 # Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
 # test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
 # compared with the CPU's (at least 99% equal, tests/support/ondevice.py).

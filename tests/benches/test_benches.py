@@ -232,7 +232,7 @@ def test_gpu_bench_dry_run_cpu(tmp_path):
     runs = {(r["engine"], r["dtype"]): r for r in res["runs"]}
     assert set(runs) == {(e, d) for e in ("mimi_py", "moshi") for d in ("float32", "bfloat16")}
     want = [("offline", b) for b in res["args"]["batches"]] + [
-        (kind, b) for kind in ("streaming", "masked") for b in res["args"]["stream_batches"]
+        (kind, b) for kind in ("streaming", "masked", "transformer") for b in res["args"]["stream_batches"]
     ]
     for r in runs.values():
         assert sorted((x["kind"], x["batch"]) for x in r["rows"]) == sorted(want), r
@@ -244,6 +244,9 @@ def test_gpu_bench_dry_run_cpu(tmp_path):
             assert x["encode_rtf"] > 0 and x["codes_shape"][:2] == [x["batch"], 4]
         elif x["kind"] == "streaming":
             assert x["frame_total"]["n"] == res["args"]["frames"] and x["per_stream_median_us"] > 0
+        elif x["kind"] == "transformer":
+            assert x["unmasked"]["n"] == x["masked"]["n"] == res["args"]["frames"], x
+            assert x["masked_over_unmasked"] > 0, x
         else:
             assert (
                 x["frame_total"]["n"] == res["args"]["frames"] and 0 < x["mean_active_rows"] < x["batch"] + 1
@@ -255,4 +258,5 @@ def test_gpu_bench_dry_run_cpu(tmp_path):
     assert pairs["mimi_py", "float32", "moshi", "float32"]["offline"] is None  # moshi has no codes
     md = (tmp_path / "gpu_results.md").read_text()
     assert "## Offline" in md and "## Streaming" in md and "## Streaming with masks" in md
+    assert "## The transformer alone" in md
     assert "## Code agreement" in md
