@@ -18,9 +18,11 @@ file that common.py writes (random weights of the real architecture, 8 codebooks
 * masked streaming (engines with per-row streams: mimi_py): the same frames with an `active=`
   mask on both calls, three rows in four stepping (row r sits out frame i when (r + i) % 4 == 0;
   at B = 1 the mask is [True]); per active stream = the frames' total time ÷ their active rows.
-* the transformer alone (mimi_py): Mimi's transformer on the device and dtype, its rings full,
-  steps of 2 tokens (one frame's, at 25 Hz) at each of `--stream-batches`, unmasked and with the
-  masks above, in turns: what of a masked frame's extra cost the transformer accounts for.
+* the transformer alone (mimi_py): Mimi's transformer on the device and dtype, steps of 2
+  tokens (one frame's, at 25 Hz) at each of `--stream-batches`, unmasked and with the masks
+  above, in turns, on young rings (a fresh model: positions below the context, as the codec's
+  frames above) and on full ones: what of a masked frame's extra cost the transformer accounts
+  for.
 
 torch on CUDA is synchronized before each timer stops; mimi_py returns numpy arrays, so its calls
 are synchronous. Every row that fails (out of memory, a dtype or device the build does not support,
@@ -271,7 +273,8 @@ def _masked_row(eng, spec, batch, save_dir):
 
 
 def _transformer_row(eng, spec, batch, save_dir):
-    """Mimi's transformer alone, rings full: 2-token steps unmasked and masked, in turns."""
+    """Mimi's transformer alone: 2-token steps unmasked and masked, in turns, on young rings (a
+    fresh model, positions below the context, as in the codec's frames here) and on full ones."""
     import numpy as np
 
     if not getattr(eng, "masks", False):
@@ -279,19 +282,24 @@ def _transformer_row(eng, spec, batch, save_dir):
     import mimi_py
 
     cfg = mimi_py.TransformerConfig.mimi()
-    model = mimi_py.StreamingTransformer(cfg, seed=0, device=spec["device"], dtype=spec["dtype"])
     rng = np.random.default_rng(7)
-    model.step((rng.standard_normal((batch, cfg.context, cfg.d_model)) * 0.1).astype(np.float32))
     x = (rng.standard_normal((batch, 2, cfg.d_model)) * 0.1).astype(np.float32)
-    times = {"unmasked": [], "masked": []}
-    for i in range(spec["warmup"] + spec["frames"]):
-        for kind, kw in (("unmasked", {}), ("masked", {"active": _mask(batch, i)})):
-            t0 = time.perf_counter()
-            model.step(x, **kw)
-            if i >= spec["warmup"]:
-                times[kind].append(time.perf_counter() - t0)
-    row = {kind: common.summary_us(t) for kind, t in times.items()}
-    row["masked_over_unmasked"] = round(row["masked"]["median_us"] / row["unmasked"]["median_us"], 3)
+    row = {}
+    for rings in ("young", "full"):
+        model = mimi_py.StreamingTransformer(cfg, seed=0, device=spec["device"], dtype=spec["dtype"])
+        if rings == "full":
+            model.step((rng.standard_normal((batch, cfg.context, cfg.d_model)) * 0.1).astype(np.float32))
+        times = {"unmasked": [], "masked": []}
+        for i in range(spec["warmup"] + spec["frames"]):
+            for kind, kw in (("unmasked", {}), ("masked", {"active": _mask(batch, i)})):
+                t0 = time.perf_counter()
+                model.step(x, **kw)
+                if i >= spec["warmup"]:
+                    times[kind].append(time.perf_counter() - t0)
+        for kind, t in times.items():
+            row[f"{rings}_{kind}"] = common.summary_us(t)
+        ratio = row[f"{rings}_masked"]["median_us"] / row[f"{rings}_unmasked"]["median_us"]
+        row[f"{rings}_masked_over_unmasked"] = round(ratio, 3)
     return row
 
 
@@ -609,18 +617,22 @@ def render_masked(res) -> list[str]:
 
 
 def render_transformer(res) -> list[str]:
-    L = ["", "## The transformer alone: 2-token steps, rings full, unmasked and masked in turns", ""]
-    L.append("| engine | dtype | B | unmasked median | masked median | masked ÷ unmasked |")
-    L.append("| --- | --- | --- | --- | --- | --- |")
+    L = ["", "## The transformer alone: 2-token steps, unmasked and masked in turns", ""]
+    L.append("| engine | dtype | B | rings | unmasked median | masked median | masked ÷ unmasked |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- |")
     for r in res["runs"]:
         for x in (x for x in r["rows"] if x["kind"] == "transformer"):
-            if x.get("ok"):
+            if not x.get("ok"):
                 L.append(
-                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_ms(x['unmasked']['median_us'])} | "
-                    f"{_ms(x['masked']['median_us'])} | {x['masked_over_unmasked']:.2f} |"
+                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | | |"
                 )
-            else:
-                L.append(f"| {r['engine']} | {r['dtype']} | {x['batch']} | {_cell_err(x.get('error'))} | | |")
+                continue
+            for rings in ("young", "full"):
+                L.append(
+                    f"| {r['engine']} | {r['dtype']} | {x['batch']} | {rings} | "
+                    f"{_ms(x[rings + '_unmasked']['median_us'])} | {_ms(x[rings + '_masked']['median_us'])} | "
+                    f"{x[rings + '_masked_over_unmasked']:.2f} |"
+                )
     return L
 
 

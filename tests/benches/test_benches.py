@@ -245,8 +245,9 @@ def test_gpu_bench_dry_run_cpu(tmp_path):
         elif x["kind"] == "streaming":
             assert x["frame_total"]["n"] == res["args"]["frames"] and x["per_stream_median_us"] > 0
         elif x["kind"] == "transformer":
-            assert x["unmasked"]["n"] == x["masked"]["n"] == res["args"]["frames"], x
-            assert x["masked_over_unmasked"] > 0, x
+            for rings in ("young", "full"):
+                n = {x[f"{rings}_{kind}"]["n"] for kind in ("unmasked", "masked")}
+                assert n == {res["args"]["frames"]} and x[f"{rings}_masked_over_unmasked"] > 0, x
         else:
             assert (
                 x["frame_total"]["n"] == res["args"]["frames"] and 0 < x["mean_active_rows"] < x["batch"] + 1
