@@ -695,12 +695,12 @@ impl Transformer {
     /// `q` sees (`0 <= q - k < context`), -inf else. Ring slot `j` of a row at `p` holds the
     /// position `k < p` with `k = j (mod context)`, if there is one (a young or freshly reset
     /// row has stale or empty slots, which the mask hides).
-    fn rows_mask(&self, pos: &[u64], t: usize) -> Result<Tensor> {
+    fn rows_mask(&self, pos: &[u64], t: usize, slots: usize) -> Result<Tensor> {
         let c = self.cfg.context as i64;
-        let mut mask = Vec::with_capacity(pos.len() * t * (c as usize + t));
+        let mut mask = Vec::with_capacity(pos.len() * t * (slots + t));
         for &p in pos {
             let p = p as i64;
-            let ring = (0..c).map(|j| (p - 1) - (p - 1 - j).rem_euclid(c));
+            let ring = (0..slots as i64).map(|j| (p - 1) - (p - 1 - j).rem_euclid(c));
             let keys: Vec<i64> = ring.chain((0..t as i64).map(|i| p + i)).collect();
             for q in (0..t as i64).map(|i| p + i) {
                 mask.extend(keys.iter().map(|&k| {
@@ -712,15 +712,15 @@ impl Transformer {
                 }));
             }
         }
-        let mask = Tensor::from_vec(mask, (pos.len(), 1, t, c as usize + t), &self.device)?;
+        let mask = Tensor::from_vec(mask, (pos.len(), 1, t, slots + t), &self.device)?;
         Ok(cast(&mask, self.dtype)?)
     }
 
     /// One block of `t <= context` steps for the batch rows `rows`, each at its own position
     /// `pos[i]`. Every operation covers all the rows at once (a GPU launches a few kernels
-    /// per layer, not a few per row): the rows' rings are gathered, attention runs over each
-    /// row's whole ring plus the new keys, masked per row, and the new keys are scattered into
-    /// the rings once every layer succeeded.
+    /// per layer, not a few per row): the rows' rings are gathered, attention runs over the
+    /// ring slots the oldest row has filled plus the new keys, masked per row, and the new
+    /// keys are scattered into the rings once every layer succeeded.
     fn block_rows(
         &self,
         pos: &[u64],
@@ -730,13 +730,26 @@ impl Transformer {
     ) -> Result<Tensor> {
         let t = xs.dim(1)?;
         let (rope, mut xs) = self.embed_rows(pos, t, xs)?;
-        let mask = self.rows_mask(pos, t)?;
+        // Slots at or past a young row's position hold nothing for it: attend over the slots
+        // the oldest row has filled, as an unmasked step attends over its `pos` keys.
+        let c = self.cfg.context;
+        let slots = pos
+            .iter()
+            .map(|&p| p.min(c as u64) as usize)
+            .max()
+            .unwrap_or(0);
+        let mask = self.rows_mask(pos, t, slots)?;
         let gather = RingRows::new(rows, pos, t, caches, &self.cfg, &self.device)?;
+        let old = |ring: &Tensor, new: &Tensor| -> Result<Tensor> {
+            Ok(match slots {
+                0 => new.clone(), // no empty tensor: CUDA refuses its kernels
+                _ => Tensor::cat(&[&gather.select(ring)?.narrow(2, 0, slots)?, new], 2)?,
+            })
+        };
         let mut pending = Vec::with_capacity(caches.len());
         for (layer, cache) in self.layers.iter().zip(caches) {
             let (q, k, v) = self.project(layer, &xs, rope.as_ref())?;
-            let keys = Tensor::cat(&[&gather.select(&cache.k)?, &k], 2)?;
-            let vals = Tensor::cat(&[&gather.select(&cache.v)?, &v], 2)?;
+            let (keys, vals) = (old(&cache.k, &k)?, old(&cache.v, &v)?);
             let scores = q.matmul(&keys.t()?)?.broadcast_add(&mask)?;
             let attn = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vals)?;
             pending.push((k, v));

@@ -261,8 +261,9 @@ fn check_rows_independent(model: &Transformer, pe: &str, tol: f32) {
     let mut batched = State::default();
     let mut single: Vec<State> = (0..b).map(|_| State::default()).collect();
     // (active rows, steps, rows reset before the call)
-    let schedule: [(&[usize], usize, &[usize]); 9] = [
+    let schedule: [(&[usize], usize, &[usize]); 10] = [
         (&[0, 1, 2], 2, &[]),
+        (&[0, 2], 1, &[0, 2]), // every stepping row fresh: no ring slot to attend to
         (&[0, 2], 1, &[]),
         (&[1], 3, &[]),
         (&[0, 1, 2], 1, &[1]),
