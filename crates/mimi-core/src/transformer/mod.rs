@@ -35,7 +35,7 @@ mod step;
 use crate::runtime::device::cast;
 use layer::Layer;
 pub use state::State;
-use state::{ring_slot, LayerCache};
+use state::{ring_slot, slot_position, LayerCache};
 
 /// Queries processed per internal block when a call is longer than this; results do not
 /// depend on it (the computation is chunk-invariant), only memory does.
@@ -600,14 +600,11 @@ impl Transformer {
     /// `n_old` slots (slot `j` holds the last position `≡ j` mod `context` before `pos`),
     /// then the block's own.
     fn key_positions(&self, pos: u64, t: usize, n_old: usize) -> Vec<u64> {
-        let c = self.cfg.context as u64;
         let key_pos = |j: usize| -> u64 {
-            if j >= n_old {
-                pos + (j - n_old) as u64
-            } else if pos <= c {
-                j as u64
-            } else {
-                (pos - 1) - ((pos - 1 - j as u64) % c)
+            match j >= n_old {
+                true => pos + (j - n_old) as u64,
+                // n_old <= pos: every one of these slots holds a position already
+                false => slot_position(j, pos, self.cfg.context) as u64,
             }
         };
         (0..n_old + t).map(key_pos).collect()
@@ -690,17 +687,17 @@ impl Transformer {
         }
     }
 
-    /// Additive mask (n, 1, t, context + t) for `t` queries of rows at `pos` over their whole
-    /// rings followed by the `t` new keys: 0 where the key's position `k` is one the query at
+    /// Additive mask (n, 1, t, slots + t) for `t` queries of rows at `pos` over the first
+    /// `slots` slots of their rings followed by the `t` new keys: 0 where the key's position `k` is one the query at
     /// `q` sees (`0 <= q - k < context`), -inf else. Ring slot `j` of a row at `p` holds the
     /// position `k < p` with `k = j (mod context)`, if there is one (a young or freshly reset
     /// row has stale or empty slots, which the mask hides).
     fn rows_mask(&self, pos: &[u64], t: usize, slots: usize) -> Result<Tensor> {
         let c = self.cfg.context as i64;
         let mut mask = Vec::with_capacity(pos.len() * t * (slots + t));
-        for &p in pos {
-            let p = p as i64;
-            let ring = (0..slots as i64).map(|j| (p - 1) - (p - 1 - j).rem_euclid(c));
+        for &pos in pos {
+            let ring = (0..slots).map(|j| slot_position(j, pos, self.cfg.context));
+            let p = pos as i64;
             let keys: Vec<i64> = ring.chain((0..t as i64).map(|i| p + i)).collect();
             for q in (0..t as i64).map(|i| p + i) {
                 mask.extend(keys.iter().map(|&k| {

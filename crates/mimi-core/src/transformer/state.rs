@@ -11,6 +11,14 @@ pub(super) fn ring_slot(pos: u64, context: usize) -> usize {
     (pos % context as u64) as usize
 }
 
+/// The position that slot `slot` holds for a row about to step at `pos` (the rule's inverse):
+/// the last position before `pos` that [`ring_slot`] puts there, negative while the row has
+/// not reached the slot.
+pub(super) fn slot_position(slot: usize, pos: u64, context: usize) -> i64 {
+    let (p, c) = (pos as i64, context as i64);
+    (p - 1) - (p - 1 - slot as i64).rem_euclid(c)
+}
+
 /// One layer's ring buffers of keys and values, `(batch, heads, context, head_dim)`.
 /// Slot [`ring_slot`]`(p)` holds position `p`.
 #[derive(Clone)]
