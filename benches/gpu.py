@@ -19,10 +19,11 @@ file that common.py writes (random weights of the real architecture, 8 codebooks
   mask on both calls, three rows in four stepping (row r sits out frame i when (r + i) % 4 == 0;
   at B = 1 the mask is [True]); per active stream = the frames' total time ÷ their active rows.
 * the transformer alone (mimi_py): Mimi's transformer on the device and dtype, steps of 2
-  tokens (one frame's, at 25 Hz) at each of `--stream-batches`, unmasked and with the masks
-  above, in turns, on young rings (a fresh model: positions below the context, as the codec's
-  frames above) and on full ones: what of a masked frame's extra cost the transformer accounts
-  for.
+  tokens (one frame's, at 25 Hz) at each of `--stream-batches`, in turns, of one model stepped
+  unmasked (its rows stay at one position, as in the unmasked frames above) and one stepped
+  with the masks above (its rows drift apart), on young rings (fresh models: positions below
+  the context, as the codec's frames above) and on full ones: what of a masked frame's extra
+  cost the transformer accounts for.
 
 torch on CUDA is synchronized before each timer stops; mimi_py returns numpy arrays, so its calls
 are synchronous. Every row that fails (out of memory, a dtype or device the build does not support,
@@ -273,8 +274,10 @@ def _masked_row(eng, spec, batch, save_dir):
 
 
 def _transformer_row(eng, spec, batch, save_dir):
-    """Mimi's transformer alone: 2-token steps unmasked and masked, in turns, on young rings (a
-    fresh model, positions below the context, as in the codec's frames here) and on full ones."""
+    """Mimi's transformer alone: 2-token steps, in turns, of a model stepped unmasked (its rows
+    stay at one position: the one-position path, as the codec's unmasked frames) and of a model
+    stepped masked (its rows drift apart: the per-row path), on young rings (fresh models,
+    positions below the context, as in the codec's frames here) and on full ones."""
     import numpy as np
 
     if not getattr(eng, "masks", False):
@@ -286,14 +289,17 @@ def _transformer_row(eng, spec, batch, save_dir):
     x = (rng.standard_normal((batch, 2, cfg.d_model)) * 0.1).astype(np.float32)
     row = {}
     for rings in ("young", "full"):
-        model = mimi_py.StreamingTransformer(cfg, seed=0, device=spec["device"], dtype=spec["dtype"])
-        if rings == "full":
-            model.step((rng.standard_normal((batch, cfg.context, cfg.d_model)) * 0.1).astype(np.float32))
+        models = {}
+        for kind in ("unmasked", "masked"):
+            models[kind] = mimi_py.StreamingTransformer(cfg, seed=0, device=spec["device"], dtype=spec["dtype"])
+            if rings == "full":
+                fill = rng.standard_normal((batch, cfg.context, cfg.d_model)) * 0.1
+                models[kind].step(fill.astype(np.float32))
         times = {"unmasked": [], "masked": []}
         for i in range(spec["warmup"] + spec["frames"]):
             for kind, kw in (("unmasked", {}), ("masked", {"active": _mask(batch, i)})):
                 t0 = time.perf_counter()
-                model.step(x, **kw)
+                models[kind].step(x, **kw)
                 if i >= spec["warmup"]:
                     times[kind].append(time.perf_counter() - t0)
         for kind, t in times.items():
@@ -617,7 +623,7 @@ def render_masked(res) -> list[str]:
 
 
 def render_transformer(res) -> list[str]:
-    L = ["", "## The transformer alone: 2-token steps, unmasked and masked in turns", ""]
+    L = ["", "## The transformer alone: 2-token steps of an unmasked and a masked model, in turns", ""]
     L.append("| engine | dtype | B | rings | unmasked median | masked median | masked ÷ unmasked |")
     L.append("| --- | --- | --- | --- | --- | --- | --- |")
     for r in res["runs"]:

@@ -43,6 +43,27 @@ fn block_len(context: usize) -> usize {
     context.max(64)
 }
 
+/// The rotary angles' cos and sin at position `p`, one per interleaved pair of a head
+/// (`head_dim / 2` each), in f64 from the absolute position: the one rule of both paths.
+fn rope_at(cfg: &TransformerConfig, p: u64, cos: &mut [f32], sin: &mut [f32]) {
+    let (theta, hd) = (cfg.max_period as f64, cfg.head_dim());
+    for (j, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
+        let a = p as f64 * (1.0 / theta.powf((2 * j) as f64 / hd as f64));
+        (*c, *s) = (a.cos() as f32, a.sin() as f32);
+    }
+}
+
+/// The sinusoidal embedding of position `p`: `cos` and `sin` (`d_model / 2` each) of its
+/// angles, in f64 from the absolute position: the one rule of both paths.
+fn sin_embedding_at(cfg: &TransformerConfig, p: u64, cos: &mut [f32], sin: &mut [f32]) {
+    let theta = cfg.max_period as f64;
+    let half = cfg.d_model / 2;
+    for (j, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
+        let a = p as f64 * (1.0 / theta.powf(j as f64 / (half - 1) as f64));
+        (*c, *s) = (a.cos() as f32, a.sin() as f32);
+    }
+}
+
 /// Writes keys/values `k`, `v` (b, heads, m, head_dim) for positions `first..first+m` into
 /// their ring slots (`position % context`), wrapping around; the last `context` of them if
 /// there are more.
@@ -528,49 +549,36 @@ impl Transformer {
         Ok(Tensor::cat(&outs, 1)?)
     }
 
-    /// cos/sin of the rotary angles for positions `pos..pos+t`, `(t, head_dim/2)` in f32.
-    fn rope_tables(&self, pos: u64, t: usize) -> Result<(Tensor, Tensor)> {
-        let hd = self.cfg.head_dim();
-        let theta = self.cfg.max_period as f64;
-        let inv: Vec<f64> = (0..hd)
-            .step_by(2)
-            .map(|i| 1.0 / theta.powf(i as f64 / hd as f64))
-            .collect();
-        let mut cos = Vec::with_capacity(t * inv.len());
-        let mut sin = Vec::with_capacity(t * inv.len());
-        for p in 0..t as u64 {
-            let p = (pos + p) as f64;
-            for f in &inv {
-                let a = p * f;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
+    /// cos/sin of the rotary angles for positions `p..p+t` of each row's `p` in `pos`,
+    /// `(rows, t, head_dim/2)` in f32: one host buffer each, one copy to the device.
+    fn rope_tables(&self, pos: &[u64], t: usize) -> Result<(Tensor, Tensor)> {
+        let half = self.cfg.head_dim() / 2;
+        let n = pos.len() * t * half;
+        let (mut cos, mut sin) = (vec![0f32; n], vec![0f32; n]);
+        let tokens = pos.iter().flat_map(|&p| p..p + t as u64);
+        let pairs = cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half));
+        for (p, (c, s)) in tokens.zip(pairs) {
+            rope_at(&self.cfg, p, c, s);
         }
-        let n = inv.len();
+        let shape = (pos.len(), t, half);
         Ok((
-            Tensor::from_vec(cos, (t, n), &self.device)?,
-            Tensor::from_vec(sin, (t, n), &self.device)?,
+            Tensor::from_vec(cos, shape, &self.device)?,
+            Tensor::from_vec(sin, shape, &self.device)?,
         ))
     }
 
-    /// Sinusoidal embeddings `[cos(p f), sin(p f)]` for positions `pos..pos+t`, `(t, d)`.
-    fn sin_embedding(&self, pos: u64, t: usize) -> Result<Tensor> {
+    /// Sinusoidal embeddings `[cos(p f), sin(p f)]` for positions `p..p+t` of each row's `p`
+    /// in `pos`, `(rows, t, d)`.
+    fn sin_embedding(&self, pos: &[u64], t: usize) -> Result<Tensor> {
         let d = self.cfg.d_model;
-        let half = d / 2;
-        let theta = self.cfg.max_period as f64;
-        let inv: Vec<f64> = (0..half)
-            .map(|i| 1.0 / theta.powf(i as f64 / (half - 1) as f64))
-            .collect();
-        let mut out = Vec::with_capacity(t * d);
-        for p in 0..t as u64 {
-            let p = (pos + p) as f64;
-            out.extend(inv.iter().map(|f| (p * f).cos() as f32));
-            out.extend(inv.iter().map(|f| (p * f).sin() as f32));
+        let mut out = vec![0f32; pos.len() * t * d];
+        let tokens = pos.iter().flat_map(|&p| p..p + t as u64);
+        for (p, row) in tokens.zip(out.chunks_exact_mut(d)) {
+            let (c, s) = row.split_at_mut(d / 2);
+            sin_embedding_at(&self.cfg, p, c, s);
         }
-        Ok(cast(
-            &Tensor::from_vec(out, (t, d), &self.device)?,
-            self.dtype,
-        )?)
+        let e = Tensor::from_vec(out, (pos.len(), t, d), &self.device)?;
+        Ok(cast(&e, self.dtype)?)
     }
 
     /// Additive mask for `t` queries at `pos..pos+t` over `n_old` cached keys (ring slots
@@ -667,22 +675,8 @@ impl Transformer {
         xs: &Tensor,
     ) -> Result<(Option<(Tensor, Tensor)>, Tensor)> {
         match self.cfg.positional_embedding {
-            PositionalEmbedding::Rope => {
-                let tables = pos
-                    .iter()
-                    .map(|&p| self.rope_tables(p, t))
-                    .collect::<Result<Vec<_>>>()?;
-                let (cos, sin): (Vec<_>, Vec<_>) = tables.into_iter().unzip();
-                let rope = (Tensor::stack(&cos, 0)?, Tensor::stack(&sin, 0)?);
-                Ok((Some(rope), xs.clone()))
-            }
-            PositionalEmbedding::Sin => {
-                let e = pos
-                    .iter()
-                    .map(|&p| self.sin_embedding(p, t))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok((None, xs.broadcast_add(&Tensor::stack(&e, 0)?)?))
-            }
+            PositionalEmbedding::Rope => Ok((Some(self.rope_tables(pos, t)?), xs.clone())),
+            PositionalEmbedding::Sin => Ok((None, xs.broadcast_add(&self.sin_embedding(pos, t)?)?)),
             PositionalEmbedding::None => Ok((None, xs.clone())),
         }
     }
@@ -766,11 +760,14 @@ impl Transformer {
         let c = cfg.context;
         let cpos = c as u64;
         let rope = match cfg.positional_embedding {
-            PositionalEmbedding::Rope => Some(self.rope_tables(pos, t)?),
+            PositionalEmbedding::Rope => {
+                let (cos, sin) = self.rope_tables(&[pos], t)?;
+                Some((cos.squeeze(0)?, sin.squeeze(0)?))
+            }
             _ => None,
         };
         let mut xs = match cfg.positional_embedding {
-            PositionalEmbedding::Sin => xs.broadcast_add(&self.sin_embedding(pos, t)?)?,
+            PositionalEmbedding::Sin => xs.broadcast_add(&self.sin_embedding(&[pos], t)?)?,
             _ => xs.clone(),
         };
         let n_old = pos.min(cpos) as usize;

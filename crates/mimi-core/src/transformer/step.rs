@@ -244,32 +244,27 @@ impl Transformer {
     /// Per token: the rotary cos/sin of its position, or its sinusoidal embedding added to
     /// `x` (the angles in f64 from the absolute position, as the block path computes them).
     fn positions(&self, scratch: &mut Scratch, m: usize) -> Result<()> {
-        let theta = self.cfg.max_period as f64;
         match self.cfg.positional_embedding {
             PositionalEmbedding::Rope => {
-                let hd = self.cfg.head_dim();
-                let half = hd / 2;
+                let half = self.cfg.head_dim() / 2;
                 let (cos, sin) = (
                     take(&mut scratch.cos, m * half),
                     take(&mut scratch.sin, m * half),
                 );
-                for (i, &p) in scratch.pos.iter().enumerate() {
-                    for j in 0..half {
-                        let a = p as f64 * (1.0 / theta.powf((2 * j) as f64 / hd as f64));
-                        cos[i * half + j] = a.cos() as f32;
-                        sin[i * half + j] = a.sin() as f32;
-                    }
+                let pairs = cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half));
+                for (&p, (c, s)) in scratch.pos.iter().zip(pairs) {
+                    super::rope_at(&self.cfg, p, c, s);
                 }
             }
             PositionalEmbedding::Sin => {
-                let d = self.cfg.d_model;
-                let half = d / 2;
+                let (d, half) = (self.cfg.d_model, self.cfg.d_model / 2);
+                // The embedding goes through the angle buffers (`d / 2` each per token).
+                let (cos, sin) = (take(&mut scratch.cos, half), take(&mut scratch.sin, half));
                 for (xr, &p) in scratch.x.chunks_exact_mut(d).zip(&scratch.pos) {
-                    for j in 0..half {
-                        let a = p as f64 * (1.0 / theta.powf(j as f64 / (half - 1) as f64));
-                        xr[j] += a.cos() as f32;
-                        xr[half + j] += a.sin() as f32;
-                    }
+                    super::sin_embedding_at(&self.cfg, p, cos, sin);
+                    let (lo, hi) = xr.split_at_mut(half);
+                    lo.iter_mut().zip(&*cos).for_each(|(x, c)| *x += c);
+                    hi.iter_mut().zip(&*sin).for_each(|(x, s)| *x += s);
                 }
             }
             PositionalEmbedding::None => {}
