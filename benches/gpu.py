@@ -291,7 +291,9 @@ def _transformer_row(eng, spec, batch, save_dir):
     for rings in ("young", "full"):
         models = {}
         for kind in ("unmasked", "masked"):
-            models[kind] = mimi_py.StreamingTransformer(cfg, seed=0, device=spec["device"], dtype=spec["dtype"])
+            models[kind] = mimi_py.StreamingTransformer(
+                cfg, seed=0, device=spec["device"], dtype=spec["dtype"]
+            )
             if rings == "full":
                 fill = rng.standard_normal((batch, cfg.context, cfg.d_model)) * 0.1
                 models[kind].step(fill.astype(np.float32))
