@@ -300,3 +300,56 @@ fn check_rows_independent(model: &Transformer, pe: &str, tol: f32) {
         }
     }
 }
+
+/// A masked block's ring write (`RingRows`): each stepping row's `t` new keys land in their
+/// ring slots (wrapping), and every other value, the rows that do not step included, keeps
+/// its bits. It relies on candle's scatter skipping the index `u32::MAX`.
+#[test]
+fn ring_rows_write_only_the_stepping_rows_slots() {
+    let cfg = small_cfg("rope", "layer_norm", None, 4);
+    let (b, h, c, hd, t, dev) = (
+        3,
+        cfg.num_heads,
+        cfg.context,
+        cfg.head_dim(),
+        2,
+        Device::Cpu,
+    );
+    let n = b * h * c * hd;
+    let old: Vec<f32> = (0..n).map(|i| -(i as f32) - 1.0).collect();
+    let cache = LayerCache {
+        k: Tensor::from_vec(old.clone(), (b, h, c, hd), &dev).unwrap(),
+        v: Tensor::from_vec(old.clone(), (b, h, c, hd), &dev).unwrap(),
+    };
+    let (rows, pos) = ([0usize, 2], [7u64, 1]); // row 0 wraps: slots 3 then 0
+    let new_at =
+        |i: usize, hh: usize, j: usize, x: usize| (1000 * i + 100 * hh + 10 * j + x) as f32;
+    let new: Vec<f32> = (0..rows.len() * h * t * hd)
+        .map(|f| new_at(f / (h * t * hd), f / (t * hd) % h, f / hd % t, f % hd))
+        .collect();
+    let new = Tensor::from_vec(new, (rows.len(), h, t, hd), &dev).unwrap();
+    let caches = std::slice::from_ref(&cache);
+    let ring = RingRows::new(&rows, &pos, t, caches, &cfg, &dev).unwrap();
+    ring.write(&cache, &new, &(&new * 2.0).unwrap()).unwrap();
+    let (k, v) = (
+        cache.k.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        cache.v.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+    );
+    for f in 0..n {
+        let (r, hh, slot, x) = (f / (h * c * hd), f / (c * hd) % h, f / hd % c, f % hd);
+        let stepped = rows.iter().position(|&q| q == r).and_then(|i| {
+            let j = (0..t).find(|&j| ring_slot(pos[i] + j as u64, c) == slot)?;
+            Some(new_at(i, hh, j, x))
+        });
+        assert_eq!(
+            k[f],
+            stepped.unwrap_or(old[f]),
+            "k row {r} head {hh} slot {slot}"
+        );
+        assert_eq!(
+            v[f],
+            stepped.map_or(old[f], |y| 2.0 * y),
+            "v row {r} head {hh} slot {slot}"
+        );
+    }
+}
