@@ -694,8 +694,8 @@ impl Transformer {
     }
 
     /// Additive mask (n, 1, t, slots + t) for `t` queries of rows at `pos` over the first
-    /// `slots` slots of their rings followed by the `t` new keys: 0 where the key's position `k` is one the query at
-    /// `q` sees (`0 <= q - k < context`), -inf else. Ring slot `j` of a row at `p` holds the
+    /// `slots` slots of their rings followed by the `t` new keys: 0 where the key's position
+    /// `k` is one the query at `q` sees (`0 <= q - k < context`), -inf else. Ring slot `j` of a row at `p` holds the
     /// position `k < p` with `k = j (mod context)`, if there is one (a young or freshly reset
     /// row has stale or empty slots, which the mask hides).
     fn rows_mask(&self, pos: &[u64], t: usize, slots: usize) -> Result<Tensor> {
