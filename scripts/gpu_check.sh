@@ -5,7 +5,9 @@
 #      into a folder on PYTHONPATH (no network there). Not a virtualenv: that python3 is itself
 #      one, and a virtualenv made from it sees the base interpreter's packages, not its torch;
 #   2. the device-independent test suites on MIMI_TEST_DEVICE (default cuda): fixture numerics,
-#      state invariants, codec codes and audio, half precision, hostile inputs;
+#      state invariants, codec codes and audio, half precision, hostile inputs, weights, and the
+#      batched rows (masked steps, row resets, forks: tests/streaming/test_batched.py, each row
+#      against itself alone through support.ondevice.assert_row);
 #   3. the real-size seeded codec's float32 codes on the device against the CPU's (>= 99%);
 #   4. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
 #      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64, and mimi_py's
@@ -73,7 +75,7 @@ timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/ju
     tests/transformer/test_fixtures.py tests/transformer/test_state.py tests/codec/test_codec.py \
     tests/codec/test_half.py tests/inputs/test_input_arrays.py tests/transformer/test_transformer_inputs.py \
     tests/codec/test_codec_inputs.py tests/transformer/test_config.py tests/weights/test_weights.py \
-    tests/errors/test_errors.py tests/inputs/test_memory_limits.py \
+    tests/errors/test_errors.py tests/inputs/test_memory_limits.py tests/streaming/test_batched.py \
     2>&1 | tee "$OUT/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

@@ -8,6 +8,7 @@ import pytest
 import mimi_py
 from mimi_py import audio
 from support.extras import optional
+from support.reference import assert_same
 
 pytestmark = pytest.mark.extra("audio")
 with optional("audio"):
@@ -31,7 +32,7 @@ def test_reads_resample_to_the_rate_the_caller_passes(tmp_path, target):
     assert (info.sample_rate, info.channels, info.frames) == (44100, 2, len(x))
     mono = x.mean(axis=1, dtype=np.float32)
     expected = mono if target == 44100 else soxr.resample(mono, 44100, target)
-    np.testing.assert_array_equal(pcm, expected)
+    assert_same(pcm, expected)
 
 
 def test_the_defaults_are_declared_once():
@@ -45,8 +46,8 @@ def test_written_files_read_back_exactly(tmp_path):
     audio.write_audio(tmp_path / "out.wav", pcm, 24000)
     back, sr = sf.read(tmp_path / "out.wav", dtype="float32")
     assert sr == 24000
-    np.testing.assert_array_equal(back, pcm)
+    assert_same(back, pcm)
     with audio.open_writer(tmp_path / "blocks.tmp", 24000, format="WAV") as f:
         f.write(pcm[:100])
         f.write(pcm[100:])
-    np.testing.assert_array_equal(sf.read(tmp_path / "blocks.tmp", dtype="float32")[0], pcm)
+    assert_same(sf.read(tmp_path / "blocks.tmp", dtype="float32")[0], pcm)

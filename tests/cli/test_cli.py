@@ -13,7 +13,7 @@ import pytest
 from support.extras import optional
 from support.hub_cache import make_hf_cache
 from support.paths import CODEC_DIR
-from support.reference import assert_close
+from support.reference import assert_close, assert_same
 
 pytestmark = pytest.mark.extra("audio")
 with optional("audio"):
@@ -58,7 +58,7 @@ def test_encode_decode_round_trip(tmp_path, small_dir):
     assert "encode: 100%" in r.stderr and "frame" in r.stderr  # tqdm's progress bar
     codes = np.load(tmp_path / "codes.npy")
     assert codes.dtype == np.uint32
-    np.testing.assert_array_equal(codes, IO["codes"])  # whole-frame padding keeps the codes
+    assert_same(codes, IO["codes"])  # whole-frame padding keeps the codes
     r = run("decode", tmp_path / "codes.npy", tmp_path / "out.wav", "--weights", small_dir)
     assert r.returncode == 0, r.stderr
     audio, sr = sf.read(tmp_path / "out.wav", dtype="float32")
@@ -145,7 +145,7 @@ def test_weights_from_the_hugging_face_cache_offline(tmp_path):
     sf.write(wav, IO["waveform"][0, 0], 24000, subtype="FLOAT")
     r = run("encode", wav, tmp_path / "codes.npy", "--weights", "hf:kyutai/mimi@main", env=env)
     assert r.returncode == 0, r.stderr
-    np.testing.assert_array_equal(np.load(tmp_path / "codes.npy"), IO["codes"])
+    assert_same(np.load(tmp_path / "codes.npy"), IO["codes"])
     r = run("encode", wav, tmp_path / "c.npy", "--weights", "hf:kyutai/absent", env=env)
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0
     assert r.stderr.startswith("error: kyutai/absent: cannot get") and "hf download kyutai/absent" in r.stderr
@@ -164,13 +164,13 @@ def test_weights_dtype_reaches_the_codec_of_decode_and_encode(tmp_path, small_di
     bf16 = mimi_py.MimiCodec(small_dir, weights_dtype="bfloat16").decode(IO["codes"])[0, 0]
     f32 = mimi_py.MimiCodec(small_dir).decode(IO["codes"])[0, 0]
     assert np.abs(bf16 - f32).max() > 1e-3  # so the comparison below tells them apart
-    np.testing.assert_allclose(audio, bf16, atol=1e-4)
+    assert_close(audio, bf16, atol=1e-4, rtol=0)
     wav = tmp_path / "in.wav"
     sf.write(wav, IO["waveform"][0, 0], 24000, subtype="FLOAT")
     r = run("encode", wav, tmp_path / "c2.npy", "--weights", small_dir, "--weights-dtype", "bfloat16")
     assert r.returncode == 0, r.stderr
     expect = mimi_py.MimiCodec(small_dir, weights_dtype="bfloat16").encode(IO["waveform"])
-    np.testing.assert_array_equal(np.load(tmp_path / "c2.npy"), expect)
+    assert_same(np.load(tmp_path / "c2.npy"), expect)
     r = run("encode", wav, tmp_path / "c3.npy", "--weights-dtype", "float16")
     assert r.returncode == 2 and "invalid choice: 'float16'" in r.stderr
 

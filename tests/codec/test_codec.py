@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -14,9 +17,9 @@ from hypothesis import strategies as st
 import mimi_py
 from safetensors_file import read_safetensors, write_safetensors
 from support.models import small_codec_config
-from support.ondevice import assert_codes, make_codec, tolerance
-from support.paths import CODEC_DIR
-from support.reference import assert_close
+from support.ondevice import ON_CPU, assert_codes, make_codec, tolerance
+from support.paths import CODEC_DIR, TESTS
+from support.reference import assert_close, assert_same
 
 CODEC = CODEC_DIR
 META = json.loads((CODEC / "mimi_small.json").read_text())
@@ -117,6 +120,43 @@ def test_codes_audio_latents_match_reference(weights):
     assert_close(audio, IO["audio"], *tolerance(a), "audio")
 
 
+# Run in a fresh process (MIMI_PY_ISA is read once): the fixture's codes and audio, offline
+# and streamed, with the kernels capped at `isa`; prints what the process ran.
+ISA_RUN = """
+import json, sys
+import numpy as np
+import mimi_py
+from support.models import small_codec_config
+from support.paths import CODEC_DIR, TESTS
+io = dict(np.load(CODEC_DIR / "mimi_small_io.npz"))
+c = mimi_py.MimiCodec(CODEC_DIR / "mimi_small.safetensors", config=small_codec_config())
+x = io["waveform"]
+steps = [c.encode_step(x[..., i : i + 1920]) for i in range(0, x.shape[-1] - 1919, 1920)]
+audio = c.decode(io["codes"])
+np.savez(sys.argv[1], codes=c.encode(x), stream=np.concatenate(steps, -1), audio=audio)
+print(json.dumps(mimi_py.settings()))
+"""
+
+
+@pytest.mark.skipif(not ON_CPU, reason="MIMI_PY_ISA caps the CPU kernels; this run is on another device")
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+def test_capped_kernels_give_the_reference_codes_and_audio(tmp_path, isa):
+    """MIMI_PY_ISA runs the plain-Rust (or AVX2) kernels on any machine: the codes still equal
+    PyTorch's exactly, offline and streamed, and the audio stays within the fixture's bounds."""
+    env = dict(os.environ, MIMI_PY_ISA=isa)
+    out = tmp_path / "run.npz"
+    run = subprocess.run(
+        [sys.executable, "-c", ISA_RUN, str(out)], env=env, capture_output=True, text=True, cwd=TESTS
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["MIMI_PY_ISA"] == isa
+    got = dict(np.load(out))
+    assert_same(got["codes"], IO["codes"], what=f"codes ({isa})")
+    n = got["stream"].shape[-1]
+    assert_same(got["stream"], IO["codes"][..., :n], what=f"streamed codes ({isa})")
+    assert_close(got["audio"], IO["audio"], *tolerance(TOL["audio"]), f"audio ({isa})")
+
+
 def test_hf_directory_with_config_json(tmp_path):
     shutil.copy(CODEC / "mimi_small.safetensors", tmp_path / "model.safetensors")
     shutil.copy(CODEC / "mimi_small_hf_config.json", tmp_path / "config.json")
@@ -143,12 +183,12 @@ def test_fewer_codebooks_are_the_first_ones():
 def test_input_forms_and_dtypes(codec):
     w = IO["waveform"]
     ref = IO["codes"]
-    np.testing.assert_array_equal(codec.encode(w[0, 0]), ref)  # (samples,)
-    np.testing.assert_array_equal(codec.encode(w.astype(np.float64)), ref)
+    assert_same(codec.encode(w[0, 0]), ref)  # (samples,)
+    assert_same(codec.encode(w.astype(np.float64)), ref)
     strided = np.repeat(w, 2, axis=-1)[..., ::2]  # non-contiguous view of the same values
-    np.testing.assert_array_equal(codec.encode(strided), ref)
+    assert_same(codec.encode(strided), ref)
     assert codec.encode(np.zeros((2, 1, 0), np.float32)).shape == (2, 4, 0)
-    np.testing.assert_array_equal(codec.decode(ref.astype(np.int32)), codec.decode(ref.astype(np.uint32)))
+    assert_same(codec.decode(ref.astype(np.int32)), codec.decode(ref.astype(np.uint32)))
 
 
 def test_batches(codec):
@@ -157,10 +197,10 @@ def test_batches(codec):
     codes = codec.encode(w2)
     assert codes.shape == (2, 4, 19)
     assert_codes(codes[:1], IO["codes"])
-    np.testing.assert_array_equal(codes[1:], codec.encode(w2[1:]))
+    assert_same(codes[1:], codec.encode(w2[1:]))
     audio = codec.decode(codes)
     assert audio.shape == (2, 1, 36480)
-    np.testing.assert_allclose(audio[1:], codec.decode(codes[1:]), atol=1e-5)
+    assert_close(audio[1:], codec.decode(codes[1:]), atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------- streaming
@@ -217,7 +257,7 @@ def test_long_offline_calls_match_the_stream(codec):
     codec.reset_state()
     streamed = stream_encode(codec, long, [7000] * 16 + [1000])
     assert streamed.shape == (1, 4, 113000 // 1920)
-    np.testing.assert_array_equal(codes[..., : streamed.shape[-1]], streamed)
+    assert_same(codes[..., : streamed.shape[-1]], streamed)
     assert_codes(codes[..., :18], IO["codes"][..., :18])
     audio = codec.decode(codes)
     codec.reset_state()
@@ -266,9 +306,9 @@ def test_many_clips_on_one_instance_and_a_stream_past_8192_transformer_steps():
     first = c.encode(clip)
     for i in range(20):  # 20 x 30 s = 10 minutes through one instance
         c.encode(clip * (0.5 + 0.02 * i))
-    np.testing.assert_array_equal(c.encode(clip), first)
+    assert_same(c.encode(clip), first)
     fresh = make_codec(CODEC / "mimi_small.safetensors", config=small_codec_config())
-    np.testing.assert_array_equal(fresh.encode(clip), first)
+    assert_same(fresh.encode(clip), first)
     # one stream of 340 s: 8500 steps of the encoder transformer (25 Hz), past max_seq_len=8192
     n = 0
     for _ in range(34):
@@ -294,7 +334,7 @@ def test_concurrent_offline_encodes_equal_serial(codec):
     for t in threads:
         t.join(timeout=120)
     for r, s in zip(results, serial):
-        np.testing.assert_array_equal(r, s)
+        assert_same(r, s)
 
 
 # ---------------------------------------------------------------- errors
@@ -383,7 +423,7 @@ def test_seeded_real_architecture():
     x = (np.random.default_rng(0).standard_normal(3840) * 0.1).astype(np.float32)
     codes = c.encode(x)
     assert codes.shape == (1, 8, 2) and codes.max() < 2048
-    np.testing.assert_array_equal(make_codec(seed=0).encode(x), codes)
+    assert_same(make_codec(seed=0).encode(x), codes)
     assert c.decode(codes).shape == (1, 1, 3840)
 
 
@@ -395,8 +435,8 @@ def test_streaming_decode_with_a_batch(codec):
     out = [codec.decode_step(codes[..., s : s + 4]) for s in range(0, 19, 4)]
     stream = np.concatenate(out, axis=-1)
     assert stream.shape == offline.shape == (2, 1, 19 * 1920)
-    np.testing.assert_allclose(stream, offline, atol=1e-4, rtol=1e-3)
-    np.testing.assert_allclose(offline[1:], codec.decode(codes[1:]), atol=1e-5)
+    assert_close(stream, offline, atol=1e-4, rtol=1e-3)
+    assert_close(offline[1:], codec.decode(codes[1:]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("last_chunk", [0, 1, 777, 1920, 2500])

@@ -33,6 +33,7 @@ import pytest
 import mimi_py
 from support.ondevice import DEVICE, make_codec
 from support.paths import CODEC_DIR
+from support.reference import assert_same
 
 CFG = mimi_py.CodecConfig(**json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text()))
 IO = dict(np.load(CODEC_DIR / "mimi_small_io.npz"))
@@ -75,7 +76,7 @@ def test_streaming_gives_the_same_codes_and_audio_as_offline(half):
     offline = c.encode(IO["waveform"])
     out = [c.encode_step(IO["waveform"][..., s : s + 1000]) for s in range(0, 36000, 1000)]
     streamed = np.concatenate([o for o in out if o is not None], axis=-1)
-    np.testing.assert_array_equal(streamed, offline[..., :18])
+    assert_same(streamed, offline[..., :18])
     audio = c.decode(IO["codes"])
     c.reset_state()
     parts = np.concatenate([c.decode_step(IO["codes"][..., s : s + 3]) for s in range(0, 19, 3)], -1)
@@ -167,7 +168,7 @@ def test_masked_rows_stream_as_independent_streams(half):
                 steps[r] += 1
             else:
                 assert not codes[r].any(), "an inactive row's output is zeros"
-    np.testing.assert_array_equal(c.positions, steps)
+    assert_same(c.positions, steps)
     alone = [solo_codes(c, pcm[r : r + 1], [FRAME] * steps[r]) for r in range(3)]
     check_rows(dtype, [np.concatenate(g, axis=-1) for g in got], alone, "masked rows vs own streams")
     c.reset_state()
@@ -206,7 +207,7 @@ def test_a_row_reset_restarts_only_that_row(half):
     first = c.encode_step(pcm[..., :1000])
     assert first is None
     c.reset_state(rows=[1])
-    np.testing.assert_array_equal(c.positions, [0, 0, 0])
+    assert_same(c.positions, [0, 0, 0])
     fresh = noise(1, n, 23)
     x = pcm[..., 1000:].copy()
     x[1] = fresh[0]
@@ -251,8 +252,8 @@ def test_a_rejected_step_changes_nothing(half):
     for call, error in refused:
         with pytest.raises(error):
             call()
-    np.testing.assert_array_equal(c.positions, before)
-    np.testing.assert_array_equal(c.encode_step(pcm[..., FRAME:]), twin.encode_step(pcm[..., FRAME:]))
+    assert_same(c.positions, before)
+    assert_same(c.encode_step(pcm[..., FRAME:]), twin.encode_step(pcm[..., FRAME:]))
     c.reset_state()
 
 

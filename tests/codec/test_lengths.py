@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import mimi_py as M
 from support.models import new_codec
+from support.reference import assert_same
 
 FRAME = 1920
 
@@ -42,11 +43,11 @@ def test_each_item_of_a_padded_batch_gets_its_codes_alone(codec, lengths, pad, s
     assert codes.shape == (len(lengths), codec.num_codebooks, max(frames))
     for i, (n, f) in enumerate(zip(lengths, frames)):
         alone = codec.encode(pcm[i : i + 1, :, :n])
-        np.testing.assert_array_equal(codes[i : i + 1, :, :f], alone)
+        assert_same(codes[i : i + 1, :, :f], alone)
         assert not codes[i, :, f:].any()
     latents = codec.encode_latents(pcm, lengths=lengths)
     for i, (n, f) in enumerate(zip(lengths, frames)):
-        np.testing.assert_array_equal(latents[i : i + 1, :, :f], codec.encode_latents(pcm[i : i + 1, :, :n]))
+        assert_same(latents[i : i + 1, :, :f], codec.encode_latents(pcm[i : i + 1, :, :n]))
         assert not latents[i, :, f:].any()
 
 
@@ -61,11 +62,9 @@ def test_each_item_of_a_padded_code_batch_gets_its_audio_alone(codec, frames, se
     latents = codec.decode_latents(codes, lengths=frames)
     for i, f in enumerate(frames):
         alone = codec.decode(codes[i : i + 1, :, :f]) if f else np.zeros((1, 1, 0), np.float32)
-        np.testing.assert_array_equal(audio[i : i + 1, :, : f * FRAME], alone)
+        assert_same(audio[i : i + 1, :, : f * FRAME], alone)
         assert not audio[i, :, f * FRAME :].any()
-        np.testing.assert_array_equal(
-            latents[i : i + 1, :, :f], codec.decode_latents(codes[i : i + 1, :, :f])
-        )
+        assert_same(latents[i : i + 1, :, :f], codec.decode_latents(codes[i : i + 1, :, :f]))
 
 
 def test_bad_lengths_are_typed_errors_and_change_nothing(codec):
@@ -91,4 +90,4 @@ def test_bad_lengths_are_typed_errors_and_change_nothing(codec):
             codec.decode(codes, lengths=bad)
         with pytest.raises(error):
             codec.decode_latents(codes, lengths=bad)
-    np.testing.assert_array_equal(codec.positions, before)
+    assert_same(codec.positions, before)

@@ -24,7 +24,7 @@ import pytest
 import mimi_py
 from support.extras import optional
 from support.paths import CODEC_DIR, REPO
-from support.reference import assert_close
+from support.reference import assert_close, assert_same
 
 with optional("data"):
     import pyarrow as pa
@@ -168,7 +168,7 @@ def test_every_good_file_gets_the_codes_of_encode_and_every_bad_file_an_error_ro
         assert row["error"] is None, (name, row["error"])
         ref = codec.encode(reference_audio(corpus / name))[0]
         assert row["codes"].dtype == np.uint16
-        np.testing.assert_array_equal(row["codes"], ref, err_msg=name)
+        assert_same(row["codes"], ref, what=name)
         assert (row["num_frames"], row["num_codebooks"]) == (ref.shape[1], Q)
         assert row["sample_rate"] == sr and row["duration_s"] == pytest.approx(sec, abs=1e-4)
     for name, why in BAD.items():
@@ -237,7 +237,7 @@ def test_resume_after_a_kill_ends_with_exactly_one_row_per_path(ray_address, cor
         ref = rows_by_path(tokenized[0])[path] if path not in before else before[path]
         assert row["error"] == ref["error"]
         if ref["codes"] is not None:
-            np.testing.assert_array_equal(row["codes"], ref["codes"])
+            assert_same(row["codes"], ref["codes"])
     assert manifest["counts"]["rows"] == 12 and manifest["status"] == "complete"
     first, second = manifest["runs"]
     assert "finished" not in first and second["resumed"] and second["skipped"] == len(before)
@@ -276,7 +276,7 @@ def test_detokenize_writes_the_audio_of_decode(corpus, tokenized, tmp_path):
         expected = codec.decode(row["codes"][None])[0, 0, :samples]
         assert sr == 24000 and audio.shape == expected.shape == (samples,)
         if row["num_frames"] <= 10 * 12.5:
-            np.testing.assert_array_equal(audio, expected, err_msg=path)
+            assert_same(audio, expected, what=path)
         else:
             assert_close(audio, expected, 1e-5, 1e-4, path)
     assert not [p for p in wav_dir.rglob("*") if p.name.endswith(".tmp")]
@@ -291,7 +291,7 @@ def test_tokenize_defaults_to_the_checkpoints_own_number_of_codebooks(ray_addres
     codec = small_codec()
     for f in files:
         assert rows[f]["error"] is None and rows[f]["num_codebooks"] == Q
-        np.testing.assert_array_equal(rows[f]["codes"], codec.encode(reference_audio(f))[0])
+        assert_same(rows[f]["codes"], codec.encode(reference_audio(f))[0])
 
 
 def test_encoder_actors_get_rayon_num_threads_from_threads_per_worker(ray_address):
@@ -330,7 +330,7 @@ def test_command_line_tokenizes_a_manifest_and_decodes_it_back(ray_address, corp
     rows = rows_by_path(out)
     assert set(rows) == {str(corpus / n) for n in names}
     ref = small_codec().encode(reference_audio(corpus / names[0]))[0]
-    np.testing.assert_array_equal(rows[str(corpus / names[0])]["codes"], ref)
+    assert_same(rows[str(corpus / names[0])]["codes"], ref)
 
     r = run("tokenize", manifest, out, "--weights", small, "--num-codebooks", Q)
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "--resume" in r.stderr
@@ -374,7 +374,7 @@ def test_audio_reader_streams_the_resampled_audio_and_names_what_is_wrong(corpus
         with data.AudioReader(corpus / name, block_seconds=0.7) as r:
             blocks = list(r)
         assert len(blocks) > 1 or GOOD[name][2] < 0.7
-        np.testing.assert_array_equal(np.concatenate(blocks), reference_audio(corpus / name), err_msg=name)
+        assert_same(np.concatenate(blocks), reference_audio(corpus / name), what=name)
     for name, why in BAD.items():
         with pytest.raises(mimi_py.InvalidInputError, match=why):
             with data.AudioReader(corpus / name) as r:
@@ -391,15 +391,15 @@ def test_the_encoder_alone_reads_files_and_streams_them_exactly(corpus):
     out = enc(pa.table({"path": [str(corpus / n) for n in names]}))
     codes = data.codes_to_numpy(out.column("codes"))
     assert out.column("error").to_pylist()[0] is None and "NaN" in out.column("error").to_pylist()[1]
-    np.testing.assert_array_equal(codes[2], codec.encode(reference_audio(corpus / "long44k.wav"))[0])
+    assert_same(codes[2], codec.encode(reference_audio(corpus / "long44k.wav"))[0])
     # Streaming ends with encode_step(last=True): even a partial last frame is encode's.
     x = reference_audio(corpus / "b/stereo24k.flac")
     assert len(x) % 1920
     streamed = enc.encode_blocks([x[:50000], x[50000:]])
     offline = codec.encode(x)[0]
     assert streamed.shape == offline.shape == (Q, -(-len(x) // 1920))
-    np.testing.assert_array_equal(streamed, offline)
-    np.testing.assert_array_equal(codes[0], offline)
+    assert_same(streamed, offline)
+    assert_same(codes[0], offline)
 
 
 def test_codes_round_trip_through_arrow():
@@ -407,9 +407,9 @@ def test_codes_round_trip_through_arrow():
     col = data._codes_column(arrays)
     assert col.type == data.output_schema().field("codes").type and col.null_count == 1
     back = data.codes_to_numpy(col)
-    np.testing.assert_array_equal(back[0], arrays[0])
+    assert_same(back[0], arrays[0])
     assert back[1] is None
-    np.testing.assert_array_equal(back[2], arrays[2])
+    assert_same(back[2], arrays[2])
     assert data.wav_name("/data/x/a.flac") == os.path.join("data", "x", "a.wav")
     assert data.wav_name("/data/x/a.flac", keep_extension=True) == os.path.join("data", "x", "a.flac.wav")
     assert data.wav_name("../up/b.wav") == os.path.join("__", "up", "b.wav")
@@ -559,7 +559,7 @@ def test_short_clips_are_batched_and_each_gets_its_codes_alone():
     clips.append(signal_of(1.7, 24000, 1, 99)[:, 0])  # longer than a batch: a group of its own
     codec = small_codec()
     for clip, codes in zip(clips, enc.encode_many(clips)):
-        np.testing.assert_array_equal(codes, codec.encode(clip)[0])
+        assert_same(codes, codec.encode(clip)[0])
         assert codes.dtype == np.uint16
 
 
@@ -585,4 +585,4 @@ def test_the_corpus_page_recipe_adds_a_codes_column_to_an_hf_audio_dataset(corpu
     out = scope["ds"]
     codec = small_codec()
     for name, codes in zip(names, out["codes"]):
-        np.testing.assert_array_equal(np.array(codes), codec.encode(reference_audio(corpus / name))[0])
+        assert_same(np.array(codes), codec.encode(reference_audio(corpus / name))[0])

@@ -9,8 +9,9 @@ import pytest
 import mimi_py
 from support.hostile import assert_allowed, call, same, tf_follow_up, tf_primed
 from support.models import FRAME, small_codec_config
+from support.ondevice import make_codec, make_transformer
 from support.paths import REPO
-from support.reference import assert_close, case_json, load_case
+from support.reference import assert_close, assert_same, case_json, load_case
 
 
 def test_hierarchy():
@@ -39,7 +40,7 @@ def test_hierarchy():
 
 def depth_model(n):
     cfg = case_json(f"depth{n}")["config"]
-    return mimi_py.StreamingTransformer(mimi_py.TransformerConfig(**cfg), seed=n)
+    return make_transformer(mimi_py.TransformerConfig(**cfg), seed=n)
 
 
 def test_copy_state_depth_mismatch_leaves_both_states_intact():
@@ -60,16 +61,16 @@ def test_copy_state_depth_mismatch_leaves_both_states_intact():
         assert "same config" in msg
         assert isinstance(ei.value, ValueError)
     assert (a.position, b.position) == (5, 7)
-    np.testing.assert_array_equal(a.forward(x[:, 5:]), ca.forward(x[:, 5:]))
-    np.testing.assert_array_equal(b.forward(x[:, 7:]), cb.forward(x[:, 7:]))
+    assert_same(a.forward(x[:, 5:]), ca.forward(x[:, 5:]))
+    assert_same(b.forward(x[:, 7:]), cb.forward(x[:, 7:]))
 
 
 def test_copy_state_other_incompatibilities():
-    a = mimi_py.StreamingTransformer(
+    a = make_transformer(
         mimi_py.TransformerConfig(d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, context=8)
     )
-    b = mimi_py.StreamingTransformer(a.config.replace(context=9))
-    c = mimi_py.StreamingTransformer(a.config, dtype="bfloat16")
+    b = make_transformer(a.config.replace(context=9))
+    c = make_transformer(a.config, dtype="bfloat16")
     for other in (b, c):
         with pytest.raises(mimi_py.IncompatibleStateError):
             a.copy_state(other)
@@ -80,7 +81,7 @@ def test_copy_state_other_incompatibilities():
 def test_kv_repeat_refused_at_construction():
     cfg = mimi_py.TransformerConfig(d_model=32, num_heads=4, num_layers=1, kv_repeat=2, dim_feedforward=64)
     with pytest.raises(mimi_py.UnsupportedKvRepeatError, match="set kv_repeat=1") as ei:
-        mimi_py.StreamingTransformer(cfg)
+        make_transformer(cfg)
     assert isinstance(ei.value, mimi_py.ConfigError) and isinstance(ei.value, ValueError)
 
 
@@ -93,7 +94,7 @@ def test_unsupported_layouts_refused_at_construction(field, value):
         d_model=32, num_heads=4, num_layers=1, dim_feedforward=64, **{field: value}
     )
     with pytest.raises(mimi_py.ConfigError, match=field):
-        mimi_py.StreamingTransformer(cfg)
+        make_transformer(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def small():
 )
 def test_wrong_shapes_are_shape_errors_and_change_nothing(small, shape):
     cfg, weights, arrays = small
-    t = mimi_py.StreamingTransformer(cfg, weights)
+    t = make_transformer(cfg, weights)
     t.forward(arrays["x"][:, :3])
     with pytest.raises(mimi_py.ShapeError) as ei:
         t.forward(np.zeros(shape, np.float32))
@@ -121,7 +122,7 @@ def test_wrong_shapes_are_shape_errors_and_change_nothing(small, shape):
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_, np.complex64, object])
 def test_non_float_dtypes_are_dtype_errors(small, dtype):
     cfg, weights, arrays = small
-    t = mimi_py.StreamingTransformer(cfg, weights)
+    t = make_transformer(cfg, weights)
     with pytest.raises(mimi_py.DTypeError, match="float"):
         t.forward(np.zeros((1, 2, 64), dtype=dtype))
     assert t.position == 0
@@ -129,7 +130,7 @@ def test_non_float_dtypes_are_dtype_errors(small, dtype):
 
 def test_wrong_python_type_is_type_error(small):
     cfg, weights, arrays = small
-    t = mimi_py.StreamingTransformer(cfg, weights)
+    t = make_transformer(cfg, weights)
     with pytest.raises(TypeError):
         t.forward("hello")
     with pytest.raises(TypeError):
@@ -138,7 +139,7 @@ def test_wrong_python_type_is_type_error(small):
 
 def test_empty_time_axis_is_a_no_op(small):
     cfg, weights, arrays = small
-    t = mimi_py.StreamingTransformer(cfg, weights)
+    t = make_transformer(cfg, weights)
     y = t.forward(np.zeros((2, 0, 64), np.float32))
     assert y.shape == (2, 0, 64) and y.dtype == np.float32
     assert t.position == 0
@@ -146,7 +147,7 @@ def test_empty_time_axis_is_a_no_op(small):
 
 def test_step_none_returns_none(small):
     cfg, weights, arrays = small
-    t = mimi_py.StreamingTransformer(cfg, weights)
+    t = make_transformer(cfg, weights)
     assert t.step(None) is None
     assert t.position == 0
 
@@ -154,21 +155,21 @@ def test_step_none_returns_none(small):
 def test_unknown_device_and_missing_backend():
     cfg = mimi_py.TransformerConfig(d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     with pytest.raises(mimi_py.DeviceError, match="unknown device"):
-        mimi_py.StreamingTransformer(cfg, device="tpu")
+        make_transformer(cfg, device="tpu")
     for dev, feat in (("cuda", "cuda"), ("cuda:1", "cuda"), ("metal", "metal")):
         if feat in mimi_py.features:
             continue
         with pytest.raises(mimi_py.DeviceError, match=f"--features {feat}") as ei:
-            mimi_py.StreamingTransformer(cfg, device=dev)
+            make_transformer(cfg, device=dev)
         assert isinstance(ei.value, RuntimeError)
 
 
 def test_bad_dtype_and_qk_layout_are_config_errors():
     cfg = mimi_py.TransformerConfig(d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     with pytest.raises(mimi_py.ConfigError, match="dtype"):
-        mimi_py.StreamingTransformer(cfg, dtype="int8")
+        make_transformer(cfg, dtype="int8")
     with pytest.raises(mimi_py.ConfigError, match="qk_layout"):
-        mimi_py.StreamingTransformer(cfg, qk_layout="rotated")
+        make_transformer(cfg, qk_layout="rotated")
 
 
 def test_panics_arrive_as_internal_error_not_panic_exception():
@@ -182,7 +183,7 @@ def test_pickling_a_transformer_is_refused():
 
     cfg = mimi_py.TransformerConfig(d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     with pytest.raises(TypeError, match="state_dict"):
-        pickle.dumps(mimi_py.StreamingTransformer(cfg))
+        pickle.dumps(make_transformer(cfg))
 
 
 # ---------------------------------------------------------------- one declaration, one policy
@@ -215,13 +216,13 @@ def test_exception_classes_are_declared_once_and_every_list_agrees():
 def _poisoned_transformer():
     cfg = mimi_py.TransformerConfig(d_model=16, num_heads=2, num_layers=1, dim_feedforward=32, context=4)
     x = np.random.default_rng(0).standard_normal((1, 3, 16)).astype(np.float32)
-    return mimi_py.StreamingTransformer(cfg, seed=1), mimi_py.StreamingTransformer(cfg, seed=1), x, "step"
+    return make_transformer(cfg, seed=1), make_transformer(cfg, seed=1), x, "step"
 
 
 def _poisoned_codec():
     cfg = small_codec_config()
     pcm = (np.random.default_rng(1).standard_normal((1, 1, 3000)) * 0.1).astype(np.float32)
-    return mimi_py.MimiCodec(config=cfg, seed=2), mimi_py.MimiCodec(config=cfg, seed=2), pcm, "encode_step"
+    return make_codec(config=cfg, seed=2), make_codec(config=cfg, seed=2), pcm, "encode_step"
 
 
 @pytest.mark.parametrize("make", [_poisoned_transformer, _poisoned_codec], ids=["transformer", "codec"])

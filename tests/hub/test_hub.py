@@ -15,6 +15,7 @@ from mimi_py.hub import WeightsSpec, load_codec, parse_weights_spec
 from safetensors_file import read_safetensors, write_zeros
 from support.hub_cache import make_hf_cache
 from support.paths import CODEC_DIR
+from support.reference import assert_same
 
 CODEC = CODEC_DIR
 IO = dict(np.load(CODEC / "mimi_small_io.npz"))
@@ -78,23 +79,23 @@ def test_from_pretrained_gives_the_codes_of_the_same_files_loaded_directly(offli
     codec = mimi_py.MimiCodec.from_pretrained("kyutai/mimi", cache_dir=cache)
     assert codec.checkpoint_layout == "hf" and codec.config == direct.config
     codes = codec.encode(IO["waveform"])
-    np.testing.assert_array_equal(codes, direct.encode(IO["waveform"]))
-    np.testing.assert_array_equal(codes, IO["codes"])
-    np.testing.assert_array_equal(codec.decode(codes), direct.decode(codes))
+    assert_same(codes, direct.encode(IO["waveform"]))
+    assert_same(codes, IO["codes"])
+    assert_same(codec.decode(codes), direct.decode(codes))
 
 
 @pytest.mark.extra("hub")
 def test_from_pretrained_passes_num_codebooks_on(offline, cache):
     codec = mimi_py.MimiCodec.from_pretrained("kyutai/mimi", num_codebooks=2, cache_dir=cache)
     assert codec.num_codebooks == 2
-    np.testing.assert_array_equal(codec.encode(IO["waveform"]), IO["codes"][:, :2])
+    assert_same(codec.encode(IO["waveform"]), IO["codes"][:, :2])
 
 
 @pytest.mark.extra("hub")
 def test_from_pretrained_reads_huggingface_hubs_default_cache(offline, cache, monkeypatch):
     monkeypatch.setattr(offline.constants, "HF_HUB_CACHE", str(cache))
     codec = mimi_py.MimiCodec.from_pretrained()  # kyutai/mimi, cache_dir from huggingface_hub
-    np.testing.assert_array_equal(codec.encode(IO["waveform"]), IO["codes"])
+    assert_same(codec.encode(IO["waveform"]), IO["codes"])
 
 
 @pytest.mark.parametrize(
@@ -105,7 +106,7 @@ def test_from_pretrained_reads_huggingface_hubs_default_cache(offline, cache, mo
 def test_revision_selects_a_snapshot(offline, cache, revision, layout):
     codec = mimi_py.MimiCodec.from_pretrained("kyutai/mimi", revision=revision, cache_dir=cache)
     assert codec.checkpoint_layout == layout
-    np.testing.assert_array_equal(codec.encode(IO["waveform"]), IO["codes"])
+    assert_same(codec.encode(IO["waveform"]), IO["codes"])
 
 
 @pytest.mark.extra("hub")
@@ -119,7 +120,7 @@ def test_filename_reads_one_moshi_checkpoint_with_the_real_mimi_config(offline, 
     x = np.sin(np.arange(3840, dtype=np.float32) / 7.0)
     codes = codec.encode(x)
     assert codes.shape == (1, 16, 2)
-    np.testing.assert_array_equal(codes, mimi_py.MimiCodec(path, num_codebooks=16).encode(x))
+    assert_same(codes, mimi_py.MimiCodec(path, num_codebooks=16).encode(x))
 
 
 # ---------------------------------------------------------------- errors
@@ -219,7 +220,7 @@ def test_load_codec_takes_an_hf_spec_or_a_path(offline, cache, monkeypatch):
     snapshots = cache / "models--kyutai--mimi" / "snapshots"
     from_path = load_codec(snapshots / COMMIT_B, num_codebooks=3)
     assert from_path.checkpoint_layout == "moshi" and from_path.num_codebooks == 3
-    np.testing.assert_array_equal(from_hub.encode(IO["waveform"]), from_path.encode(IO["waveform"]))
+    assert_same(from_hub.encode(IO["waveform"]), from_path.encode(IO["waveform"]))
     assert load_codec(str(snapshots / COMMIT_A)).checkpoint_layout == "hf"
     with pytest.raises(mimi_py.WeightsError, match="malformed"):
         load_codec("hf:kyutai/mimi@")
@@ -253,8 +254,8 @@ def test_a_bfloat16_checkpoint_loads_as_the_float32_upcast_of_its_values():
     codec = mimi_py.MimiCodec(BF16, config=small_config())
     assert codec.checkpoint_layout == "moshi" and codec.dtype == "float32"
     upcast = mimi_py.MimiCodec(read_safetensors(BF16), config=small_config())
-    np.testing.assert_array_equal(codec.encode(IO["waveform"]), upcast.encode(IO["waveform"]))
-    np.testing.assert_array_equal(codec.decode(IO["codes"]), upcast.decode(IO["codes"]))
+    assert_same(codec.encode(IO["waveform"]), upcast.encode(IO["waveform"]))
+    assert_same(codec.decode(IO["codes"]), upcast.decode(IO["codes"]))
 
 
 def test_bfloat16_codes_match_float32_as_far_as_rounding_allows():

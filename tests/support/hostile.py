@@ -16,9 +16,9 @@ Python types. Every call must end in one of two ways:
   with the object's streaming state unchanged: the next call gives exactly what a control
   object that never saw the rejected call gives.
 
-Budget: ``HYPOTHESIS_PROFILE=ci`` (the default; profile ``mimi-ci``) runs a fixed,
-derandomized budget of 50 examples per property test; ``HYPOTHESIS_PROFILE=dev``
-(``mimi-dev``) runs 1000 per test, randomized, for local hunting (a few minutes)::
+Budget: the hypothesis profile of tests/conftest.py: ``ci`` (the default) runs a fixed,
+derandomized budget of 50 examples per property test; ``HYPOTHESIS_PROFILE=dev`` runs 1000
+per test, randomized, for local hunting (a few minutes)::
 
     HYPOTHESIS_PROFILE=dev python -m pytest -q tests/transformer/test_transformer_inputs.py \
         tests/codec/test_codec_inputs.py tests/transformer/test_config.py tests/transformer/test_state.py
@@ -42,34 +42,17 @@ from hypothesis import strategies as st
 
 import mimi_py
 from support.models import D, tf_pair
+from support.reference import assert_same
 
 # ---------------------------------------------------------------- hypothesis budget
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-# Registered as "mimi-ci" / "mimi-dev" rather than "ci" / "dev": hypothesis has a built-in "ci"
-# profile that it activates by itself on CI machines, and re-registering the active profile
-# would change the budget of every other test module. HYPOTHESIS_PROFILE=ci|dev selects them.
-settings.register_profile(
-    "mimi-ci",
-    max_examples=50,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=_SUPPRESS,
-    print_blob=True,
-)
-settings.register_profile(
-    "mimi-dev",
-    max_examples=1000,
-    deadline=None,
-    suppress_health_check=_SUPPRESS,
-    print_blob=True,
-)
-PROFILE_NAME = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE_NAME in ("ci", "dev"):
-    PROFILE_NAME = "mimi-" + PROFILE_NAME
-# Applied per test (not loaded globally), so the other tests keep their own settings.
-PROFILE = settings(settings.get_profile(PROFILE_NAME))
+# The profile tests/conftest.py registered and loaded (ci or dev) gives the budget and the seed;
+# this module is imported once test modules are collected, after --hypothesis-profile is read.
+PROFILE_NAME = settings.get_current_profile_name()
+if PROFILE_NAME not in ("ci", "dev"):  # imported before tests/conftest.py loaded its profile
+    raise RuntimeError(f"support.hostile imported under hypothesis profile {PROFILE_NAME!r}, not ci or dev")
+PROFILE = settings(suppress_health_check=_SUPPRESS)
 
 # ---------------------------------------------------------------- statistics
 
@@ -307,7 +290,7 @@ def same(a, b, what):
         assert a is None and b is None, f"{what}: {a!r} vs {b!r}"
         return
     assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
-    np.testing.assert_array_equal(a, b, err_msg=what)
+    assert_same(a, b, what=what)
 
 
 def reference_input(arr: np.ndarray) -> np.ndarray:

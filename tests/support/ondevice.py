@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 import mimi_py
+from support.reference import assert_close, assert_same
 
 DEVICE = os.environ.get("MIMI_TEST_DEVICE", "cpu").strip().lower()
 ON_CPU = DEVICE == "cpu"
@@ -52,6 +53,19 @@ def make_transformer(*args, **kw) -> mimi_py.StreamingTransformer:
 def tolerance(tol: dict) -> tuple[float, float]:
     """(atol, rtol) for a fixture tolerance ``{"atol": .., "rtol": ..}`` on this device."""
     return tol["atol"] * TOLERANCE_SCALE, tol["rtol"] * TOLERANCE_SCALE
+
+
+def assert_row(actual, expected, what: str = "row") -> None:
+    """A batched row against the same row stepped alone. On the CPU the same bits (every stage
+    keeps a row's bits, masked or not); on another device, codes by :func:`assert_codes`' and
+    floats within ten times the fixtures' float32 bound (atol = rtol = 1e-3 there), since
+    cuBLAS and cuDNN may pick other kernels for another batch size. NaN fails either way."""
+    if ON_CPU:
+        return assert_same(actual, expected, what)
+    if np.issubdtype(np.asarray(expected).dtype, np.integer):
+        assert_codes(actual, expected, what)
+        return
+    assert_close(actual, expected, atol=1e-4 * TOLERANCE_SCALE, rtol=1e-4 * TOLERANCE_SCALE, what=what)
 
 
 def assert_codes(actual, expected, what: str = "codes") -> float:

@@ -20,17 +20,60 @@ from support.paths import TRANSFORMER_DIR
 NUMERIC_CASES = ["small_rope", "small_sin_rms_gated", "mimi"]
 
 
+def _where(mask: np.ndarray, limit: int = 5) -> str:
+    """The first ``limit`` indices where ``mask`` holds, for a failure message."""
+    idx = np.argwhere(mask)[:limit]
+    more = "" if mask.sum() <= limit else f" (and {int(mask.sum()) - limit} more)"
+    return ", ".join(str(tuple(int(i) for i in ix)) for ix in idx) + more
+
+
+def _check_finite(actual: np.ndarray, expected: np.ndarray, what: str) -> np.ndarray:
+    """Fails where ``actual`` is NaN or infinite and ``expected`` is finite, or where the two
+    differ in which non-finite value they hold; returns where ``expected`` is finite. A NaN
+    compares false with everything, so a bound checked as ``err > bound`` alone passes it."""
+    finite = np.isfinite(expected)
+    bad = finite & ~np.isfinite(actual)
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} non-finite values where the reference is finite, at {_where(bad)}"
+    )
+    odd = ~finite & ~((np.isnan(actual) & np.isnan(expected)) | (actual == expected))
+    assert not odd.any(), (
+        f"{what}: {int(odd.sum())} values differ from the reference's non-finite ones, at {_where(odd)}"
+    )
+    return finite
+
+
 def assert_close(actual, expected, atol=1e-4, rtol=1e-4, what=""):
-    """The fixtures' rule: |actual - expected| <= atol + rtol * |expected|, elementwise."""
+    """The fixtures' rule: |actual - expected| <= atol + rtol * |expected|, elementwise. A NaN
+    or infinity in ``actual`` fails where ``expected`` is finite (and says where)."""
     actual = np.asarray(actual)
     expected = np.asarray(expected)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    err = np.abs(actual - expected)
-    bound = atol + rtol * np.abs(expected)
-    bad = err > bound
+    finite = _check_finite(actual, expected, what)
+    a, e = actual[finite].astype(np.float64), expected[finite].astype(np.float64)
+    err = np.abs(a - e)
+    bad = ~(err <= atol + rtol * np.abs(e))
     assert not bad.any(), (
-        f"{what}: {bad.sum()} of {bad.size} values out of tolerance; "
+        f"{what}: {int(bad.sum())} of {bad.size} values out of tolerance; "
         f"max abs err {err.max():.3g} (atol={atol}, rtol={rtol})"
+    )
+
+
+def assert_same(actual, expected, what=""):
+    """Equal values of equal shape, and (for floats) every value finite where ``expected`` is:
+    numpy's ``assert_array_equal`` takes two NaN for equal, so two paths that both return NaN
+    would pass it."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    if np.issubdtype(actual.dtype, np.inexact) or np.issubdtype(expected.dtype, np.inexact):
+        finite = _check_finite(actual, expected, what)
+        assert np.isfinite(expected).all(), (
+            f"{what}: the reference holds non-finite values at {_where(~finite)}"
+        )
+    differ = actual != expected
+    assert not differ.any(), (
+        f"{what}: {int(differ.sum())} of {differ.size} values differ, first at {_where(differ)}"
     )
 
 

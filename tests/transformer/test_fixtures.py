@@ -61,9 +61,12 @@ def test_half_precision(case, dtype, eps):
     x = arrays["x"]
     t = build(cfg, weights, dtype=dtype)
     assert t.dtype == dtype
-    ys = [t.step(x[:, i : i + 1]) for i in range(min(x.shape[1], 64))]
+    # Every step of the case: past the context (mimi: 300 steps, ring of 250), so the ring
+    # wraps and its oldest slots are overwritten in half precision too.
+    ys = [t.step(x[:, i : i + 1]) for i in range(x.shape[1])]
     y = np.concatenate(ys, axis=1)
-    ref = arrays["y_steps"][:, : y.shape[1]]
+    ref = arrays["y_steps"]
+    assert np.isfinite(y).all(), f"{name} {dtype}: non-finite outputs"
     err = np.abs(y - ref).max()
     bound = 8 * eps * np.abs(ref).max()
     assert y.dtype == np.float32

@@ -26,6 +26,7 @@ from support.hostile import (
 )
 from support.models import TF_CFG, D
 from support.ondevice import make_transformer
+from support.reference import assert_close
 
 
 @st.composite
@@ -172,7 +173,7 @@ def test_any_transformer_that_builds_runs_and_streams_like_one_call(
         u = make_transformer(cfg, seed=seed, qk_layout=qk_layout)
         cut = t_len // 2
         y2 = np.concatenate([u.forward(x[:, :cut]), u.step(x[:, cut:])], axis=1)
-        np.testing.assert_allclose(y2, y, atol=1e-4, rtol=1e-4)
+        assert_close(y2, y, atol=1e-4, rtol=1e-4)
 
 
 def test_wrong_argument_types_for_a_transformer_are_type_or_config_errors():

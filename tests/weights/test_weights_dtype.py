@@ -19,6 +19,7 @@ import pytest
 
 import mimi_py
 from support.paths import CODEC_DIR
+from support.reference import assert_close, assert_same
 
 CFG = mimi_py.CodecConfig(**json.loads((CODEC_DIR / "mimi_small_candle_config.json").read_text()))
 IO = dict(np.load(CODEC_DIR / "mimi_small_io.npz"))
@@ -88,9 +89,9 @@ def test_bf16_rows_are_independent_streams():
             continue
         alone.reset_state()
         ref = alone.encode_step(pcm[r : r + 1])
-        np.testing.assert_array_equal(codes[r : r + 1], ref)
+        assert_same(codes[r : r + 1], ref)
         # Decoded rows match to rounding, as with float32 weights (tests/streaming/test_batched.py).
-        np.testing.assert_allclose(audio[r : r + 1], alone.decode_step(ref), atol=1e-5, rtol=1e-5)
+        assert_close(audio[r : r + 1], alone.decode_step(ref), atol=1e-5, rtol=1e-5)
 
 
 def test_bf16_transformer_is_close_to_float32():

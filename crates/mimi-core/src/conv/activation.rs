@@ -53,14 +53,19 @@ unsafe fn elu_in_place_avx512(v: &mut [f32], alpha: f32) {
 
 #[cfg(target_arch = "x86_64")]
 fn avx2_fma() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    crate::kernels::cpu::has(crate::kernels::cpu::Level::Avx2)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    crate::kernels::cpu::has(crate::kernels::cpu::Level::Avx512)
 }
 
 /// `v = elu(v)` in place.
 pub(super) fn elu_in_place(v: &mut [f32], alpha: f32) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f") && avx2_fma() {
+        if avx512() {
             // SAFETY: the CPU supports the features the function was compiled for.
             return unsafe { elu_in_place_avx512(v, alpha) };
         }
@@ -80,7 +85,7 @@ pub(super) fn copy_act(src: &[f32], dst: &mut [f32], act: Option<f32>) {
     };
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f") && avx2_fma() {
+        if avx512() {
             // SAFETY: the CPU supports the features the function was compiled for.
             return unsafe { copy_act_avx512(src, dst, alpha) };
         }
@@ -116,13 +121,18 @@ mod tests {
             assert_eq!(bits(&inplace), bits(&want), "in place, {n}");
             #[cfg(target_arch = "x86_64")]
             {
-                let avx512 = std::is_x86_feature_detected!("avx512f") && avx2_fma();
+                use crate::kernels::cpu::{detected, Level};
+                let avx512 = detected() >= Level::Avx512;
                 type Variants = (
                     unsafe fn(&[f32], &mut [f32], f32),
                     unsafe fn(&mut [f32], f32),
                 );
                 let variants: [(bool, Variants, &str); 2] = [
-                    (avx2_fma(), (copy_act_avx2, elu_in_place_avx2), "avx2"),
+                    (
+                        detected() >= Level::Avx2,
+                        (copy_act_avx2, elu_in_place_avx2),
+                        "avx2",
+                    ),
                     (avx512, (copy_act_avx512, elu_in_place_avx512), "avx512"),
                 ];
                 for (_, (copy, in_place), name) in variants.into_iter().filter(|v| v.0) {

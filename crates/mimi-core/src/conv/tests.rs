@@ -12,13 +12,7 @@ use super::frames::{Frames, Padded};
 use super::{Conv1d, ConvSpec, ConvState, ConvTr1d};
 use crate::config::PadMode;
 
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
+use crate::testutil::max_abs_diff_slices as max_diff;
 
 fn frames_of(t: &Tensor) -> Frames {
     let (_, c, l) = t.dims3().unwrap();

@@ -139,7 +139,7 @@ pub(crate) fn attend_visible(q: &[f32], k: &[f32], v: &[f32], scores: &mut [f32]
     let s = &mut scores[..n];
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if super::cpu::has(super::cpu::Level::Avx2) {
             // SAFETY: the CPU supports the features the functions were compiled for.
             unsafe { scores_by_eights_avx2(q, k, s) };
             let inv = softmax_in_place(s);
@@ -402,7 +402,7 @@ unsafe fn weighted_values_avx2(w: Weights, v: Rows, oi: &mut [f32]) {
 fn attend_head(op: &WindowAttention, h: Head, sc: &mut Scratch, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if super::cpu::has(super::cpu::Level::Avx2) {
             // SAFETY: the CPU supports the features the function was compiled for.
             return unsafe { attend_head_avx2(op, h, sc, out) };
         }

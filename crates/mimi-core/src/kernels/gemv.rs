@@ -65,13 +65,11 @@ impl Isa {
     pub fn detect<W: Weight>() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if W::BF16
-                && std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bf16")
-            {
+            use super::cpu::{has, Level};
+            if W::BF16 && has(Level::Avx512Bf16) {
                 return Isa::Avx512Bf16;
             }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if has(Level::Avx2) {
                 return Isa::Avx2;
             }
         }

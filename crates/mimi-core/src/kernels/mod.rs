@@ -22,18 +22,20 @@
 //!   length of a call;
 //! * `team.rs`: [`for_each_index`], the step's parallel loops on the workers `in_pool` keeps
 //!   awake, without rayon's fork/join;
-//! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution.
+//! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution;
+//! * `cpu.rs`: [`cpu::Level`], the instruction sets the kernels may use, detected once.
 //!
 //! CPU features are chosen at run time, never at build time: each SIMD kernel is an
 //! `unsafe fn` compiled with `#[target_feature(enable = ...)]` (AVX2 and FMA for gemv,
 //! GELU and attention; AVX-512 BF16 for gemv's bf16 weights; AVX-512F for the direct
-//! convolution), called only after
-//! `is_x86_feature_detected!` found those features; elsewhere (another x86 CPU, another
-//! architecture) a portable version of the same sums runs. The portable GELU and gemv loops
+//! convolution), called only after `cpu.rs` ([`cpu::has`]) found those features (detected
+//! once, capped by `MIMI_PY_ISA`); elsewhere (another x86 CPU, another architecture, or the
+//! switch set lower) a portable version of the same sums runs. The portable GELU and gemv loops
 //! are `#[inline(always)]` so that the AVX2 variants, which inline them, get them compiled
 //! with those features. Each kernel's tests compare it against candle or a plain reference.
 
 mod attention;
+pub mod cpu;
 pub mod direct;
 mod elementwise;
 mod gemv;

@@ -38,6 +38,13 @@ pub const TABLE: &[Setting] = &[
               0: always gemm (same codes within float rounding; for comparing the two)",
     },
     Setting {
+        name: "MIMI_PY_ISA",
+        default: "auto",
+        doc: "the most the CPU kernels use: auto (what the CPU has), avx512bf16, avx512, avx2 \
+              or portable; a value above the CPU's runs the CPU's best, anything else is auto. \
+              For tests and comparisons (gemm, in the convolutions, picks its own)",
+    },
+    Setting {
         name: "MIMI_PY_HEAP_KEEP_MB",
         default: "256",
         doc: "working memory an offline call may leave to the next one (MB); a call that grew \
@@ -67,6 +74,8 @@ pub struct Settings {
     pub spin: bool,
     /// `MIMI_PY_DIRECT_CONV`.
     pub direct_conv: bool,
+    /// `MIMI_PY_ISA`, lower case, trimmed (`kernels::cpu` reads it).
+    pub isa: String,
     /// `MIMI_PY_HEAP_KEEP_MB`.
     pub heap_keep_mb: u64,
     /// `MIMI_PY_CUDA_TF32`.
@@ -98,6 +107,11 @@ impl Settings {
             threads: rayon::current_num_threads(),
             spin: flag("MIMI_PY_SPIN", true),
             direct_conv: flag("MIMI_PY_DIRECT_CONV", true),
+            isa: std::env::var("MIMI_PY_ISA")
+                .map(|v| v.trim().to_ascii_lowercase())
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "auto".into()),
             heap_keep_mb: number("MIMI_PY_HEAP_KEEP_MB", 256),
             cuda_tf32: flag("MIMI_PY_CUDA_TF32", false),
             no_cuda_preload: flag("MIMI_PY_NO_CUDA_PRELOAD", false),
@@ -113,6 +127,7 @@ impl Settings {
                     "RAYON_NUM_THREADS" => self.threads.to_string(),
                     "MIMI_PY_SPIN" => u8::from(self.spin).to_string(),
                     "MIMI_PY_DIRECT_CONV" => u8::from(self.direct_conv).to_string(),
+                    "MIMI_PY_ISA" => self.isa.clone(),
                     "MIMI_PY_HEAP_KEEP_MB" => self.heap_keep_mb.to_string(),
                     "MIMI_PY_CUDA_TF32" => u8::from(self.cuda_tf32).to_string(),
                     _ => u8::from(self.no_cuda_preload).to_string(),

@@ -195,11 +195,7 @@ fn per_row_streams_match_the_native_engine() {
                 a.unwrap().unwrap().data
             };
             let (an, ao) = (step(&native, &mut sn), step(&ours, &mut so));
-            let d = an
-                .iter()
-                .zip(&ao)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let d = crate::testutil::max_abs_diff_slices(&an, &ao);
             assert!(d < 1e-4, "decode step {t}: {d}");
         }
     }
