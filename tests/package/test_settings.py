@@ -35,7 +35,14 @@ def test_settings_returns_one_value_per_switch():
 
 def test_settings_show_what_the_environment_set():
     env = dict(
-        os.environ, MIMI_PY_SPIN="0", MIMI_PY_HEAP_KEEP_MB="7", RAYON_NUM_THREADS="1", MIMI_PY_CUDA_TF32="1"
+        os.environ,
+        MIMI_PY_SPIN="0",
+        MIMI_PY_HEAP_KEEP_MB="7",
+        RAYON_NUM_THREADS="1",
+        MIMI_PY_CUDA_TF32="1",
+        MIMI_PY_ISA=" Portable ",
+        MIMI_PY_CUDA_POOL_KEEP_MB="0",
+        MIMI_PY_CUDA_EVENTS="0",
     )
     code = "import json, mimi_py; print(json.dumps(mimi_py.settings()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -45,3 +52,6 @@ def test_settings_show_what_the_environment_set():
     assert values["RAYON_NUM_THREADS"] == "1"
     assert values["MIMI_PY_DIRECT_CONV"] == "1"
     assert values["MIMI_PY_CUDA_TF32"] == "1"
+    assert values["MIMI_PY_ISA"] == "portable"
+    assert values["MIMI_PY_CUDA_POOL_KEEP_MB"] == "0"
+    assert values["MIMI_PY_CUDA_EVENTS"] == "0"

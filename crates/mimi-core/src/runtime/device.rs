@@ -131,6 +131,8 @@ fn open_cuda_new(n: usize) -> Result<Device> {
         Ok(Ok(dev)) => {
             // TF32 flips codes (a code is an argmin over nearby centroids): off unless asked.
             candle::cuda::set_gemm_reduced_precision_f32(super::settings::get().cuda_tf32);
+            set_up_cuda(&dev)
+                .map_err(|e| Error::Device(format!("could not set up cuda:{n}: {e}")))?;
             Ok(dev)
         }
         Ok(Err(e)) => Err(Error::Device(format!("could not open cuda:{n}: {e}"))),
@@ -145,6 +147,48 @@ fn open_cuda_new(n: usize) -> Result<Device> {
             )))
         }
     }
+}
+
+/// The switches of a freshly opened CUDA device, before any tensor exists on it:
+///
+/// * `MIMI_PY_CUDA_POOL_KEEP`: the release threshold of the device's default memory pool
+///   (which cudarc's stream-ordered allocations draw from). CUDA's default, 0, hands every
+///   freed block back to the driver at each synchronization (every call ends with one), so
+///   the next call grows the pool again; the switch's default keeps it all.
+/// * `MIMI_PY_CUDA_EVENTS=0`: no CUDA event per allocation for cross-stream ordering. Safe
+///   here because every call computes on its calling thread's stream alone and waits for it
+///   before it returns (the module's invariant), so no tensor is ever in use on two streams at
+///   once; on by default until a device run has measured it (benches/gpu.py's variants).
+#[cfg(feature = "cuda")]
+fn set_up_cuda(dev: &Device) -> candle::Result<()> {
+    use candle::cuda_backend::cudarc::driver::sys;
+    let Device::Cuda(cuda) = dev else {
+        return Ok(());
+    };
+    let s = super::settings::get();
+    if !s.cuda_events {
+        // SAFETY: see above: no tensor is used on a stream other than its allocating one
+        // while work on that stream is pending.
+        unsafe { cuda.disable_event_tracking() };
+    }
+    let keep: u64 = match s.cuda_pool_keep_mb {
+        None => u64::MAX,
+        Some(mb) => mb.saturating_mul(1 << 20),
+    };
+    let stream = cuda.cuda_stream();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut value = keep;
+    // SAFETY: the device handle is the open context's; the attribute takes a u64 by pointer.
+    let r = unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, stream.context().cu_device()).result()?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    r.result()
+        .map_err(|e| candle::Error::Msg(format!("memory pool threshold: {e}")))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -58,6 +58,20 @@ pub const TABLE: &[Setting] = &[
               device is opened)",
     },
     Setting {
+        name: "MIMI_PY_CUDA_POOL_KEEP_MB",
+        default: "all",
+        doc: "memory the CUDA pool keeps when a call synchronizes (MB), for the next call to \
+              reuse; 0: hand it all back to the driver each time, CUDA's own default (read \
+              when a CUDA device is opened)",
+    },
+    Setting {
+        name: "MIMI_PY_CUDA_EVENTS",
+        default: "1",
+        doc: "0: no CUDA event per allocation (cross-stream tracking, which no call needs: \
+              each runs on its thread's stream and waits for it); 1: candle's default (read \
+              when a CUDA device is opened)",
+    },
+    Setting {
         name: "MIMI_PY_NO_CUDA_PRELOAD",
         default: "0",
         doc: "1: a CUDA build does not preload pip's nvidia-* libraries at import \
@@ -80,6 +94,10 @@ pub struct Settings {
     pub heap_keep_mb: u64,
     /// `MIMI_PY_CUDA_TF32`.
     pub cuda_tf32: bool,
+    /// `MIMI_PY_CUDA_POOL_KEEP_MB` (`None`: all).
+    pub cuda_pool_keep_mb: Option<u64>,
+    /// `MIMI_PY_CUDA_EVENTS`.
+    pub cuda_events: bool,
     /// `MIMI_PY_NO_CUDA_PRELOAD`.
     pub no_cuda_preload: bool,
 }
@@ -114,6 +132,10 @@ impl Settings {
                 .unwrap_or_else(|| "auto".into()),
             heap_keep_mb: number("MIMI_PY_HEAP_KEEP_MB", 256),
             cuda_tf32: flag("MIMI_PY_CUDA_TF32", false),
+            cuda_pool_keep_mb: std::env::var("MIMI_PY_CUDA_POOL_KEEP_MB")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok()),
+            cuda_events: flag("MIMI_PY_CUDA_EVENTS", true),
             no_cuda_preload: flag("MIMI_PY_NO_CUDA_PRELOAD", false),
         }
     }
@@ -130,6 +152,11 @@ impl Settings {
                     "MIMI_PY_ISA" => self.isa.clone(),
                     "MIMI_PY_HEAP_KEEP_MB" => self.heap_keep_mb.to_string(),
                     "MIMI_PY_CUDA_TF32" => u8::from(self.cuda_tf32).to_string(),
+                    "MIMI_PY_CUDA_POOL_KEEP_MB" => match self.cuda_pool_keep_mb {
+                        Some(mb) => mb.to_string(),
+                        None => "all".into(),
+                    },
+                    "MIMI_PY_CUDA_EVENTS" => u8::from(self.cuda_events).to_string(),
                     _ => u8::from(self.no_cuda_preload).to_string(),
                 };
                 (s.name, v)
