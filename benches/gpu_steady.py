@@ -1,0 +1,323 @@
+"""benches/gpu.py's steady-state rows: streams whose key/value rings are full, as in a stream
+that has run for minutes, and how many such streams one device holds in real time.
+
+A fresh stream attends over the keys it has; after `context` tokens (250: 10 s of audio at the
+transformer's 25 Hz, 2 tokens per 80 ms frame) its rings are full and every step attends over
+all of them. moshi always attends over its whole ring, so its young streams already cost what
+its old ones do; mimi_py's do not. These rows first stream `--steady-warmup` frames (130: 260
+tokens) in calls of several frames each (`warm_to_full`: the same state as one frame a call, in
+fewer calls), check that every row's rings hold at least `context` tokens, then time single
+frames.
+
+Both engines take the same masks: mimi_py through `active=`, moshi through its streaming
+modules' `set_exec_mask` (its rows that sit out still compute; their state is kept), set before
+each frame and counted in its `encode_step` time. moshi runs its warm-up with its CUDA graphs
+off (`no_cuda_graph`: a graph replays one shape only); its timed frames capture and replay them
+as in `gpu.py`'s other rows, after `--warmup` untimed frames.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+
+import common
+
+REAL_TIME_US = 80_000.0
+WARM_ROWS = 8  # distinct rows of audio; a batch repeats them (B = 4096 × 2.5 min would not fit)
+WARM_CALL_ROW_FRAMES = 1024  # frames × rows of one warm-up call, at most 26 frames
+
+
+def mask(batch: int, i: int) -> np.ndarray:
+    """Frame i's active rows: row r sits out when (r + i) % 4 == 0 (three rows in four step);
+    B = 1 steps always."""
+    if batch == 1:
+        return np.array([True])
+    return np.array([(r + i) % 4 != 0 for r in range(batch)])
+
+
+class Audio:
+    """Smooth noise for `batch` rows and `frames` frames: WARM_ROWS distinct rows, repeated."""
+
+    def __init__(self, batch: int, frames: int, seed: int):
+        n = min(batch, WARM_ROWS)
+        self.bank = np.stack(
+            [common.smooth_noise(frames * common.FRAME_SIZE, seed=seed + r) for r in range(n)]
+        )
+        self.bank = self.bank[:, None]
+        self.rows = np.arange(batch) % n
+        self.frames = frames
+
+    def chunk(self, i: int, k: int = 1) -> np.ndarray:
+        """(B, 1, k × frame size): frames i .. i + k of every row."""
+        if i + k > self.frames:
+            raise IndexError(f"frames {i}..{i + k} past the {self.frames} prepared")
+        fs = common.FRAME_SIZE
+        return np.ascontiguousarray(self.bank[:, :, i * fs : (i + k) * fs][self.rows])
+
+
+def _moshi_mask(eng, active) -> None:
+    import torch
+
+    rows = eng._stream_batch
+    m = np.ones(rows, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+    eng.model.set_exec_mask(torch.from_numpy(m).to(eng.device))
+
+
+def step_frame(eng, chunk, active=None) -> tuple[float, float, object]:
+    """One encode_step then decode_step of its codes, each waited for; with `active`, only those
+    rows step. Returns (encode seconds, decode seconds, codes)."""
+    moshi = eng.name == "moshi"
+    kw = {} if moshi or active is None else {"active": active}
+    if not moshi and active is not None and not eng.masks:
+        raise NotImplementedError(f"{eng.name}: no per-row streams (active= masks) in this bench")
+    t0 = time.perf_counter()
+    if moshi and active is not None:
+        if eng._stream is None:
+            eng.reset(np.shape(chunk)[0])
+        _moshi_mask(eng, active)
+    codes = eng.encode_step(chunk, **kw)
+    eng.sync()
+    t1 = time.perf_counter()
+    if codes is None or np.shape(codes)[-1] == 0:
+        raise RuntimeError("encode_step gave no codes for whole frames")
+    eng.decode_step(codes, **kw)
+    eng.sync()
+    return t1 - t0, time.perf_counter() - t1, codes
+
+
+def unmask(eng) -> None:
+    """moshi: every row steps again (its exec mask is state of the streaming modules)."""
+    if eng.name == "moshi" and eng._stream is not None:
+        _moshi_mask(eng, None)
+
+
+def ring_fill(eng) -> dict:
+    """The fewest tokens any row's key/value rings have taken (encoder and decoder), and the
+    rings' length."""
+    if eng.name == "moshi":
+        held, context = [], []
+        for mod in eng.model.modules():
+            kv = getattr(getattr(mod, "_streaming_state", None), "kv_cache", None)
+            if kv is not None and hasattr(kv, "end_offset"):
+                held.append(int(kv.end_offset.min()))
+                context.append(int(kv.capacity))
+        if not held:
+            return {"tokens": None, "context": None}
+        return {"tokens": min(held), "context": max(context)}
+    codec = eng.codec
+    cfg = codec.config
+    hop = int(np.prod(cfg.seanet.get("ratios", [8, 6, 5, 4])))
+    per_frame = max(1, round(cfg.sample_rate / hop / cfg.frame_rate))
+    frames = min(int(np.min(codec.positions)), int(np.min(codec.decode_positions)))
+    return {"tokens": frames * per_frame, "context": int(cfg.transformer.context)}
+
+
+def _no_graphs(eng):
+    """moshi's CUDA graphs off for a block (a graph replays one shape); a null context else."""
+    import contextlib
+
+    if eng.name != "moshi":
+        return contextlib.nullcontext()
+    from moshi.utils.compile import no_cuda_graph
+
+    return no_cuda_graph()
+
+
+def warm_to_full(eng, audio: Audio, frames: int) -> dict:
+    """Fresh streams of audio's rows, then `frames` frames streamed in calls of up to 26 frames
+    (fewer at large B), unmasked; records whether every row's rings are full."""
+    batch = len(audio.rows)
+    eng.reset(batch)
+    per_call = max(1, min(26, WARM_CALL_ROW_FRAMES // batch))
+    t0 = time.perf_counter()
+    at, calls = 0, 0
+    with _no_graphs(eng):
+        while at < frames:
+            k = min(per_call, frames - at)
+            step_frame(eng, audio.chunk(at, k))
+            at, calls = at + k, calls + 1
+    fill = ring_fill(eng)
+    full = fill["tokens"] is not None and fill["tokens"] >= fill["context"]
+    return {
+        "frames": frames,
+        "calls": calls,
+        "frames_per_call": per_call,
+        "s": round(time.perf_counter() - t0, 3),
+        "ring_tokens": fill["tokens"],
+        "context": fill["context"],
+        "rings_full": full,
+    }
+
+
+def timed_frames(eng, audio: Audio, at: int, spec: dict, masked: bool, frames=None, codes=None):
+    """`spec["warmup"]` untimed frames, then `frames` (default `spec["steady_frames"]`) timed ones, from
+    audio's frame `at`, masked or not; the timed frames' codes appended to `codes` if given.
+    Returns (the summary, the next frame)."""
+    batch = len(audio.rows)
+    frames = spec["steady_frames"] if frames is None else frames
+    enc, dec, tot, active = [], [], [], []
+    try:
+        for i in range(spec["warmup"] + frames):
+            m = mask(batch, i) if masked else None
+            e, d, c = step_frame(eng, audio.chunk(at + i), m)
+            if i >= spec["warmup"]:
+                if codes is not None:
+                    codes.append(np.asarray(c))
+                enc.append(e)
+                dec.append(d)
+                tot.append(e + d)
+                active.append(batch if m is None else int(m.sum()))
+    finally:
+        if masked:
+            unmask(eng)
+    t = common.summary_us(tot)
+    out = {
+        "frames": frames,
+        "encode_step": common.summary_us(enc),
+        "decode_step": common.summary_us(dec),
+        "frame_total": t,
+        "per_stream_median_us": round(t["median_us"] / batch, 1),
+        "real_time": t["p99_us"] <= REAL_TIME_US,
+    }
+    if masked:
+        out["mean_active_rows"] = round(sum(active) / len(active), 2)
+        out["per_active_stream_mean_us"] = round(1e6 * sum(tot) / sum(active), 1)
+    return out, at + spec["warmup"] + frames
+
+
+def _frames_needed(spec: dict, timed_blocks: int) -> int:
+    return spec["steady_warmup"] + timed_blocks * (spec["warmup"] + spec["steady_frames"]) + 1
+
+
+def steady_row(eng, spec: dict, batch: int, known: dict, codes=None) -> dict:
+    """Full rings at B: the warm-up, then unmasked frames (their codes appended to `codes` if
+    given), then masked frames (rows at different positions from there on: they come last).
+    The unmasked frames' result goes into `known`, for the streams-held search."""
+    audio = Audio(batch, _frames_needed(spec, 2), seed=11)
+    t0 = time.perf_counter()
+    row = {"warmup": warm_to_full(eng, audio, spec["steady_warmup"])}
+    row["unmasked"], at = timed_frames(eng, audio, spec["steady_warmup"], spec, False, codes=codes)
+    known[batch] = {
+        "batch": batch,
+        "ok": row["unmasked"]["frame_total"]["p99_us"] <= REAL_TIME_US and row["warmup"]["rings_full"],
+        "p99_us": row["unmasked"]["frame_total"]["p99_us"],
+        "median_us": row["unmasked"]["frame_total"]["median_us"],
+        "frames": spec["steady_frames"],
+        "s": round(time.perf_counter() - t0, 3),
+        "from": "steady",
+    }
+    try:
+        row["masked"], at = timed_frames(eng, audio, at, spec, masked=True)
+        ratio = row["masked"]["frame_total"]["median_us"] / row["unmasked"]["frame_total"]["median_us"]
+        row["masked_over_unmasked"] = round(ratio, 3)
+    except Exception as e:
+        row["masked"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+    row["ring_tokens_after"] = ring_fill(eng)["tokens"]
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# streams held: the largest B whose frame p99 stays within real time, on full rings
+
+
+def probe_held(eng, spec: dict, batch: int) -> dict:
+    """Full rings at B, then `held_frames` timed unmasked frames: does the p99 hold 80 ms?"""
+    _release(eng)  # the last probe's streams and cached device memory, before a larger batch
+    t0 = time.perf_counter()
+    try:
+        audio = Audio(batch, spec["steady_warmup"] + spec["warmup"] + spec["held_frames"] + 1, seed=23)
+        warm = warm_to_full(eng, audio, spec["steady_warmup"])
+        t, _ = timed_frames(eng, audio, spec["steady_warmup"], spec, False, frames=spec["held_frames"])
+        p99 = t["frame_total"]["p99_us"]
+        out = {"batch": batch, "ok": p99 <= REAL_TIME_US and warm["rings_full"], "p99_us": p99}
+        out.update(median_us=t["frame_total"]["median_us"], frames=t["frames"], warmup_s=warm["s"])
+        out["rings_full"] = warm["rings_full"]
+    except Exception as e:  # out of memory, most likely: this B is not held
+        out = {"batch": batch, "ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
+        _release(eng)
+    out["s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def _release(eng) -> None:
+    try:
+        eng.reset(1)
+        gc.collect()  # moshi's streaming state and CUDA graphs of the last batch
+        torch = getattr(eng, "torch", None)
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+def _predict(passed: list[dict], limit_us: float) -> int | None:
+    """The B where a line through the two largest passing probes reaches the limit."""
+    if len(passed) < 2:
+        return None
+    a, b = sorted(passed, key=lambda p: p["batch"])[-2:]
+    slope = (b["p99_us"] - a["p99_us"]) / (b["batch"] - a["batch"])
+    if slope <= 0:
+        return None
+    return int(b["batch"] + (limit_us - b["p99_us"]) / slope)
+
+
+def next_batch(probes: list[dict], start: int, max_batch: int, limit_us: float):
+    """The next B to probe, or (None, why the search stops). While every probe passes: the
+    line's prediction, between 1.25× and 4× the largest passing B (2× without a line); while
+    every probe fails: half the smallest; then bisection until the gap is under 1/8."""
+    passed = [p for p in probes if p["ok"]]
+    lo = max((p["batch"] for p in passed), default=0)
+    hi = min((p["batch"] for p in probes if not p["ok"] and p["batch"] > lo), default=None)
+    if not probes:
+        return start, None
+    if hi is None:
+        guess = _predict(passed, limit_us) or 2 * lo
+        nxt = min(max(guess, lo + max(1, lo // 4)), 4 * lo, max_batch)
+        return (nxt, None) if nxt > lo else (None, "largest batch tried")
+    if lo == 0:
+        return (hi // 2, None) if hi > 1 else (None, "B = 1 misses")
+    if hi - lo <= max(1, lo // 8):
+        return None, "resolution"
+    return (lo + hi) // 2, None
+
+
+def search_held(probe, known: dict, spec: dict, clock=time.perf_counter) -> dict:
+    """Probes B (`probe(B) -> {"batch", "ok", "p99_us", "s"}`) as `next_batch` says, starting
+    from the steady rows' results (`known`), until it stops or the next probe, estimated from
+    the last one's time scaled by B, would pass `held_budget` seconds."""
+    limit = spec.get("limit_us", REAL_TIME_US)
+    probes = sorted(known.values(), key=lambda p: p["batch"])
+    t0, why = clock(), None
+    last = probes[-1] if probes else None  # the cost estimate of the next probe scales this one
+    while True:
+        b, why = next_batch(probes, spec["held_start"], spec["held_max"], limit)
+        if b is None:
+            break
+        if any(p["batch"] == b for p in probes):
+            why = "resolution"
+            break
+        estimate = last["s"] * b / last["batch"] if last is not None else 0.0
+        if clock() - t0 + estimate > spec["held_budget"]:
+            why = "time budget"
+            break
+        last = probe(b)
+        probes.append(last)
+    passed = [p["batch"] for p in probes if p["ok"]]
+    held = max(passed, default=0)
+    fails = [p["batch"] for p in probes if not p["ok"] and p["batch"] > held]
+    return {
+        "streams_held": held,
+        "first_failing": min(fails, default=None),
+        "stopped": why,
+        "limit_us": limit,
+        "probes": sorted(probes, key=lambda p: p["batch"]),
+        "search_s": round(clock() - t0, 3),
+    }
+
+
+def held_row(eng, spec: dict, known: dict) -> dict:
+    """Streams held per device: `search_held` over full-ring frames."""
+    return search_held(lambda b: probe_held(eng, spec, b), known, spec)
