@@ -9,6 +9,7 @@
 * ``hub_cache``: a Hugging Face cache folder laid out as huggingface_hub lays it out;
 * ``hostile``: the hypothesis budget, strategies and outcome checks of the hostile-input tests;
 * ``extras``: the optional extras the suites need, and the ``extra`` marker's checks;
-* ``servers``: the real server in a subprocess, and TLS certificates;
+* ``servers``: the real server in a subprocess, TLS certificates, the count of late frames,
+  and waiting on a condition;
 * ``browser``: a headless Chromium driven over the DevTools protocol.
 """

@@ -1,12 +1,15 @@
 """The real server in a subprocess, for the serve tests: ``mimi-py serve`` on a free port of
 127.0.0.1, its address read from its first stdout line (``ws://`` or ``wss://``), stopped with
-SIGTERM at the end."""
+SIGTERM at the end; real time judged by counting the frames that miss their deadline
+(`assert_real_time`); and waiting for a condition (`until`, `health_until`), not for a while."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -21,6 +24,16 @@ from pathlib import Path
 
 from mimi_py.serve.loadgen import http_url
 from support.paths import CODEC_DIR
+
+# Mimi's tick: one frame every 80 ms.
+TICK = 0.080
+# A frame's deadline, from the server's own: a frame sent at real-time pace is stepped at the
+# next tick (docs/protocol.md, Timing), and a step that ends after the tick after that makes
+# that tick late. So a frame that arrives more than two ticks after its last sample was sent
+# missed a deadline of the server's.
+DEADLINE = 2 * TICK
+# Late frames are counted in windows of one second of frames.
+WINDOW = 12
 
 
 def small_checkpoint(folder: Path) -> Path:
@@ -51,6 +64,31 @@ def running_server(args: list[str], log: Path, env: dict | None = None):
                 proc.wait(timeout=20)
             finally:
                 proc.kill()
+
+
+def late_per_window(latencies: list[float], deadline: float = DEADLINE, window: int = WINDOW) -> list[int]:
+    """How many frames of each `window` in turn arrived more than `deadline` seconds after the
+    message that completed them (the last window may be shorter)."""
+    return [sum(x > deadline for x in latencies[i : i + window]) for i in range(0, len(latencies), window)]
+
+
+def assert_real_time(results, late_ticks: int | None = None) -> None:
+    """Real time, counted: each client's frames that missed `DEADLINE`. A stall of the machine
+    delays about one frame of every client; a ticker that cannot keep up falls further behind
+    every tick, so that its late frames grow from second to second. So: at most one late frame
+    per client, in all (one stall's worth), and in no client's last second (12 frames) more than
+    one more than in its first. `late_ticks`, the server's own count, goes in the message."""
+    windows = [late_per_window(r.latencies) for r in results]
+    late = sum(map(sum, windows))
+    why = f"late frames per client and second (deadline {1000 * DEADLINE:.0f} ms): {windows}; {late_ticks} late ticks"
+    assert late <= len(results), f"{late} late frames of {sum(len(r.latencies) for r in results)}; {why}"
+    for i, r in enumerate(results):
+        first, last = (
+            sum(x > DEADLINE for x in part) for part in (r.latencies[:WINDOW], r.latencies[-WINDOW:])
+        )
+        assert last <= first + 1, (
+            f"client {i}: {last} late frames in its last second, {first} in its first; {why}"
+        )
 
 
 def health(url: str, tls: ssl.SSLContext | None = None) -> dict:
@@ -100,3 +138,31 @@ def make_tls(folder: Path) -> Tls:
     key = x509.load_pem_x509_certificate(cert.cert_chain_pems[0].bytes()).public_key()
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return Tls(certfile, keyfile, client, base64.b64encode(hashlib.sha256(der).digest()).decode())
+
+
+async def until(condition, what: str, timeout: float = 10.0):
+    """Waits until `condition()` (or the awaitable it returns) is true, looking every 10 ms, and
+    returns its value; fails, naming `what`, if it is still false after `timeout` seconds (a
+    bound on a hang, not a measurement)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > end:
+            raise AssertionError(f"never {what} (waited {timeout:g} s)")
+        await asyncio.sleep(0.01)
+
+
+async def health_until(url: str, test, what: str, timeout: float = 10.0, tls: ssl.SSLContext | None = None):
+    """`until` a server's ``/health`` passes `test`; returns that health. Read in a thread, so
+    that the clients on the event loop keep streaming meanwhile."""
+
+    async def check():
+        h = await asyncio.to_thread(health, url, tls)
+        return h if test(h) else None
+
+    return await until(check, what, timeout)

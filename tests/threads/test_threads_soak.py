@@ -100,6 +100,11 @@ def test_8_threads_hammer_one_transformer_with_mixed_calls():
     xs = rng.standard_normal((16, 1, 5, D)).astype(np.float32)
     ops = Counter()
     lock = threading.Lock()
+    fed = [0]  # tokens given to `t` or `other` so far, counted before each call that steps them
+
+    def feed(tokens):
+        with lock:
+            fed[0] += tokens
 
     def work(seed):
         r = random.Random(seed)
@@ -124,9 +129,11 @@ def test_8_threads_hammer_one_transformer_with_mixed_calls():
             )
             x = xs[r.randrange(16)]
             if op == "step":
+                feed(1)
                 y = t.step(x[:, :1])
                 assert y.shape == (1, 1, D)
             elif op == "forward":
+                feed(5)
                 y = t.forward(x)
                 assert y.shape == (1, 5, D)
             elif op == "reset":
@@ -141,7 +148,11 @@ def test_8_threads_hammer_one_transformer_with_mixed_calls():
             elif op == "deepcopy":
                 copy.deepcopy(t).forward(x[:, :2])
             elif op == "position":
-                assert t.position >= 0
+                # a whole count, read while other threads step, copy and reset: never more than
+                # the tokens stepped into either object (copy_state moves positions between them)
+                position = t.position
+                with lock:
+                    assert type(position) is int and position <= fed[0], (position, fed[0])
             elif op == "state_dict":
                 assert "layers.0.mlp.fc1.weight" in t.state_dict()
             elif op == "nbytes":
@@ -149,6 +160,7 @@ def test_8_threads_hammer_one_transformer_with_mixed_calls():
             elif op == "batch":
                 assert t.batch_size in (None, 1)
             elif op == "other_step":
+                feed(1)
                 other.step(x[:, :1])
             elif op == "step_none":
                 assert t.step(None) is None
