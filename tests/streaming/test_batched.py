@@ -14,13 +14,8 @@ from support.models import CODEC_FILE, small_codec_config
 from support.ondevice import ON_CPU, assert_row, make_codec, make_transformer
 from support.reference import assert_close, assert_same
 
-SETTINGS = settings(
-    max_examples=25,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+# Derandomized (or not) by the profile in tests/conftest.py.
+SETTINGS = settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 TRANSFORMER_CONFIGS = {

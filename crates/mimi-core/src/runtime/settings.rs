@@ -45,6 +45,14 @@ pub const TABLE: &[Setting] = &[
               For tests and comparisons (gemm, in the convolutions, picks its own)",
     },
     Setting {
+        name: "MIMI_PY_FIXED_STEP",
+        default: "1",
+        doc: "1: streaming steps of up to 4 tokens on the candle path (GPUs, half precision, \
+              gated feed-forward) run in fixed shapes over rings of context + 3 slots, written \
+              in place; 0: the earlier paths over rings of context slots (same results within \
+              rounding; for comparing the two)",
+    },
+    Setting {
         name: "MIMI_PY_HEAP_KEEP_MB",
         default: "256",
         doc: "working memory an offline call may leave to the next one (MB); a call that grew \
@@ -90,6 +98,8 @@ pub struct Settings {
     pub direct_conv: bool,
     /// `MIMI_PY_ISA`, lower case, trimmed (`kernels::cpu` reads it).
     pub isa: String,
+    /// `MIMI_PY_FIXED_STEP`.
+    pub fixed_step: bool,
     /// `MIMI_PY_HEAP_KEEP_MB`.
     pub heap_keep_mb: u64,
     /// `MIMI_PY_CUDA_TF32`.
@@ -130,6 +140,7 @@ impl Settings {
                 .ok()
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "auto".into()),
+            fixed_step: flag("MIMI_PY_FIXED_STEP", true),
             heap_keep_mb: number("MIMI_PY_HEAP_KEEP_MB", 256),
             cuda_tf32: flag("MIMI_PY_CUDA_TF32", false),
             cuda_pool_keep_mb: std::env::var("MIMI_PY_CUDA_POOL_KEEP_MB")
@@ -150,6 +161,7 @@ impl Settings {
                     "MIMI_PY_SPIN" => u8::from(self.spin).to_string(),
                     "MIMI_PY_DIRECT_CONV" => u8::from(self.direct_conv).to_string(),
                     "MIMI_PY_ISA" => self.isa.clone(),
+                    "MIMI_PY_FIXED_STEP" => u8::from(self.fixed_step).to_string(),
                     "MIMI_PY_HEAP_KEEP_MB" => self.heap_keep_mb.to_string(),
                     "MIMI_PY_CUDA_TF32" => u8::from(self.cuda_tf32).to_string(),
                     "MIMI_PY_CUDA_POOL_KEEP_MB" => match self.cuda_pool_keep_mb {

@@ -29,6 +29,7 @@ use candle::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::collections::{BTreeMap, HashMap};
 
+mod fixed;
 mod layer;
 mod state;
 mod step;
@@ -110,8 +111,9 @@ impl RingRows {
         cfg: &TransformerConfig,
         dev: &Device,
     ) -> Result<Self> {
-        let (heads, c, hd) = (cfg.num_heads, cfg.context, cfg.head_dim());
+        let (heads, hd) = (cfg.num_heads, cfg.head_dim());
         let batch = caches.first().map_or(Ok(0), |c| c.k.dim(0))?;
+        let c = caches.first().map_or(Ok(cfg.context), |c| c.k.dim(2))?;
         if t > c {
             return Err(Error::Internal(
                 "a block of more steps than the context".into(),
@@ -132,14 +134,9 @@ impl RingRows {
                 )
             }
         };
-        let mut slots = vec![u32::MAX; batch * heads * t * hd];
-        let per_row = heads * t * hd;
-        for (&r, &p) in rows.iter().zip(pos) {
-            let row = &mut slots[r * per_row..][..per_row];
-            for (i, key) in row.chunks_exact_mut(hd).enumerate() {
-                key.fill(ring_slot(p + (i % t) as u64, c) as u32);
-            }
-        }
+        let mut at = vec![0; batch];
+        rows.iter().zip(pos).for_each(|(&r, &p)| at[r] = p);
+        let slots = fixed::write_slots(&at, rows, t, (heads, hd, c));
         let slots = Tensor::from_vec(slots, (batch, heads, t, hd), dev)?;
         Ok(Self {
             select,
@@ -178,6 +175,11 @@ pub struct Transformer {
     /// The weights the layers do not hold packed (norms, biases, layer scales; every matrix
     /// off the CPU), under their checkpoint names.
     weights: BTreeMap<String, Tensor>,
+    /// Whether the candle path steps in fixed shapes (`fixed.rs`; `MIMI_PY_FIXED_STEP`).
+    fixed_step: bool,
+    /// Slots of each ring: `context` on the planned step's host rings, `fixed::ring_slots`
+    /// on the candle path's. Every ring keeps position `p` in slot `p % ring_slots`.
+    ring_slots: usize,
 }
 
 impl Transformer {
@@ -242,17 +244,30 @@ impl Transformer {
         // On a GPU the weights were queued on this thread's stream: wait for them (see
         // `kernels::in_pool_on`).
         device.synchronize()?;
+        let planned = layers.iter().all(|l| l.host.is_some());
+        let fixed_step = !planned && crate::runtime::settings::get().fixed_step;
         Ok(Self {
             cfg: cfg.clone(),
             layers,
             device: device.clone(),
             dtype,
             weights,
+            fixed_step,
+            ring_slots: fixed::ring_slots(cfg.context, fixed_step),
         })
     }
 
     pub fn config(&self) -> &TransformerConfig {
         &self.cfg
+    }
+
+    /// This model with the candle path's fixed-shape step on or off, whatever
+    /// `MIMI_PY_FIXED_STEP` says (tests compare the two in one process).
+    #[cfg(test)]
+    pub(crate) fn with_fixed_step(mut self, on: bool) -> Self {
+        self.fixed_step = on && !self.planned();
+        self.ring_slots = fixed::ring_slots(self.cfg.context, self.fixed_step);
+        self
     }
 
     pub fn device(&self) -> &Device {
@@ -329,7 +344,7 @@ impl Transformer {
                     None => self.planned(),
                 };
                 n == self.layers.len()
-                    && dims[1..] == [c.num_heads, c.context, c.head_dim()]
+                    && dims[1..] == [c.num_heads, self.ring_slots, c.head_dim()]
                     && same
             }
         }
@@ -466,7 +481,7 @@ impl Transformer {
             state.pos = vec![0; b];
             return Ok(());
         }
-        let shape = (b, c.num_heads, c.context, c.head_dim());
+        let shape = (b, c.num_heads, self.ring_slots, c.head_dim());
         state.caches = (0..self.layers.len())
             .map(|_| {
                 Ok(LayerCache {
@@ -524,9 +539,13 @@ impl Transformer {
         while start < t {
             crate::error::check_cancel(cancel)?;
             let len = block.min(t - start);
-            let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
             let x = xs.narrow(1, start, len)?.contiguous()?;
-            outs.push(self.block_rows(&pos, rows, &state.caches, &x)?);
+            if self.takes_fixed_step(len) {
+                outs.push(self.step_fixed(&state.pos, rows, &state.caches, &x)?);
+            } else {
+                let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
+                outs.push(self.block_rows(&pos, rows, &state.caches, &x)?);
+            }
             rows.iter().for_each(|&r| state.pos[r] += len as u64);
             start += len;
         }
@@ -552,7 +571,14 @@ impl Transformer {
             crate::error::check_cancel(cancel)?;
             let len = block.min(t - start);
             let p = pos + start as u64;
-            outs.push(self.forward_block(p, caches, &xs.narrow(1, start, len)?)?);
+            let x = xs.narrow(1, start, len)?;
+            if self.takes_fixed_step(len) {
+                let b = x.dim(0)?;
+                let all: Vec<usize> = (0..b).collect();
+                outs.push(self.step_fixed(&vec![p; b], &all, caches, &x)?);
+            } else {
+                outs.push(self.forward_block(p, caches, &x)?);
+            }
             start += len;
         }
         if outs.len() == 1 {
@@ -624,7 +650,7 @@ impl Transformer {
             match j >= n_old {
                 true => pos + (j - n_old) as u64,
                 // n_old <= pos: every one of these slots holds a position already
-                false => slot_position(j, pos, self.cfg.context) as u64,
+                false => slot_position(j, pos, self.ring_slots) as u64,
             }
         };
         (0..n_old + t).map(key_pos).collect()
@@ -702,7 +728,7 @@ impl Transformer {
         let c = self.cfg.context as i64;
         let mut mask = Vec::with_capacity(pos.len() * t * (slots + t));
         for &pos in pos {
-            let ring = (0..slots).map(|j| slot_position(j, pos, self.cfg.context));
+            let ring = (0..slots).map(|j| slot_position(j, pos, self.ring_slots));
             let p = pos as i64;
             let keys: Vec<i64> = ring.chain((0..t as i64).map(|i| p + i)).collect();
             for q in (0..t as i64).map(|i| p + i) {
@@ -735,10 +761,9 @@ impl Transformer {
         let (rope, mut xs) = self.embed_rows(pos, t, xs)?;
         // Slots at or past a young row's position hold nothing for it: attend over the slots
         // the oldest row has filled, as an unmasked step attends over its `pos` keys.
-        let c = self.cfg.context;
         let slots = pos
             .iter()
-            .map(|&p| p.min(c as u64) as usize)
+            .map(|&p| p.min(self.ring_slots as u64) as usize)
             .max()
             .unwrap_or(0);
         let mask = self.rows_mask(pos, t, slots)?;
@@ -782,11 +807,13 @@ impl Transformer {
             PositionalEmbedding::Sin => xs.broadcast_add(&self.sin_embedding(&[pos], t)?)?,
             _ => xs.clone(),
         };
-        let n_old = pos.min(cpos) as usize;
+        let n_old = pos.min(self.ring_slots as u64) as usize;
         // On the CPU in f32, the window kernel; elsewhere candle's masked products.
-        let window = (t > 1 && self.device.is_cpu() && self.dtype == DType::F32)
+        // One step's query sees every filled slot only while the rings hold `context` slots.
+        let masked = t > 1 || self.ring_slots != c;
+        let window = (masked && self.device.is_cpu() && self.dtype == DType::F32)
             .then(|| WindowAttention::new(pos, t, c, self.key_positions(pos, t, n_old)));
-        let mask = if t > 1 && window.is_none() {
+        let mask = if masked && window.is_none() {
             Some(self.chunk_mask(pos, t, n_old)?)
         } else {
             None
@@ -795,7 +822,7 @@ impl Transformer {
         let mut pending: Vec<(Tensor, Tensor)> = Vec::new();
         for (layer, cache) in self.layers.iter().zip(caches.iter()) {
             let (q, k, v) = self.project(layer, &xs, rope.as_ref())?;
-            let attn = if t == 1 {
+            let attn = if t == 1 && self.ring_slots == c {
                 // Slot pos % C holds position pos - C, which no query from pos on needs,
                 // so writing before the other layers ran is safe.
                 let slot = ring_slot(pos, c);

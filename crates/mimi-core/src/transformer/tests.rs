@@ -232,9 +232,87 @@ fn rows_are_independent_streams() {
 #[test]
 fn rows_are_independent_streams_on_candles_path() {
     for pe in ["rope", "sin"] {
-        let model = rows_model(pe, DType::F16);
-        assert!(!model.planned(), "{pe}: an f16 model takes candle's path");
-        check_rows_independent(&model, pe, 4e-3);
+        for fixed in [true, false] {
+            let model = rows_model(pe, DType::F16).with_fixed_step(fixed);
+            assert!(!model.planned(), "{pe}: an f16 model takes candle's path");
+            check_rows_independent(&model, pe, 4e-3);
+        }
+    }
+}
+
+/// The fixed-shape step (`fixed.rs`) against the earlier candle paths, in f32 (the gated
+/// feed-forward keeps an f32 model on candle's path): streams of every step length up to
+/// past the ring's wrap, masked rows, resets and blocks longer than the context give the same
+/// outputs within float32 rounding (1e-5 of the peak: the sums run over the ring in another
+/// order), and the fixed step's rings hold `context + STEP_TOKENS - 1` slots.
+#[test]
+fn the_fixed_step_matches_the_earlier_paths() {
+    for pe in ["rope", "sin"] {
+        let cfg = small_cfg(pe, "rms_norm", Some("silu"), 4);
+        let dev = Device::Cpu;
+        let w = weights::load_transformer_only(&cfg, &TensorSource::seeded(5, None), &spec(&dev))
+            .unwrap();
+        let fixed = Transformer::new(&cfg, w.clone(), &dev, DType::F32).unwrap();
+        let fixed = fixed.with_fixed_step(true);
+        let old = Transformer::new(&cfg, w, &dev, DType::F32).unwrap();
+        let old = old.with_fixed_step(false);
+        let (b, d) = (2, cfg.d_model);
+        let (mut sf, mut so) = (State::default(), State::default());
+        for (call, t) in [1, 2, 3, 4, 1, 4, 2, 7, 1, 1, 3, 2, 9, 2]
+            .into_iter()
+            .enumerate()
+        {
+            let x = Tensor::from_vec(test_input(b, t, d, 40 + call as u64), (b, t, d), &dev);
+            let x = x.unwrap();
+            let (yf, yo) = match call % 3 {
+                2 => (
+                    fixed.forward_rows(&mut sf, &x.narrow(0, 1, 1).unwrap(), &[1]),
+                    old.forward_rows(&mut so, &x.narrow(0, 1, 1).unwrap(), &[1]),
+                ),
+                _ => (fixed.forward(&mut sf, &x), old.forward(&mut so, &x)),
+            };
+            let (yf, yo) = (yf.unwrap(), yo.unwrap());
+            let peak = max_abs_diff(&yo, &yo.zeros_like().unwrap());
+            let diff = max_abs_diff(&yf, &yo);
+            assert!(
+                peak.is_finite() && diff <= 1e-5 * peak,
+                "{pe} call {call} (t = {t}): {diff} against a peak of {peak}"
+            );
+            assert_eq!(sf.positions(), so.positions());
+            if call == 5 {
+                sf.reset_rows(&[0]);
+                so.reset_rows(&[0]);
+            }
+        }
+        let slots = |s: &State| s.layout().unwrap().1[2];
+        assert_eq!(slots(&sf), cfg.context + fixed::STEP_TOKENS - 1);
+        assert_eq!(slots(&so), cfg.context);
+    }
+}
+
+/// The fixed step's mask, against a ring simulated slot by slot: after a row at `p` wrote
+/// its `t` new keys, the query at `p + i` sees exactly the slots holding positions
+/// `max(0, p + i - context + 1) ..= p + i`, whatever slots a young row has not filled.
+#[test]
+fn the_fixed_steps_mask_shows_exactly_each_querys_window() {
+    let context = 5;
+    let slots = fixed::ring_slots(context, true);
+    for t in 1..=fixed::STEP_TOKENS {
+        for p in 0..3 * slots as u64 {
+            let mut ring = vec![None; slots]; // the position each slot holds
+            for k in 0..p + t as u64 {
+                ring[ring_slot(k, slots)] = Some(k);
+            }
+            let mask = fixed::step_mask(&[p], t, context, slots);
+            for i in 0..t as u64 {
+                let q = p + i;
+                for (j, held) in ring.iter().enumerate() {
+                    let sees = held.is_some_and(|k| k <= q && q - k < context as u64);
+                    let m = mask[i as usize * slots + j];
+                    assert_eq!(m == 0.0, sees, "t {t} p {p} query {q} slot {j}: {m}");
+                }
+            }
+        }
     }
 }
 
