@@ -12,13 +12,18 @@
 #   4. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
 #      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64, and mimi_py's
 #      masked streaming (active=, 3 rows in 4) at the same sizes, and its transformer alone,
-#      masked and unmasked).
+#      masked and unmasked; full rings at B=1, 8, 64, 256; streams held per GPU (frame p99
+#      <= 80 ms); a kernel census through torch.profiler), within a 230 s budget;
+#   5. the switches, before and after in one run, alternating (mimi_py only, streaming and
+#      full rings at B=1 and 64): MIMI_PY_FIXED_STEP=0 (the earlier candle paths) and
+#      MIMI_PY_CUDA_EVENTS=0 against the defaults. Their results go to $OUT/switches.
 # Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
 # test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
 # compared with the CPU's (at least 99% equal, tests/support/ondevice.py).
-# Sized for under 8 minutes (tests up to 180 s, codes 90 s, bench 190 s). Prepare .gpu/
+# Sized for about 7.5 minutes (tests ~65 s of their 180, codes ~30 s of 90, bench 230 s,
+# switches ~100 s of 120; the worst case is longer). Prepare .gpu/
 # first (scripts/prepare_gpu_check.sh), then, with the device tool:
-#   run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=500).
+#   run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
 #
 # Dry run on a CPU machine, with the mimi_py the current Python imports and a tiny bench:
 #   MIMI_TEST_DEVICE=cpu bash scripts/gpu_check.sh
@@ -33,12 +38,14 @@ status=0
 step() { echo "== $*"; }
 
 if [ "$DEVICE" = cpu ]; then
-    BENCH_SIZE=(--tiny)
+    BENCH_SIZE=(--tiny --dtypes float32)
+    SWITCH_SIZE=(--tiny --dtypes float32 --codec small --stream-batches 1 --steady-batches 1)
     PYTHON="${PYTHON:-python}"
 else
     # Four (engine, dtype) workers of at most 45 s each fit inside the bench's 190 s, so a
     # slow worker loses its own rows, not the whole table.
-    BENCH_SIZE=(--timeout 45)
+    BENCH_SIZE=(--budget 230 --timeout 90 --held-budget 20)
+    SWITCH_SIZE=(--budget 110 --timeout 30)
     step "environment"
     (nvidia-smi || true) >"$OUT/nvidia-smi.txt" 2>&1
     head -15 "$OUT/nvidia-smi.txt"
@@ -76,6 +83,7 @@ timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/ju
     tests/codec/test_half.py tests/inputs/test_input_arrays.py tests/transformer/test_transformer_inputs.py \
     tests/codec/test_codec_inputs.py tests/transformer/test_config.py tests/weights/test_weights.py \
     tests/errors/test_errors.py tests/inputs/test_memory_limits.py tests/streaming/test_batched.py \
+    tests/codec/test_real_size.py \
     2>&1 | tee "$OUT/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
@@ -123,9 +131,19 @@ PY
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 step "bench on $DEVICE"
-timeout 190 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
+# The wheel's commit (scripts/prepare_gpu_check.sh writes it; the copy here has no .git).
+[ -f .gpu/commit ] && export MIMI_BENCH_COMMIT="$(cat .gpu/commit)"
+timeout 250 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
     | tee "$OUT/bench.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 [ -f "$OUT/gpu_results.md" ] && cat "$OUT/gpu_results.md"
+
+step "switches on $DEVICE, alternating"
+mkdir -p "$OUT/switches"
+timeout 130 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT/switches" --engines mimi_py \
+    --sections streaming,steady --stream-batches 1,64 --steady-batches 1,64 \
+    --variant defaults: --variant earlier:MIMI_PY_FIXED_STEP=0 --variant noevents:MIMI_PY_CUDA_EVENTS=0 \
+    --rounds 1 "${SWITCH_SIZE[@]}" 2>&1 | tee "$OUT/switches/bench.log" | tail -30
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "gpu_check status=$status (results in $OUT)"
 exit "$status"

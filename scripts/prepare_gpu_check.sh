@@ -5,7 +5,7 @@
 #   .gpu/wheels/         pytest, hypothesis and moshi 0.2.13 (--no-deps) with the few packages
 #                        moshi's Mimi needs, as wheels for CPython 3.12 on x86-64 Linux
 # Usage: bash scripts/prepare_gpu_check.sh [CUDA_WHEEL]
-# Then, with the device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=500).
+# Then, with the device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
 # Everything that travels must stay under the device tool's 64 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,10 @@ if [ -z "$wheel" ]; then
 fi
 rm -f .gpu/mimi_py-*.whl
 cp "$wheel" .gpu/
+# The commit the results name (the device's copy has no .git): the checkout's, marked when the
+# work tree differs from it (build the wheel from a clean tree for results that get committed).
+echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- crates src python Cargo.toml Cargo.lock || echo -dirty)" \
+    >.gpu/commit
 pip_download() {
     "$PY" -m pip download --quiet --dest .gpu/wheels --only-binary=:all: \
         --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \
