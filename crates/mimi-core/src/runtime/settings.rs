@@ -48,7 +48,7 @@ pub const TABLE: &[Setting] = &[
         name: "MIMI_PY_FIXED_STEP",
         default: "1",
         doc: "1: streaming steps of up to 4 tokens on the candle path (GPUs, half precision, \
-              gated feed-forward) run in fixed shapes over rings of context + 3 slots, written \
+              gated feed-forward) run in fixed shapes over rings of context + 3 slots (rounded up to 16), written \
               in place; 0: the earlier paths over rings of context slots (same results within \
               rounding; for comparing the two)",
     },
