@@ -1,6 +1,7 @@
 """Who may connect, against the real server: cross-origin browsers get 403, a missing or wrong
 token 401 (the same answer), a non-loopback bind without a token does not start, a handshake
-over the cap gets 503 and one that stalls is dropped; TLS serves wss:// and https://. Every
+over the cap gets 503 and one that stalls is dropped, TLS handshakes included (the Host check is
+in test_serve_hosts.py); TLS serves wss:// and https://. Every
 refusal leaves the client already streaming exact, and /metrics (Prometheus' text format, read
 with prometheus_client's own parser) counts them."""
 
@@ -174,6 +175,68 @@ def test_handshakes_over_the_cap_get_503_and_a_stalled_upgrade_is_dropped(serve_
     assert after.close_code == 1000 and server.handshakes.in_flight == 0
     np.testing.assert_array_equal(after.codes(), serve_offline.encode(audio)[0])
     assert server.stats.refused == {protocol.Refusal.HANDSHAKES: 1}
+
+
+async def eof(reader: asyncio.StreamReader) -> bytes:
+    """What a connection reads until the server closes it (a reset reads as a close)."""
+    try:
+        return await reader.read()
+    except ConnectionResetError:
+        return b""
+
+
+def test_tls_handshakes_count_in_the_cap_and_stalled_ones_are_dropped_while_a_client_streams_exactly(
+    serve_checkpoint, serve_offline, tmp_path
+):
+    from mimi_py.serve import Server, run_server, tls_context
+
+    tls = make_tls(tmp_path / "tls")
+    server = Server(mimi_py.MimiCodec(serve_checkpoint), 2, max_handshakes=3, handshake_timeout=2.0)
+    good, later = noise(40, 5), noise(5, 6)
+
+    async def scenario():
+        stop, ports = asyncio.Event(), asyncio.Queue()
+        context = tls_context(str(tls.certfile), str(tls.keyfile))
+        task = asyncio.create_task(run_server(server, "127.0.0.1", 0, stop, ports.put_nowait, tls=context))
+        url = f"wss://127.0.0.1:{await ports.get()}"
+        port = int(url.rsplit(":", 1)[1])
+        honest = asyncio.create_task(loadgen.encode_stream(url, good, ssl=tls.client))
+        await until(lambda: server.stats.frames_served >= 1, "served the honest client")
+        # three connections that never finish their TLS handshake: one sends a record header only
+        stalled = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        stalled[0][1].write(b"\x16\x03\x01\x02\x00")
+        await until(lambda: server.handshakes.in_flight == 3, "3 TLS handshakes in flight")
+        full = server.stats.frames_served
+        extra = await asyncio.open_connection("127.0.0.1", port)
+        over = await asyncio.wait_for(eof(extra[0]), timeout=5)  # closed before any TLS
+        try:
+            async with websockets.connect(url, ssl=tls.client, open_timeout=5):
+                refused_tls = "opened"
+        except OSError as e:  # the TLS handshake ended by the server's close
+            refused_tls = type(e).__name__
+        dropped = [await asyncio.wait_for(eof(r), timeout=10) for r, _ in stalled]  # at the timeout
+        at_drop = server.stats.frames_served
+        await until(lambda: server.handshakes.in_flight == 0, "the stalled handshakes left the cap")
+        after = await loadgen.encode_stream(url, later, realtime=False, ssl=tls.client)
+        result = await honest
+        for _, w in [*stalled, extra]:
+            w.close()
+            await w.wait_closed()
+        stop.set()
+        await task
+        return over, refused_tls, dropped, full, at_drop, after, result
+
+    over, refused_tls, dropped, full, at_drop, after, honest = asyncio.run(
+        asyncio.wait_for(scenario(), timeout=60)
+    )
+    assert over == b"" and refused_tls != "opened", refused_tls
+    assert dropped == [b"", b"", b""]
+    assert at_drop > full  # the honest client got frames while the cap was full
+    assert server.stats.refused == {protocol.Refusal.HANDSHAKES: 2}
+    np.testing.assert_array_equal(honest.codes(), serve_offline.encode(good)[0])
+    assert honest.close_code == 1000 and honest.done == 40
+    np.testing.assert_array_equal(after.codes(), serve_offline.encode(later)[0])
+    assert after.close_code == 1000 and server.handshakes.in_flight == 0
 
 
 def test_tls_serves_wss_and_https_with_a_token(serve_checkpoint, serve_offline, tmp_path):

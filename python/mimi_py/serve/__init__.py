@@ -1,7 +1,8 @@
 """A real-time Mimi server: many WebSocket clients, one batched codec stepping every frame.
 
     python -m mimi_py serve [--host 127.0.0.1] [--port 8765] [--slots auto|N] [--token T | --no-auth]
-                            [--allow-origin URL] [--certfile PEM --keyfile PEM] [--weights PATH|hf:REPO]
+                            [--allow-origin URL] [--allow-host NAME] [--certfile PEM --keyfile PEM]
+                            [--weights PATH|hf:REPO]
                             [--num-codebooks K] [--weights-dtype float32|bfloat16] [--threads N]
 
 ``ws://HOST:PORT/encode`` takes PCM and sends codes per frame; ``/decode`` takes codes and
@@ -9,7 +10,8 @@ sends PCM per frame; ``GET /`` is a page that streams the microphone through bot
 ``GET /health`` reports the slots and step times, ``GET /metrics`` the same for Prometheus.
 ``docs/protocol.md`` is the protocol (:mod:`mimi_py.serve.protocol` declares it). With
 ``--slots auto`` (the default) the slots are measured at start-up
-(:mod:`mimi_py.serve.capacity`); with a token, streams and ``/metrics`` need it
+(:mod:`mimi_py.serve.capacity`); with a token, streams and ``/metrics`` need it, and without
+one every request must name the server by a loopback name, its ``--host`` or an ``--allow-host``
 (:mod:`mimi_py.serve.access`); with ``--certfile`` the server speaks ``wss://`` and ``https://``.
 SIGINT or SIGTERM shut the server down: every client gets the frames already queued, then close
 code 1001. Needs the ``serve`` extra (``pip install 'mimi_py[serve]'``: websockets,
@@ -27,13 +29,16 @@ import ssl
 import sys
 
 from ..options import add_weights_dtype
-from .access import Access, is_loopback
+from .access import ANY_HOST, Access, host_name, is_loopback
 from .protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
 from .server import Server, websockets_module
 
-__all__ = ["Server", "add_arguments", "main", "run_server", "serve"]
+__all__ = ["Server", "add_arguments", "main", "make_access", "run_server", "serve"]
 
 log = logging.getLogger("mimi_py.serve")
+
+# Seconds a closing handshake (WebSocket, or TLS shutdown) may take before the socket is dropped.
+CLOSE_TIMEOUT = 5.0
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -53,17 +58,29 @@ async def serve(args: argparse.Namespace) -> None:
         calibration = await asyncio.to_thread(calibrate, codec, 1.0 / codec.frame_rate)
         log.info("%s", calibration.line())
     slots = calibration.slots if calibration is not None else args.slots
-    access = Access(args.token, args.allow_origin)
+    access = make_access(args)
 
     def ready(port: int) -> None:
         print(f"listening on {'wss' if tls else 'ws'}://{args.host}:{port}", flush=True)
-        log.info(
-            "%d slots, %s, %s weights, %s", slots, codec.device, args.weights_dtype,
-            "token required" if access.needs_token else "no token",
-        )  # fmt: skip
+        log.info("%d slots, %s, %s weights, %s", slots, codec.device, args.weights_dtype, _who(access))
 
     server = Server(codec, slots, access=access, calibration=calibration)
     await run_server(server, args.host, args.port, stop, ready, tls=tls)
+
+
+def make_access(args: argparse.Namespace) -> Access:
+    """The server's :class:`Access` from its options: ``--token`` (resolved by
+    :func:`check_access`), ``--allow-origin``, ``--allow-host`` and ``--host``."""
+    return Access(args.token, args.allow_origin, args.allow_host, host=args.host)
+
+
+def _who(access: Access) -> str:
+    """Who may connect, for the start-up log line."""
+    if access.needs_token:
+        return "token required"
+    if access.any_host:
+        return "no token, any Host (--allow-host '*': no DNS-rebinding protection)"
+    return "no token, Host: loopback names" + "".join(f", {h}" for h in sorted(access.allow_hosts))
 
 
 async def run_server(
@@ -76,11 +93,13 @@ async def run_server(
     async def handler(ws):
         await server.handle(ws, ws.route)
 
+    # TLS is not websockets' (ssl=): GatedConnection runs its handshake, inside the handshake cap.
+    gated = gated_connection(server.handshakes, tls, server.handshake_timeout, CLOSE_TIMEOUT)
     ws_serve = websockets_module().asyncio.server.serve
     async with ws_serve(
-        handler, host, port, process_request=process_request(server), ssl=tls,
-        max_size=MAX_MESSAGE_BYTES, compression=None, close_timeout=5,
-        open_timeout=server.handshake_timeout, create_connection=gated_connection(server.handshakes),
+        handler, host, port, process_request=process_request(server), max_size=MAX_MESSAGE_BYTES,
+        compression=None, close_timeout=CLOSE_TIMEOUT, open_timeout=server.handshake_timeout,
+        create_connection=gated,
     ) as ws_server:  # fmt: skip
         if ready is not None:
             ready(ws_server.sockets[0].getsockname()[1])
@@ -130,6 +149,13 @@ def _positive(text: str) -> int:
     return n
 
 
+def _host(text: str) -> str:
+    """An argparse type: a host name or address (a port is ignored), or ``*``."""
+    if text.strip() != ANY_HOST and host_name(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a host name or address (nor '*')")
+    return text
+
+
 def _slots(text: str) -> int | str:
     """An argparse type: ``auto`` or an integer of at least 1."""
     return text if text == "auto" else _positive(text)
@@ -152,6 +178,13 @@ def _add_access(p: argparse.ArgumentParser) -> None:
         "--allow-origin", action="append", default=[], metavar="ORIGIN",
         help="a browser origin (https://app.example.com) allowed to open streams besides the server's "
         "own; repeat for more",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-host", action="append", default=[], type=_host, metavar="NAME",
+        help="without a token, a Host name (or address) served besides loopback ones (localhost, "
+        "*.localhost, 127.0.0.1, [::1]) and --host; others get 403, which stops DNS rebinding. "
+        "Repeat for more; '*' allows any Host (then any web page a user visits may stream through "
+        "the server)",
     )  # fmt: skip
     p.add_argument("--certfile", default=None, help="a PEM certificate (chain): serve wss:// and https://")
     p.add_argument("--keyfile", default=None, help="its PEM private key (default: in --certfile)")

@@ -1,31 +1,36 @@
 """The server's plain HTTP side: the page, ``/health``, ``/metrics``, the handshake's checks,
 and the paths that are not WebSockets.
 
-``process_request`` (websockets' hook) answers ``GET /``, the page's files, ``/health`` and
-``/metrics`` itself; refuses a stream whose ``Origin`` is not allowed (403), a stream or
-``/metrics`` without the token (401), unknown paths (404) and unknown formats (400), all before
-any upgrade, so a WebSocket handler only ever sees an allowed, valid
-:class:`~mimi_py.serve.protocol.Route`. :class:`GatedConnection` answers 503 to a connection
-over the cap on handshakes in flight, before its request is read. Imported when serving
-(it needs websockets).
+``process_request`` (websockets' hook) first refuses, without a token, a request whose ``Host``
+is not allowed (403, whatever its path: a DNS-rebinding page); then answers ``GET /``, the
+page's files and ``/health`` itself; refuses a stream whose ``Origin`` is not allowed (403), a
+stream or ``/metrics`` without the token (401), unknown paths (404) and unknown formats (400),
+all before any upgrade, so a WebSocket handler only ever sees an allowed, valid
+:class:`~mimi_py.serve.protocol.Route`. :class:`GatedConnection` counts each connection in the
+cap on handshakes in flight from its TCP accept, its TLS handshake included (it runs that
+handshake itself), and answers one over the cap at once: 503, or a close over TLS. Imported when
+serving (it needs websockets).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 from importlib import resources
 
 from websockets.asyncio.server import ServerConnection
 
-from .access import HandshakeGate
+from .access import HandshakeGate, host_name
 from .metrics import metrics_text
-from .protocol import HEALTH_PATH, METRICS_PATH, STREAM_PATHS, Refusal, parse_route
+from .protocol import HANDSHAKE_TIMEOUT, HEALTH_PATH, METRICS_PATH, Refusal, parse_route
 
 __all__ = [
     "BUSY_RESPONSE",
     "PAGE_FILES",
     "GatedConnection",
     "gated_connection",
+    "host_refused_body",
     "page_file",
     "process_request",
 ]
@@ -60,9 +65,22 @@ def _response(connection, status: int, body: bytes, content_type: str):
     return r
 
 
-def _refused(connection, status: int, why: Refusal):
+def host_refused_body(hosts: list[str]) -> str:
+    """What a request whose ``Host`` is not allowed is told: the Host it sent (shortened), and
+    the option that would allow it."""
+    shown = ", ".join(repr(h[:100]) for h in hosts) if hosts else "(none)"
+    name = host_name(hosts[0]) if len(hosts) == 1 else None
+    return (
+        f"Host {shown} is not served without a token: this server answers only loopback names and "
+        f"addresses (localhost, 127.0.0.1, [::1]) and its own --host; to serve this name, start it "
+        f"with --allow-host {name or 'NAME'} (or with a token)\n"
+    )
+
+
+def _refused(connection, status: int, why: Refusal, request):
     """403 or 401, with ``WWW-Authenticate: Bearer`` on a 401."""
-    r = _response(connection, status, REFUSED_BODY[why].encode(), "text/plain; charset=utf-8")
+    text = host_refused_body(request.headers.get_all("Host")) if why is Refusal.HOST else REFUSED_BODY[why]
+    r = _response(connection, status, text.encode(), "text/plain; charset=utf-8")
     if why is Refusal.TOKEN:
         r.headers["WWW-Authenticate"] = "Bearer"
     return r
@@ -74,16 +92,15 @@ def process_request(server):
 
     def process(connection, request):
         base = request.path.partition("?")[0]
+        refused = server.access.check(request, base)
+        if refused is not None:
+            return _refused(connection, server.refuse(refused), refused, request)
         if base == HEALTH_PATH:
             body = json.dumps(server.health()).encode()
             return _response(connection, 200, body, "application/json")
         if base in PAGE_FILES:
             name, content_type = PAGE_FILES[base]
             return _response(connection, 200, page_file(name), content_type)
-        if base in (*STREAM_PATHS, METRICS_PATH):
-            refused = server.access.check(request, stream=base != METRICS_PATH)
-            if refused is not None:
-                return _refused(connection, server.refuse(refused), refused)
         if base == METRICS_PATH:
             return _response(connection, 200, *metrics_text(server.registry))
         route = parse_route(request.path)
@@ -106,17 +123,72 @@ BUSY_RESPONSE = (
 
 class GatedConnection(ServerConnection):
     """A websockets connection that passes its server's :class:`HandshakeGate` (``gate``, set by
-    :func:`gated_connection`): one over the cap gets :data:`BUSY_RESPONSE` and is closed."""
+    :func:`gated_connection`) from its TCP accept to the end of its upgrade; one over the cap
+    gets :data:`BUSY_RESPONSE` and is closed (over TLS it is closed at once: a 503 would need a
+    TLS handshake first). With ``tls``, this class runs the TLS handshake itself
+    (``loop.start_tls``, which websockets' ``ssl=`` would run before the connection is made, out
+    of the gate's sight); one not done in ``tls_timeout`` seconds, or failed, is dropped."""
 
     gate: HandshakeGate
+    tls: ssl.SSLContext | None = None
+    tls_timeout: float = HANDSHAKE_TIMEOUT
+    tls_shutdown_timeout: float = HANDSHAKE_TIMEOUT
     gated = False
+    made = False  # websockets' connection_made ran: from here on it owns the connection
+    early: list[bytes | None] | None = None  # TLS done, not yet made: the data (None: EOF) meanwhile
 
     def connection_made(self, transport) -> None:
-        super().connection_made(transport)
         self.gated = self.gate.enter()
-        if not self.gated:
-            transport.write(BUSY_RESPONSE)
-            transport.close()
+        if self.tls is None:
+            self._made(transport)
+            if not self.gated:
+                transport.write(BUSY_RESPONSE)
+                transport.close()
+        elif not self.gated:
+            transport.abort()
+        else:
+            transport.pause_reading()  # nothing may reach websockets before the TLS handshake
+            self.tls_task = asyncio.get_running_loop().create_task(self._start_tls(transport))
+
+    def _made(self, transport) -> None:
+        self.made = True
+        super().connection_made(transport)
+
+    async def _start_tls(self, transport) -> None:
+        """The TLS handshake; then the connection is made, with what arrived meanwhile."""
+        secure, self.early = None, []
+        try:
+            secure = await asyncio.get_running_loop().start_tls(
+                transport, self, self.tls, server_side=True, ssl_handshake_timeout=self.tls_timeout,
+                ssl_shutdown_timeout=self.tls_shutdown_timeout,
+            )  # fmt: skip
+        except Exception:
+            pass  # failed, reset, or not done in time: dropped, as websockets' own TLS would
+        finally:  # also when cancelled (the server's loop ending)
+            if secure is None:
+                transport.abort()
+                self._leave()
+        if secure is None:
+            return
+        early, self.early = self.early, None
+        self._made(secure)
+        for data in early:
+            if data is None:
+                super().eof_received()
+            else:
+                super().data_received(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.early is not None:
+            self.early.append(data)
+        else:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self.early is not None:
+            self.early.append(None)
+        else:
+            super().eof_received()
 
     def _leave(self) -> None:
         if self.gated:
@@ -131,9 +203,17 @@ class GatedConnection(ServerConnection):
 
     def connection_lost(self, exc) -> None:
         self._leave()
-        super().connection_lost(exc)
+        if self.made:
+            super().connection_lost(exc)
 
 
-def gated_connection(gate: HandshakeGate) -> type[GatedConnection]:
-    """websockets' ``create_connection`` for one server: :class:`GatedConnection` on `gate`."""
-    return type("GatedConnection", (GatedConnection,), {"gate": gate})
+def gated_connection(
+    gate: HandshakeGate,
+    tls: ssl.SSLContext | None = None,
+    timeout: float = HANDSHAKE_TIMEOUT,
+    shutdown_timeout: float = HANDSHAKE_TIMEOUT,
+) -> type[GatedConnection]:
+    """websockets' ``create_connection`` for one server: :class:`GatedConnection` on `gate`,
+    with its TLS context and its handshake and shutdown timeouts (seconds)."""
+    attrs = {"gate": gate, "tls": tls, "tls_timeout": timeout, "tls_shutdown_timeout": shutdown_timeout}
+    return type("GatedConnection", (GatedConnection,), attrs)

@@ -47,7 +47,8 @@ MAX_AHEAD_SECONDS = 10.0
 # seconds went to late ticks and the ticker has not caught up; the clients already admitted stay.
 MAX_LATE_SECONDS, LATE_WINDOW = 2.0, 5.0
 # At most this many connections may be between their TCP accept and the end of their HTTP
-# upgrade; more get HTTP 503 at once. An upgrade (TLS included) not done in HANDSHAKE_TIMEOUT
+# upgrade, their TLS handshake included; more get HTTP 503 at once (over TLS: closed at once,
+# before any TLS handshake). A TLS handshake, or an HTTP upgrade, not done in HANDSHAKE_TIMEOUT
 # seconds is dropped.
 MAX_HANDSHAKES, HANDSHAKE_TIMEOUT = 64, 10.0
 # The environment variable that holds the token when --token is not given.
@@ -86,26 +87,36 @@ CLOSE_REASONS: dict[Close, str] = {
 class Refusal(enum.Enum):
     """Why a connection was turned away (the ``reason`` label of ``mimi_serve_refused_total``)."""
 
+    HANDSHAKES = "handshakes"
+    HOST = "host"
     ORIGIN = "origin"
     TOKEN = "token"
-    HANDSHAKES = "handshakes"
     SLOTS = "slots"
     LATE = "late"
     STOPPING = "stopping"
 
 
 # Each refusal's answer (an HTTP status before the upgrade, a close code after it) and when it
-# is given: the table docs/protocol.md shows.
+# is given: the table docs/protocol.md shows. A foreign Host gets 403, as in Jupyter's check:
+# the server refuses to answer for that name. Not 421 (Misdirected Request), which says the
+# request reached the wrong server over a reused connection and invites a client to retry it
+# on a new one.
 REFUSALS: dict[Refusal, tuple[int, str]] = {
+    Refusal.HANDSHAKES: (
+        503,
+        "64 connections are already between their TCP accept and the end of their upgrade, TLS "
+        "handshakes included (over TLS the connection is closed at once, before a TLS handshake)",
+    ),
+    Refusal.HOST: (
+        403,
+        "no token is set and the `Host` is neither a loopback name or address, the server's "
+        "`--host`, nor one given with `--allow-host` (what a DNS-rebinding page sends)",
+    ),
     Refusal.ORIGIN: (
         403,
         "a browser's `Origin` is neither the server's own host nor one given with `--allow-origin`",
     ),
     Refusal.TOKEN: (401, "a token is set and the request's is missing or wrong (the same answer for both)"),
-    Refusal.HANDSHAKES: (
-        503,
-        "64 connections are already between their TCP accept and the end of their upgrade",
-    ),
     Refusal.SLOTS: (1013, "all slots are busy"),
     Refusal.LATE: (
         1013,
