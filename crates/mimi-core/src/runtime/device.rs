@@ -176,19 +176,25 @@ fn set_up_cuda(dev: &Device) -> candle::Result<()> {
         Some(mb) => mb.saturating_mul(1 << 20),
     };
     let stream = cuda.cuda_stream();
+    let failed = |what: &str, e: sys::CUresult| candle::Error::Msg(format!("{what}: {e:?}"));
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut value = keep;
     // SAFETY: the device handle is the open context's; the attribute takes a u64 by pointer.
-    let r = unsafe {
-        sys::cuDeviceGetDefaultMemPool(&mut pool, stream.context().cu_device()).result()?;
-        sys::cuMemPoolSetAttribute(
+    unsafe {
+        let r = sys::cuDeviceGetDefaultMemPool(&mut pool, stream.context().cu_device());
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(failed("the device's memory pool", r));
+        }
+        let r = sys::cuMemPoolSetAttribute(
             pool,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&mut value as *mut u64).cast(),
-        )
-    };
-    r.result()
-        .map_err(|e| candle::Error::Msg(format!("memory pool threshold: {e}")))
+        );
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(failed("the memory pool's release threshold", r));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(not(feature = "cuda"))]
