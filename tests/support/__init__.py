@@ -6,6 +6,8 @@
   are compared with);
 * ``ondevice``: the device the device-independent suites run on, and its tolerances;
 * ``models``: the small transformer config and the fixtures' small codec, and their factories;
+* ``real_size``: the real-size seeded weights (the benches' recipe) in both checkpoint layouts,
+  and the reference moshi computed from them;
 * ``hub_cache``: a Hugging Face cache folder laid out as huggingface_hub lays it out;
 * ``hostile``: the hypothesis budget, strategies and outcome checks of the hostile-input tests;
 * ``extras``: the optional extras the suites need, and the ``extra`` marker's checks;
