@@ -157,9 +157,11 @@ class GatedConnection(ServerConnection):
     async def _start_tls(self, transport) -> None:
         """The TLS handshake; then the connection is made, with what arrived meanwhile."""
         secure, self.early = None, []
+        tls = self.tls
+        assert tls is not None, "a TLS handshake without a TLS context"  # connection_made's branch
         try:
             secure = await asyncio.get_running_loop().start_tls(
-                transport, self, self.tls, server_side=True, ssl_handshake_timeout=self.tls_timeout,
+                transport, self, tls, server_side=True, ssl_handshake_timeout=self.tls_timeout,
                 ssl_shutdown_timeout=self.tls_shutdown_timeout,
             )  # fmt: skip
         except Exception:
