@@ -23,7 +23,9 @@
 //! * `team.rs`: [`for_each_index`], the step's parallel loops on the workers `in_pool` keeps
 //!   awake, without rayon's fork/join;
 //! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution;
-//! * `cpu.rs`: [`cpu::Level`], the instruction sets the kernels may use, detected once.
+//! * `cpu.rs`: [`cpu::Level`], the instruction sets the kernels may use, detected once;
+//! * `bf16dot.rs`: [`bf16dot::PairPacked`], products with bf16 inputs and f32 sums in
+//!   `vdpbf16ps`'s order, the same bits natively, on AVX2 and portably (not yet wired).
 //!
 //! CPU features are chosen at run time, never at build time: each SIMD kernel is an
 //! `unsafe fn` compiled with `#[target_feature(enable = ...)]` (AVX2 and FMA for gemv,
@@ -35,6 +37,7 @@
 //! with those features. Each kernel's tests compare it against candle or a plain reference.
 
 mod attention;
+pub mod bf16dot;
 pub mod cpu;
 pub mod direct;
 mod elementwise;

@@ -1,0 +1,366 @@
+//! Products with bf16 inputs and float32 sums, in the order AVX-512 BF16's `vdpbf16ps`
+//! defines, with the same bits on every machine: the arithmetic of the `"medium"` precision
+//! (issue 49; not yet wired to a model).
+//!
+//! `y[r][o] = bias[o] + sum over pairs i of (x[r][2i+1] w[o][2i+1], then x[r][2i] w[o][2i])`:
+//! each term is one float32 fused multiply-add (a product of two bf16 values is exact in
+//! float32, so only the sum rounds, to nearest even), pairs in order, one accumulator per
+//! output, denormals flushed to zero. That is Intel's pseudocode for `vdpbf16ps` ("FP32 FMA
+//! with DAZ in, FTZ out and RNE rounding", odd element first), so three paths give the same
+//! bits ([`Path`]): the instruction itself; AVX2 FMAs with MXCSR's flush bits set for the
+//! call; and plain Rust with the flushes written out. Inputs are rounded to bf16 (to nearest
+//! even, denormals flushed) when packed ([`PairPacked::pack`]) or rounded ([`round_pairs`]),
+//! so no input is ever denormal and only the sums need flushing.
+//!
+//! Weights are packed once in the layout `vdpbf16ps` reads: panels of [`LANES`] outputs, each
+//! a run of `k / 2` pair vectors (`LANES` u32, the even element in the low half), k padded to
+//! even with zeros, the outputs past `n` zero.
+
+/// Outputs per panel: one 512-bit vector of f32 sums.
+pub const LANES: usize = 16;
+
+/// Rows of one register tile of the AVX-512 BF16 path (independent sums hide its latency).
+const ROWS: usize = 4;
+
+/// How a product is computed; every path gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// `vdpbf16ps` (AVX-512 BF16).
+    Native,
+    /// AVX2 FMAs, two per pair, MXCSR's flush-to-zero and denormals-are-zero set for the call.
+    Avx2,
+    /// Plain Rust, the flushes explicit.
+    Portable,
+}
+
+impl Path {
+    /// Whether this CPU (and `MIMI_PY_ISA`) runs the path.
+    pub fn available(self) -> bool {
+        use super::cpu::{has, Level};
+        match self {
+            Path::Native => has(Level::Avx512Bf16),
+            Path::Avx2 => has(Level::Avx2),
+            Path::Portable => true,
+        }
+    }
+}
+
+/// `x` rounded to bf16, to nearest even; a denormal result is a zero of its sign, NaN stays
+/// a NaN.
+pub fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16; // quiet
+    }
+    let r = ((b as u64 + 0x7fff + ((b >> 16) & 1) as u64) >> 16) as u16;
+    match r & 0x7f80 {
+        0 => r & 0x8000, // denormal (or zero): flushed, as DAZ would
+        _ => r,
+    }
+}
+
+/// The f32 a bf16 stands for.
+#[inline(always)]
+fn widen(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// `x`'s rows (`m`, each `k` long) as bf16 pairs, `k` padded to even with zeros: `m * k.div_ceil(2)`
+/// u32, the even element in the low half.
+pub fn round_pairs(x: &[f32], m: usize, k: usize, out: &mut Vec<u32>) {
+    assert_eq!(x.len(), m * k, "round_pairs: x is not m x k");
+    let kp = k.div_ceil(2);
+    out.clear();
+    out.reserve(m * kp);
+    for row in x.chunks_exact(k.max(1)).take(m) {
+        for i in 0..kp {
+            let even = to_bf16(row[2 * i]) as u32;
+            let odd = row.get(2 * i + 1).map_or(0, |&v| to_bf16(v) as u32);
+            out.push(even | odd << 16);
+        }
+    }
+}
+
+/// A weight `(n, k)` rounded to bf16 and packed in panels of [`LANES`] outputs of pairs.
+#[derive(Debug, Clone)]
+pub struct PairPacked {
+    n: usize,
+    k: usize,
+    data: Vec<u32>,
+}
+
+impl PairPacked {
+    /// Rounds and packs `w` (row-major, `n` rows of `k`).
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), n * k, "PairPacked::pack: w is not n x k");
+        let kp = k.div_ceil(2);
+        let panels = n.div_ceil(LANES);
+        let mut data = vec![0u32; panels * kp * LANES];
+        for o in 0..n {
+            let row = &w[o * k..(o + 1) * k];
+            let panel = &mut data[(o / LANES) * kp * LANES..][..kp * LANES];
+            for i in 0..kp {
+                let even = to_bf16(row[2 * i]) as u32;
+                let odd = row.get(2 * i + 1).map_or(0, |&v| to_bf16(v) as u32);
+                panel[i * LANES + o % LANES] = even | odd << 16;
+            }
+        }
+        Self { n, k, data }
+    }
+
+    /// `(n, k)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// `y (m, n) = bias + x (m, k) . w^T` on `path`, from `x` already rounded ([`round_pairs`]).
+    /// A path this CPU does not run is refused (a panic: callers check [`Path::available`]).
+    pub fn matmul_on(&self, path: Path, x: &[u32], m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
+        let (n, kp) = (self.n, self.k.div_ceil(2));
+        assert!(x.len() == m * kp && y.len() == m * n, "PairPacked: shapes");
+        assert!(bias.is_none_or(|b| b.len() == n), "PairPacked: bias length");
+        assert!(
+            path.available(),
+            "PairPacked: {path:?} is not available on this CPU"
+        );
+        let bias: Vec<f32> = (0..n.div_ceil(LANES) * LANES)
+            .map(|o| bias.and_then(|b| b.get(o)).map_or(0.0, |&v| flush(v)))
+            .collect();
+        for (p, panel) in self.data.chunks_exact(kp * LANES.max(1)).enumerate() {
+            let b = &bias[p * LANES..][..LANES];
+            let cols = LANES.min(n - p * LANES);
+            let mut r = 0;
+            while r < m {
+                let rows = ROWS.min(m - r);
+                let mut acc = [[0f32; LANES]; ROWS];
+                acc.iter_mut().for_each(|a| a.copy_from_slice(b));
+                tile(
+                    path,
+                    panel,
+                    &x[r * kp..(r + rows) * kp],
+                    kp,
+                    &mut acc[..rows],
+                );
+                for (i, a) in acc[..rows].iter().enumerate() {
+                    y[(r + i) * n + p * LANES..][..cols].copy_from_slice(&a[..cols]);
+                }
+                r += rows;
+            }
+        }
+    }
+}
+
+/// A denormal as a zero of its sign (FTZ / DAZ).
+#[inline(always)]
+fn flush(v: f32) -> f32 {
+    match v.is_subnormal() {
+        true => 0f32.copysign(v),
+        false => v,
+    }
+}
+
+/// `acc[r] += x[r] . panel` for the tile's rows (`x`: rows of `kp` pairs).
+fn tile(path: Path, panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul_on` checked the CPU runs the path.
+        Path::Native => unsafe { tile_native(panel, x, kp, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Path::Avx2 => unsafe { tile_avx2(panel, x, kp, acc) },
+        _ => tile_portable(panel, x, kp, acc),
+    }
+}
+
+fn tile_portable(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+    for (r, a) in acc.iter_mut().enumerate() {
+        for (i, w) in panel.chunks_exact(LANES).enumerate().take(kp) {
+            let xp = x[r * kp + i];
+            let (xe, xo) = (widen(xp as u16), widen((xp >> 16) as u16));
+            for (s, &wp) in a.iter_mut().zip(w) {
+                let (we, wo) = (widen(wp as u16), widen((wp >> 16) as u16));
+                *s = flush(xo.mul_add(wo, *s));
+                *s = flush(xe.mul_add(we, *s));
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn tile_native(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+    use std::arch::x86_64::*;
+    let rows = acc.len();
+    let mut s = [_mm512_setzero_ps(); ROWS];
+    for (r, a) in acc.iter().enumerate() {
+        s[r] = _mm512_loadu_ps(a.as_ptr());
+    }
+    for i in 0..kp {
+        let w: __m512bh =
+            std::mem::transmute(_mm512_loadu_si512(panel.as_ptr().add(i * LANES).cast()));
+        for r in 0..rows {
+            let xp: __m512bh = std::mem::transmute(_mm512_set1_epi32(x[r * kp + i] as i32));
+            s[r] = _mm512_dpbf16_ps(s[r], w, xp);
+        }
+    }
+    for (r, a) in acc.iter_mut().enumerate() {
+        _mm512_storeu_ps(a.as_mut_ptr(), s[r]);
+    }
+}
+
+/// Sets MXCSR's flush-to-zero and denormals-are-zero bits for its lifetime (this thread).
+#[cfg(target_arch = "x86_64")]
+struct FlushDenormals(u32);
+
+#[cfg(target_arch = "x86_64")]
+impl FlushDenormals {
+    fn set() -> Self {
+        let mut old = 0u32;
+        // SAFETY: reads and writes this thread's MXCSR; restored on drop.
+        unsafe {
+            std::arch::asm!("stmxcsr [{}]", in(reg) &mut old, options(nostack));
+            let new = old | 0x8040; // FTZ (bit 15), DAZ (bit 6)
+            std::arch::asm!("ldmxcsr [{}]", in(reg) &new, options(nostack));
+        }
+        Self(old)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for FlushDenormals {
+    fn drop(&mut self) {
+        // SAFETY: restores the MXCSR this thread had.
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &self.0, options(nostack)) };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+    use std::arch::x86_64::*;
+    let _flush = FlushDenormals::set();
+    let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
+    for (r, a) in acc.iter_mut().enumerate() {
+        let mut s = [
+            _mm256_loadu_ps(a.as_ptr()),
+            _mm256_loadu_ps(a.as_ptr().add(8)),
+        ];
+        for i in 0..kp {
+            let xp = x[r * kp + i];
+            let xo = _mm256_set1_ps(widen((xp >> 16) as u16));
+            let xe = _mm256_set1_ps(widen(xp as u16));
+            for (h, sh) in s.iter_mut().enumerate() {
+                let w = _mm256_loadu_si256(panel.as_ptr().add(i * LANES + 8 * h).cast());
+                let wo = _mm256_castsi256_ps(_mm256_and_si256(w, hi));
+                let we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+                *sh = _mm256_fmadd_ps(wo, xo, *sh);
+                *sh = _mm256_fmadd_ps(we, xe, *sh);
+            }
+        }
+        _mm256_storeu_ps(a.as_mut_ptr(), s[0]);
+        _mm256_storeu_ps(a.as_mut_ptr().add(8), s[1]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::test_input;
+    use half::bf16;
+    fn paths() -> Vec<Path> {
+        [Path::Native, Path::Avx2, Path::Portable]
+            .into_iter()
+            .filter(|p| p.available())
+            .collect()
+    }
+
+    fn product(
+        path: Path,
+        x: &[f32],
+        w: &[f32],
+        b: Option<&[f32]>,
+        (m, k, n): (usize, usize, usize),
+    ) -> Vec<f32> {
+        let packed = PairPacked::pack(w, n, k);
+        let mut xp = Vec::new();
+        round_pairs(x, m, k, &mut xp);
+        let mut y = vec![f32::NAN; m * n];
+        packed.matmul_on(path, &xp, m, b, &mut y);
+        y
+    }
+
+    /// Rounding to nearest even as `half` does, denormals flushed, NaN kept.
+    #[test]
+    fn rounding_is_to_nearest_even_with_denormals_flushed() {
+        for v in test_input(1, 1, 4096, 3).iter().map(|v| v * 1e3) {
+            assert_eq!(to_bf16(v), bf16::from_f32(v).to_bits(), "{v}");
+        }
+        assert_eq!(to_bf16(1e-40), 0);
+        assert_eq!(to_bf16(-1e-40), 0x8000);
+        assert!(widen(to_bf16(f32::NAN)).is_nan());
+        assert_eq!(to_bf16(f32::INFINITY), 0x7f80);
+    }
+
+    /// Every path this CPU runs gives the same bits, on every shape (odd k, n past a panel,
+    /// a partial row tile), with and without a bias; and each is within bf16's rounding of the
+    /// float64 product.
+    #[test]
+    fn every_path_gives_the_same_bits() {
+        assert!(paths().contains(&Path::Portable));
+        for (m, k, n) in [(1, 2, 1), (3, 7, 17), (5, 64, 33), (9, 513, 40), (4, 1, 16)] {
+            let (x, w) = (test_input(1, m, k, 11), test_input(1, n, k, 12));
+            let bias = test_input(1, 1, n, 13);
+            for b in [None, Some(&bias[..])] {
+                let want = product(Path::Portable, &x, &w, b, (m, k, n));
+                for path in paths() {
+                    let got = product(path, &x, &w, b, (m, k, n));
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{path:?} m {m} k {k} n {n}");
+                }
+                for (i, &y) in want.iter().enumerate() {
+                    let (r, o) = (i / n, i % n);
+                    let exact: f64 = (0..k)
+                        .map(|j| x[r * k + j] as f64 * w[o * k + j] as f64)
+                        .sum::<f64>()
+                        + b.map_or(0.0, |b| b[o] as f64);
+                    let tol = 2f64.powi(-7) * (k as f64).sqrt() + 1e-6;
+                    assert!(
+                        (y as f64 - exact).abs() <= tol,
+                        "m {m} k {k} n {n} ({r}, {o}): {y} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The order `vdpbf16ps` defines: the odd element's product first. With a sum of 1, terms
+    /// of 1.5 x 2^-24 (odd) and 2^-24 (even) give 1 + 2^-22; the other order gives 1 + 2^-23.
+    #[test]
+    fn the_odd_element_is_summed_first() {
+        let e = 2f32.powi(-24);
+        let (x, w) = ([1.0f32, 1.5], [e, e]);
+        for path in paths() {
+            let y = product(path, &x, &w, Some(&[1.0]), (1, 2, 1));
+            assert_eq!(y[0], 1.0 + 2f32.powi(-22), "{path:?}");
+        }
+    }
+
+    /// A sum that would be denormal is a zero (FTZ), on every path.
+    #[test]
+    fn denormal_sums_are_flushed() {
+        let t = 2f32.powi(-70);
+        for path in paths() {
+            let y = product(path, &[t, 0.0], &[t, 0.0], None, (1, 2, 1));
+            assert_eq!(y[0].to_bits(), 0, "{path:?}: {}", y[0]);
+            let y = product(path, &[-t, 0.0], &[t, 0.0], None, (1, 2, 1));
+            assert_eq!(y[0].to_bits(), 0x8000_0000, "{path:?}: {}", y[0]);
+        }
+    }
+
+    /// The native path is tested where the CPU has it (reported ignored elsewhere).
+    #[test]
+    #[cfg_attr(not(mimi_cpu_avx512bf16), ignore = "no AVX-512 BF16 on this CPU")]
+    fn the_native_path_runs_here() {
+        assert!(paths().contains(&Path::Native));
+    }
+}
