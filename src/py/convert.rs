@@ -147,8 +147,9 @@ fn collect_c_order<T: Copy, U>(
     Ok(out)
 }
 
-/// Reads a real floating array into a C-ordered `Vec<f32>`. With `finite`, NaN and Inf are
-/// refused (`InvalidInputError`).
+/// Reads a real floating array (any layout, float16 to float64) into a C-ordered `Vec<f32>`,
+/// refusing another dtype and a size past the limits. Finite values are the core's rule
+/// (`host::check_finite`, with the rows a call steps), not checked here.
 pub fn read_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
     check_float(a, what)?;
     let shape = shape_of(a);

@@ -106,9 +106,9 @@ class _Output:
 
 def read_codes(output_dir: str | os.PathLike[str], columns: list[str] | None = None) -> pa.Table:
     """All rows :func:`~mimi_py.data.tokenize` wrote to ``output_dir`` (its ``part-*.parquet``
-    files) as one pyarrow Table; ``columns`` selects columns. ``ray.data.read_parquet(output_dir)``
-    reads the same files; ``pyarrow.parquet.read_table(output_dir)`` would also try
-    ``.MANIFEST.json``."""
+    files) as one pyarrow Table; ``columns`` selects columns. ``ray.data.read_parquet(output_dir)``,
+    ``pyarrow.parquet.read_table(output_dir)``, pandas and HF ``datasets`` read the same files
+    (they skip the hidden ``.MANIFEST.json``: :data:`~mimi_py.data.common.MANIFEST_NAME`)."""
     return _Output(output_dir).read(columns)
 
 

@@ -1,6 +1,6 @@
 //! Per-layer timing of the native convolution engine on the shapes of Mimi's SEANet, one
-//! second of audio per layer: the numbers behind the kernel choices in `src/core/conv.rs` and
-//! `src/core/direct.rs` (benches/README.md → Profile).
+//! second of audio per layer: the numbers behind the kernel choices in `conv/conv1d.rs` and
+//! `kernels/direct.rs` (benches/README.md → Profile).
 //!
 //! `RAYON_NUM_THREADS=1 cargo run --release -p mimi-core --bin mimi_kernel_bench -- [repeats]`
 //! prints one JSON line per layer: the best time of `repeats` (default 20) streaming calls on
