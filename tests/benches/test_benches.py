@@ -16,7 +16,7 @@ RUN = REPO / "benches" / "run.py"
 GPU = REPO / "benches" / "gpu.py"
 
 
-def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int) -> None:
+def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int, env: dict | None = None) -> None:
     """Runs a bench script from the repository root, its weights cached under ``tmp_path``."""
     proc = subprocess.run(
         [sys.executable, str(script), *args],
@@ -24,7 +24,7 @@ def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int) -> N
         text=True,
         timeout=timeout,
         cwd=str(REPO),
-        env={**os.environ, "MIMI_BENCH_CACHE": str(tmp_path / "cache")},
+        env={**os.environ, "MIMI_BENCH_CACHE": str(tmp_path / "cache"), **(env or {})},
     )
     assert proc.returncode == 0, f"{script.name} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
 
@@ -320,7 +320,10 @@ def test_gpu_bench_steady_held_census_variants_dry_run_cpu(tmp_path):
     args = ["--device", "cpu", "--tiny", "--codec", "small", "--engines", "mimi_py,moshi"]
     args += ["--sections", "steady,held,census", "--dtypes", "float32", "--rounds", "2"]
     args += ["--variant", "base:", "--variant", "parked:MIMI_PY_SPIN=0,MIMI_PY_HEAP_KEEP_MB=0"]
-    run_script(GPU, [*args, "--budget", "200", "--out", str(tmp_path)], tmp_path, timeout=120)
+    # The commit: git's where the tree is a checkout, else $MIMI_BENCH_COMMIT (CI's copy and the
+    # device's have no .git).
+    commit = {"MIMI_BENCH_COMMIT": "0123abc-test"}
+    run_script(GPU, [*args, "--budget", "200", "--out", str(tmp_path)], tmp_path, timeout=120, env=commit)
     res = json.loads((tmp_path / "gpu_results.json").read_text())
     a = res["args"]
     assert [(r["engine"], r["variant"], r["round"]) for r in res["runs"]] == [
@@ -351,6 +354,10 @@ def test_gpu_bench_steady_held_census_variants_dry_run_cpu(tmp_path):
     b1 = [t for t in res["targets"] if t["target"].startswith("streaming B = 1")]
     assert [t["variant"] for t in b1] == ["base", "parked"] and all(t["mimi_py"] > 0 for t in b1)
     assert all(t["moshi"] is None and t["met"] is None for t in res["targets"])  # moshi did not run
+    in_git = (
+        subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode == 0
+    )
+    assert in_git or res["machine"]["commit"] == "0123abc-test", res["machine"]["commit"]
     assert res["machine"]["commit"] and res["duration_s"] <= 200
     md = (tmp_path / "gpu_results.md").read_text()
     for heading in ("## Targets", "## Steady state", "## Streams held", "## Kernel census", "## Variants"):
