@@ -1,6 +1,8 @@
-//! The process-wide switches, declared once: every environment variable mimi_py reads is in
-//! [`TABLE`], and this is the only module that reads one (`mimi_py.settings()` in Python shows
-//! the effective values; docs/settings.md's table is checked against [`TABLE`]).
+//! The process-wide switches, declared once: each is one entry of `switches!` below (its field
+//! of [`Settings`], its row of [`TABLE`], how it is read and shown). Every environment variable
+//! mimi_py reads is in [`TABLE`], and this is the only module that reads one
+//! (`mimi_py.settings()` in Python shows the effective values; docs/settings.md's table is
+//! checked against [`TABLE`]).
 //!
 //! Each value is read once, on first use, so a switch must be set before the first call that
 //! needs it (in practice: before the process starts, or before `import mimi_py`).
@@ -18,101 +20,89 @@ pub struct Setting {
     pub doc: &'static str,
 }
 
-/// Every switch, in the order docs/settings.md lists them.
-pub const TABLE: &[Setting] = &[
-    Setting {
-        name: "RAYON_NUM_THREADS",
-        default: "the available cores",
-        doc: "threads of the compute pool (read once, by rayon, when the pool starts)",
-    },
-    Setting {
-        name: "MIMI_PY_SPIN",
-        default: "1",
-        doc: "1: the pool's other workers spin for the length of a call (fewer context \
-              switches); 0: they park between parallel loops (same results)",
-    },
-    Setting {
-        name: "MIMI_PY_DIRECT_CONV",
-        default: "1",
-        doc: "1: stride-1 convolutions use the AVX-512 direct kernel where the CPU has it; \
-              0: always gemm (same codes within float rounding; for comparing the two)",
-    },
-    Setting {
-        name: "MIMI_PY_ISA",
-        default: "auto",
-        doc: "the most the CPU kernels use: auto (what the CPU has), avx512bf16, avx512, avx2 \
-              or portable; a value above the CPU's runs the CPU's best, anything else is auto. \
-              For tests and comparisons (gemm, in the convolutions, picks its own)",
-    },
-    Setting {
-        name: "MIMI_PY_FIXED_STEP",
-        default: "1",
-        doc: "1: streaming steps of up to 4 tokens on the candle path (GPUs, half precision, \
-              gated feed-forward) run in fixed shapes over rings of context + 3 slots (rounded up to 16), written \
-              in place; 0: the earlier paths over rings of context slots (same results within \
-              rounding; for comparing the two)",
-    },
-    Setting {
-        name: "MIMI_PY_HEAP_KEEP_MB",
-        default: "256",
-        doc: "working memory an offline call may leave to the next one (MB); a call that grew \
-              the process by more gives its free memory back to the OS; 0: always give back",
-    },
-    Setting {
-        name: "MIMI_PY_CUDA_TF32",
-        default: "0",
-        doc: "1: float32 matrix products on CUDA may use TF32 (faster on Ampere and later, \
-              about 10 significant bits, flips some codes); 0: full float32 (read when a CUDA \
-              device is opened)",
-    },
-    Setting {
-        name: "MIMI_PY_CUDA_POOL_KEEP_MB",
-        default: "all",
-        doc: "memory the CUDA pool keeps when a call synchronizes (MB), for the next call to \
-              reuse; 0: hand it all back to the driver each time, CUDA's own default (read \
-              when a CUDA device is opened)",
-    },
-    Setting {
-        name: "MIMI_PY_CUDA_EVENTS",
-        default: "1",
-        doc: "0: no CUDA event per allocation (cross-stream tracking, which no call needs: \
-              each runs on its thread's stream and waits for it); 1: candle's default (read \
-              when a CUDA device is opened)",
-    },
-    Setting {
-        name: "MIMI_PY_NO_CUDA_PRELOAD",
-        default: "0",
-        doc: "1: a CUDA build does not preload pip's nvidia-* libraries at import \
-              (read by mimi_py/_cuda.py, before the extension loads)",
-    },
-];
+/// Declares every switch once: its field of [`Settings`], its row of [`TABLE`], how it is read
+/// from the environment and how its effective value is shown (`mimi_py.settings()`).
+macro_rules! switches {
+    ($( $(#[$attr:meta])* $field:ident: $ty:ty = $name:literal, default $default:literal,
+        read $read:expr, show $show:expr, doc $doc:expr; )*) => {
+        /// Every switch, in the order docs/settings.md lists them.
+        pub const TABLE: &[Setting] = &[$(Setting { name: $name, default: $default, doc: $doc }),*];
 
-/// The effective values of the switches the core reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    /// Threads of the compute pool.
-    pub threads: usize,
-    /// `MIMI_PY_SPIN`.
-    pub spin: bool,
-    /// `MIMI_PY_DIRECT_CONV`.
-    pub direct_conv: bool,
-    /// `MIMI_PY_ISA`, lower case, trimmed (`kernels::cpu` reads it).
-    pub isa: String,
-    /// `MIMI_PY_FIXED_STEP`.
-    pub fixed_step: bool,
-    /// `MIMI_PY_HEAP_KEEP_MB`.
-    pub heap_keep_mb: u64,
-    /// `MIMI_PY_CUDA_TF32`.
-    pub cuda_tf32: bool,
-    /// `MIMI_PY_CUDA_POOL_KEEP_MB` (`None`: all).
-    pub cuda_pool_keep_mb: Option<u64>,
-    /// `MIMI_PY_CUDA_EVENTS`.
-    pub cuda_events: bool,
-    /// `MIMI_PY_NO_CUDA_PRELOAD`.
-    pub no_cuda_preload: bool,
+        /// The effective values of the switches the core reads.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct Settings {
+            $( $(#[$attr])* pub $field: $ty, )*
+        }
+
+        impl Settings {
+            /// Reads the environment now (tests and [`get`]).
+            pub fn from_env() -> Self {
+                Settings { $( $field: ($read)($name), )* }
+            }
+
+            /// `(name, effective value)` for every row of [`TABLE`], in its order.
+            pub fn entries(&self) -> Vec<(&'static str, String)> {
+                vec![$( ($name, ($show)(&self.$field)) ),*]
+            }
+        }
+    };
 }
 
-/// A switch that is on unless set to `0` (`off_by_default`: off unless set to non-`0`).
+switches! {
+    /// Threads of the compute pool.
+    threads: usize = "RAYON_NUM_THREADS", default "the available cores",
+        read |_: &str| rayon::current_num_threads(), show |v: &usize| v.to_string(),
+        doc "threads of the compute pool (read once, by rayon, when the pool starts)";
+    /// Whether the pool's workers spin for the length of a call.
+    spin: bool = "MIMI_PY_SPIN", default "1", read |n| flag(n, true), show on,
+        doc "1: the pool's other workers spin for the length of a call (fewer context \
+             switches); 0: they park between parallel loops (same results)";
+    /// Whether stride-1 convolutions may use the AVX-512 direct kernel.
+    direct_conv: bool = "MIMI_PY_DIRECT_CONV", default "1", read |n| flag(n, true), show on,
+        doc "1: stride-1 convolutions use the AVX-512 direct kernel where the CPU has it; \
+             0: always gemm (same codes within float rounding; for comparing the two)";
+    /// The most the CPU kernels use, lower case (`kernels::cpu` reads it).
+    isa: String = "MIMI_PY_ISA", default "auto", read |n| word(n, "auto"),
+        show |v: &String| v.clone(),
+        doc "the most the CPU kernels use: auto (what the CPU has), avx512bf16, avx512, avx2 \
+             or portable; a value above the CPU's runs the CPU's best, anything else is auto. \
+             For tests and comparisons (gemm, in the convolutions, picks its own)";
+    /// Whether the candle path steps in fixed shapes (`transformer::fixed`).
+    fixed_step: bool = "MIMI_PY_FIXED_STEP", default "1", read |n| flag(n, true), show on,
+        doc "1: streaming steps of up to 4 tokens on the candle path (GPUs, half precision, \
+             gated feed-forward) run in fixed shapes over rings of context + 3 slots (rounded \
+             up to 16), written in place; 0: the earlier paths over rings of context slots \
+             (same results within rounding; for comparing the two)";
+    /// Working memory an offline call may keep (MB).
+    heap_keep_mb: u64 = "MIMI_PY_HEAP_KEEP_MB", default "256", read |n| number(n, 256),
+        show |v: &u64| v.to_string(),
+        doc "working memory an offline call may leave to the next one (MB); a call that grew \
+             the process by more gives its free memory back to the OS; 0: always give back";
+    /// Whether float32 products on CUDA may use TF32.
+    cuda_tf32: bool = "MIMI_PY_CUDA_TF32", default "0", read |n| flag(n, false), show on,
+        doc "1: float32 matrix products on CUDA may use TF32 (faster on Ampere and later, \
+             about 10 significant bits, flips some codes); 0: full float32 (read when a CUDA \
+             device is opened)";
+    /// What the CUDA memory pool keeps when a call synchronizes (MB; `None`: all).
+    cuda_pool_keep_mb: Option<u64> = "MIMI_PY_CUDA_POOL_KEEP_MB", default "all",
+        read |n| std::env::var(n).ok().and_then(|v| v.trim().parse::<u64>().ok()),
+        show |v: &Option<u64>| v.map_or("all".into(), |mb| mb.to_string()),
+        doc "memory the CUDA pool keeps when a call synchronizes (MB), for the next call to \
+             reuse; 0: hand it all back to the driver each time, CUDA's own default (read \
+             when a CUDA device is opened)";
+    /// Whether CUDA allocations record events for cross-stream use.
+    cuda_events: bool = "MIMI_PY_CUDA_EVENTS", default "1", read |n| flag(n, true), show on,
+        doc "0: no CUDA event per allocation (cross-stream tracking, which no call needs: \
+             each runs on its thread's stream and waits for it); 1: candle's default (read \
+             when a CUDA device is opened)";
+    /// Whether `mimi_py/_cuda.py` skips preloading pip's nvidia-* libraries.
+    no_cuda_preload: bool = "MIMI_PY_NO_CUDA_PRELOAD", default "0", read |n| flag(n, false),
+        show on,
+        doc "1: a CUDA build does not preload pip's nvidia-* libraries at import \
+             (read by mimi_py/_cuda.py, before the extension loads)";
+}
+
+/// A switch that is on unless set to `0` (`on_by_default` false: off unless set to non-`0`).
 fn flag(name: &str, on_by_default: bool) -> bool {
     match std::env::var_os(name) {
         None => on_by_default,
@@ -128,53 +118,18 @@ fn number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-impl Settings {
-    /// Reads the environment now (tests and [`get`]).
-    pub fn from_env() -> Self {
-        Settings {
-            threads: rayon::current_num_threads(),
-            spin: flag("MIMI_PY_SPIN", true),
-            direct_conv: flag("MIMI_PY_DIRECT_CONV", true),
-            isa: std::env::var("MIMI_PY_ISA")
-                .map(|v| v.trim().to_ascii_lowercase())
-                .ok()
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "auto".into()),
-            fixed_step: flag("MIMI_PY_FIXED_STEP", true),
-            heap_keep_mb: number("MIMI_PY_HEAP_KEEP_MB", 256),
-            cuda_tf32: flag("MIMI_PY_CUDA_TF32", false),
-            cuda_pool_keep_mb: std::env::var("MIMI_PY_CUDA_POOL_KEEP_MB")
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok()),
-            cuda_events: flag("MIMI_PY_CUDA_EVENTS", true),
-            no_cuda_preload: flag("MIMI_PY_NO_CUDA_PRELOAD", false),
-        }
-    }
+/// A word, trimmed and in lower case (`default` when unset or empty).
+fn word(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .map(|v| v.trim().to_ascii_lowercase())
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.into())
+}
 
-    /// `(name, effective value)` for every row of [`TABLE`], in its order.
-    pub fn entries(&self) -> Vec<(&'static str, String)> {
-        TABLE
-            .iter()
-            .map(|s| {
-                let v = match s.name {
-                    "RAYON_NUM_THREADS" => self.threads.to_string(),
-                    "MIMI_PY_SPIN" => u8::from(self.spin).to_string(),
-                    "MIMI_PY_DIRECT_CONV" => u8::from(self.direct_conv).to_string(),
-                    "MIMI_PY_ISA" => self.isa.clone(),
-                    "MIMI_PY_FIXED_STEP" => u8::from(self.fixed_step).to_string(),
-                    "MIMI_PY_HEAP_KEEP_MB" => self.heap_keep_mb.to_string(),
-                    "MIMI_PY_CUDA_TF32" => u8::from(self.cuda_tf32).to_string(),
-                    "MIMI_PY_CUDA_POOL_KEEP_MB" => match self.cuda_pool_keep_mb {
-                        Some(mb) => mb.to_string(),
-                        None => "all".into(),
-                    },
-                    "MIMI_PY_CUDA_EVENTS" => u8::from(self.cuda_events).to_string(),
-                    _ => u8::from(self.no_cuda_preload).to_string(),
-                };
-                (s.name, v)
-            })
-            .collect()
-    }
+/// A flag's effective value as shown: `1` or `0`.
+fn on(v: &bool) -> String {
+    u8::from(*v).to_string()
 }
 
 /// The settings of this process, read once.
