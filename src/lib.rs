@@ -41,6 +41,22 @@ mod _core {
             .collect()
     }
 
+    /// Sets the precision models built from now on take when they are given none
+    /// (`"highest"`, `"high"` or `"medium"`; PyTorch's name for its own). Models already
+    /// built keep theirs; models off the native CPU engine are always `"highest"`.
+    #[pyfunction]
+    fn set_float32_matmul_precision(precision: &str) -> PyResult<()> {
+        use mimi_core::runtime::precision;
+        precision::set_default(precision::Precision::parse(precision)?);
+        Ok(())
+    }
+
+    /// The precision models built from now on take when they are given none.
+    #[pyfunction]
+    fn get_float32_matmul_precision() -> &'static str {
+        mimi_core::runtime::precision::default().name()
+    }
+
     /// The settings table: `(name, default, what it does)` for every switch.
     #[pyfunction]
     fn _settings_table() -> Vec<(&'static str, &'static str, &'static str)> {

@@ -15,6 +15,8 @@ from ._core import (
     __version__,
     candle_version,
     features,
+    get_float32_matmul_precision,
+    set_float32_matmul_precision,
     settings,
 )
 from .errors import (
@@ -54,5 +56,7 @@ __all__ = [
     "__version__",
     "candle_version",
     "features",
+    "get_float32_matmul_precision",
+    "set_float32_matmul_precision",
     "settings",
 ]

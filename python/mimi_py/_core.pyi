@@ -22,6 +22,8 @@ __all__ = [
     "_settings_table",
     "candle_version",
     "features",
+    "get_float32_matmul_precision",
+    "set_float32_matmul_precision",
     "settings",
 ]
 __version__: str
@@ -30,6 +32,8 @@ features: frozenset[str]
 """Optional backends compiled into this build: a subset of {"cuda", "metal", "mkl", "accelerate"}."""
 
 PositionalEmbedding = Literal["rope", "sin", "none"]
+Precision = Literal["highest", "high", "medium"]
+KernelIsa = Literal["avx512bf16", "avx512", "avx2", "portable"]
 NormName = Literal["layer_norm", "rms_norm"]
 Gating = Literal["silu", "gelu", "gelu_pytorch_tanh", "relu", "sigmoid", "swish"]
 
@@ -128,7 +132,8 @@ class StreamingTransformer:
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         prefix: str = "",
         qk_layout: Literal["interleaved", "hf"] = "interleaved",
-        weights_dtype: Literal["float32", "bfloat16"] = "float32",
+        precision: Precision | None = None,  # None: get_float32_matmul_precision()
+        weights_dtype: Literal["float32", "bfloat16"] | None = None,  # "bfloat16": precision "high"
     ) -> StreamingTransformer: ...
     def forward(self, x: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """(batch, time, d_model) -> (batch, time, d_model) float32, continuing the stream."""
@@ -161,7 +166,13 @@ class StreamingTransformer:
     def dtype(self) -> str: ...
     @property
     def weights_dtype(self) -> Literal["float32", "bfloat16"]:
-        """How the weight matrices are stored (the native CPU engine computes in float32)."""
+        """How the weight matrices are stored ("bfloat16" at precision "high" and "medium")."""
+    @property
+    def precision(self) -> Precision:
+        """How the products compute (docs/precision.md)."""
+    @property
+    def kernel_isa(self) -> KernelIsa | None:
+        """The instruction set the products run with; None off the native CPU engine."""
     @property
     def weights_nbytes(self) -> int:
         """Bytes of the weights one step reads, as stored."""
@@ -242,7 +253,8 @@ class MimiCodec:
         seed: int | None = None,  # None means 0
         device: str = "cpu",
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
-        weights_dtype: Literal["float32", "bfloat16"] = "float32",
+        precision: Precision | None = None,  # None: get_float32_matmul_precision()
+        weights_dtype: Literal["float32", "bfloat16"] | None = None,  # "bfloat16": precision "high"
     ) -> MimiCodec: ...
     @classmethod
     def from_pretrained(
@@ -255,7 +267,8 @@ class MimiCodec:
         device: str = "cpu",
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         cache_dir: str | os.PathLike[str] | None = None,
-        weights_dtype: Literal["float32", "bfloat16"] = "float32",
+        precision: Precision | None = None,
+        weights_dtype: Literal["float32", "bfloat16"] | None = None,
     ) -> MimiCodec:
         """A codec with weights from the Hugging Face Hub or its cache (``mimi_py.hub.from_pretrained``).
 
@@ -323,7 +336,13 @@ class MimiCodec:
     def dtype(self) -> str: ...
     @property
     def weights_dtype(self) -> Literal["float32", "bfloat16"]:
-        """How the weight matrices are stored (the native CPU engine computes in float32)."""
+        """How the weight matrices are stored ("bfloat16" at precision "high" and "medium")."""
+    @property
+    def precision(self) -> Precision:
+        """How the products compute (docs/precision.md)."""
+    @property
+    def kernel_isa(self) -> KernelIsa | None:
+        """The instruction set the products run with; None off the native CPU engine."""
     @property
     def weights_nbytes(self) -> int:
         """Bytes of the weights one frame (an encode and a decode step) reads, as stored."""
@@ -341,6 +360,15 @@ def settings() -> dict[str, str]:
 
     Each switch is read once, on first use: set it before the process starts.
     """
+
+def set_float32_matmul_precision(precision: Precision) -> None:
+    """The precision models built from now on take when given none (PyTorch's name).
+
+    Models already built keep theirs; models off the native CPU engine stay "highest".
+    """
+
+def get_float32_matmul_precision() -> Precision:
+    """The precision models built from now on take when given none ("highest" until set)."""
 
 def _settings_table() -> list[tuple[str, str, str]]:
     """The settings table: (name, default, what it does) for every switch."""

@@ -184,7 +184,8 @@ def from_pretrained(
     device: str = "cpu",
     dtype: Literal["float32", "float16", "bfloat16"] = "float32",
     cache_dir: str | os.PathLike[str] | None = None,
-    weights_dtype: Literal["float32", "bfloat16"] = "float32",
+    precision: Literal["highest", "high", "medium"] | None = None,
+    weights_dtype: Literal["float32", "bfloat16"] | None = None,
 ) -> MimiCodec:
     """A :class:`~mimi_py.MimiCodec` with weights from the Hugging Face Hub (or its cache).
 
@@ -197,15 +198,13 @@ def from_pretrained(
     :class:`~mimi_py.MimiCodec`'s. Raises :class:`~mimi_py.WeightsError` when ``huggingface_hub``
     is missing or the files can be neither downloaded nor found in the cache.
     """
+    args = {"num_codebooks": num_codebooks, "device": device, "dtype": dtype}
+    args |= {"precision": precision, "weights_dtype": weights_dtype}
     if filename is not None:
         path = _snapshot(repo_id, [filename], revision, cache_dir) / filename
-        return MimiCodec(
-            path, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype
-        )
+        return MimiCodec(path, **args)
     folder = _snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
-    return MimiCodec(
-        folder, num_codebooks=num_codebooks, device=device, dtype=dtype, weights_dtype=weights_dtype
-    )
+    return MimiCodec(folder, **args)
 
 
 def load_codec(
@@ -214,7 +213,8 @@ def load_codec(
     num_codebooks: int | None = None,
     device: str = "cpu",
     dtype: Literal["float32", "float16", "bfloat16"] = "float32",
-    weights_dtype: Literal["float32", "bfloat16"] = "float32",
+    precision: Literal["highest", "high", "medium"] | None = None,
+    weights_dtype: Literal["float32", "bfloat16"] | None = None,
     seed: int = 0,
 ) -> MimiCodec:
     """A codec from a ``--weights`` value: ``hf:REPO_ID[@REVISION][:FILENAME]``, a local path
@@ -229,6 +229,7 @@ def load_codec(
             num_codebooks=num_codebooks,
             device=device,
             dtype=dtype,
+            precision=precision,
             weights_dtype=weights_dtype,
         )
     return MimiCodec(
@@ -237,5 +238,6 @@ def load_codec(
         seed=seed,
         device=device,
         dtype=dtype,
+        precision=precision,
         weights_dtype=weights_dtype,
     )

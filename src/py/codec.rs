@@ -10,7 +10,8 @@ use mimi_core::codec::host_calls::check_copied_batch;
 use mimi_core::codec::inputs::code_value;
 use mimi_core::codec::{Codec, DecodeStream, EncodeStep, EncodeStream, OpenOptions, Rows};
 use mimi_core::error::{Error, Result};
-use mimi_core::runtime::device::{self, WeightsDType};
+use mimi_core::runtime::device;
+use mimi_core::runtime::precision::Precision;
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
@@ -202,7 +203,7 @@ impl PyMimiCodec {
 #[pymethods]
 impl PyMimiCodec {
     #[new]
-    #[pyo3(signature = (weights=None, *, config=None, num_codebooks=None, seed=None, device="cpu", dtype="float32", weights_dtype="float32"))]
+    #[pyo3(signature = (weights=None, *, config=None, num_codebooks=None, seed=None, device="cpu", dtype="float32", precision=None, weights_dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -212,10 +213,10 @@ impl PyMimiCodec {
         seed: Option<&Bound<'_, PyAny>>,
         device: &str,
         dtype: &str,
-        weights_dtype: &str,
+        precision: Option<String>,
+        weights_dtype: Option<String>,
     ) -> PyResult<Self> {
         let (dtype, _) = device::parse_dtype(dtype)?;
-        let weights_dtype = WeightsDType::parse(weights_dtype)?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let num_codebooks = pyconfig::codebooks(num_codebooks)?;
         let cfg = pyconfig::codec_config(config)?;
@@ -223,10 +224,13 @@ impl PyMimiCodec {
         let arg = crate::py::weights::read(weights, seed.unwrap_or(0), "", expected)?;
         let device_spec = device.to_string();
         let codec = guard::detached(py, move |_| {
+            let device = device::parse_device(&device_spec)?.0;
+            let (p, w) = (precision.as_deref(), weights_dtype.as_deref());
+            let precision = Precision::from_args(p, w, &device, dtype)?;
             let options = OpenOptions {
-                device: device::parse_device(&device_spec)?.0,
+                device,
                 dtype,
-                weights_dtype,
+                precision,
                 num_codebooks,
                 engine: None,
                 config: cfg,
@@ -537,7 +541,21 @@ impl PyMimiCodec {
     /// How the weight matrices are stored: "float32" or "bfloat16".
     #[getter]
     fn weights_dtype(&self) -> &'static str {
-        self.codec.weights_dtype().name()
+        self.codec.precision().weights_dtype()
+    }
+
+    /// How the products compute: "highest", "high" or "medium".
+    #[getter]
+    fn precision(&self) -> &'static str {
+        self.codec.precision().name()
+    }
+
+    /// The instruction set the products run with ("avx512bf16", "avx512", "avx2",
+    /// "portable"); `None` off the CPU.
+    #[getter]
+    fn kernel_isa(&self) -> Option<&'static str> {
+        let c = &self.codec;
+        c.precision().kernel_isa(c.device(), c.dtype())
     }
 
     /// Bytes of the weights one frame (an encode and a decode step) reads, as stored: both

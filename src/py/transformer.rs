@@ -13,6 +13,7 @@ use crate::py::weights::WeightsArg;
 use mimi_core::config::TransformerConfig;
 use mimi_core::error::{Error, Result};
 use mimi_core::runtime::device;
+use mimi_core::runtime::precision::Precision;
 use mimi_core::transformer::{State, Transformer};
 use mimi_core::weights::{LoadSpec, QkLayout, TensorSource};
 use pyo3::exceptions::PyTypeError;
@@ -111,7 +112,7 @@ impl PyStreamingTransformer {
 #[pymethods]
 impl PyStreamingTransformer {
     #[new]
-    #[pyo3(signature = (config=None, weights=None, *, seed=None, device="cpu", dtype="float32", prefix="", qk_layout="interleaved", weights_dtype="float32"))]
+    #[pyo3(signature = (config=None, weights=None, *, seed=None, device="cpu", dtype="float32", prefix="", qk_layout="interleaved", precision=None, weights_dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn py_new(
         py: Python<'_>,
@@ -122,19 +123,20 @@ impl PyStreamingTransformer {
         dtype: &str,
         prefix: &str,
         qk_layout: &str,
-        weights_dtype: &str,
+        precision: Option<String>,
+        weights_dtype: Option<String>,
     ) -> PyResult<Self> {
         let config = pyconfig::transformer_config(config)?;
         let seed = seed.map(|s| pyconfig::arg::<u64>("seed", s)).transpose()?;
         let layout = QkLayout::parse(qk_layout)?;
         let (dtype, dtype_name) = device::parse_dtype(dtype)?;
-        let weights_dtype = device::WeightsDType::parse(weights_dtype)?;
         let expected = "a path to a .safetensors file";
         let source = crate::py::weights::read(weights, seed.unwrap_or(0), prefix, expected)?;
         let (device_spec, prefix, cfg) = (device.to_string(), prefix.to_string(), config.clone());
         let (model, device_name) = guard::detached(py, move |_| {
             let (dev, device_name) = device::parse_device(&device_spec)?;
-            weights_dtype.check_engine(&dev, dtype)?;
+            let (p, w) = (precision.as_deref(), weights_dtype.as_deref());
+            let precision = Precision::from_args(p, w, &dev, dtype)?;
             let src = match source {
                 WeightsArg::Seed(seed) => TensorSource::seeded(seed, cfg.layer_scale),
                 WeightsArg::Path(path) => TensorSource::file(&path)?,
@@ -145,7 +147,7 @@ impl PyStreamingTransformer {
                 layout,
                 device: &dev,
                 dtype,
-                weights_dtype,
+                precision,
             };
             let model = Transformer::load(&cfg, &src, &spec)?;
             Ok((model, device_name))
@@ -308,7 +310,20 @@ impl PyStreamingTransformer {
     /// How the linear layers' weights are stored: "float32" or "bfloat16".
     #[getter]
     fn weights_dtype(&self) -> &'static str {
-        self.model.weights_dtype().name()
+        self.model.precision().weights_dtype()
+    }
+
+    /// How the linear layers compute: "highest", "high" or "medium".
+    #[getter]
+    fn precision(&self) -> &'static str {
+        self.model.precision().name()
+    }
+
+    /// The instruction set the products run with; `None` off the native CPU path.
+    #[getter]
+    fn kernel_isa(&self) -> Option<&'static str> {
+        let m = &self.model;
+        m.precision().kernel_isa(m.device(), m.dtype())
     }
 
     /// Bytes of the weights one step reads, as stored.

@@ -11,7 +11,7 @@
 use crate::config::{Norm, TransformerConfig};
 use crate::error::{locked, Error, Result};
 use crate::host::HostArray;
-use crate::runtime::device::WeightsDType;
+use crate::runtime::precision::Precision;
 use candle::safetensors::MmapedSafetensors;
 use candle::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
@@ -476,9 +476,12 @@ pub struct LoadSpec<'a> {
     pub layout: QkLayout,
     pub device: &'a Device,
     pub dtype: DType,
-    /// How the matrices (rank-2 tensors: the linear layers) are stored; the rest (norms,
-    /// biases, scales) is in `dtype`. A tensor already stored so is not converted.
-    pub weights_dtype: WeightsDType,
+    /// How the matrices (rank-2 tensors: the linear layers) are stored (bf16 below
+    /// `"highest"`); the rest (norms, biases, scales) is in `dtype`. A tensor already stored
+    /// so is not converted. `"medium"` packs them in pairs once built ([`Transformer::load`]).
+    ///
+    /// [`Transformer::load`]: crate::transformer::Transformer::load
+    pub precision: Precision,
 }
 
 /// Reads every tensor a transformer with `cfg` reads from `src` under `prefix`, converts
@@ -494,7 +497,7 @@ pub fn load_transformer(
         layout,
         device,
         dtype,
-        weights_dtype,
+        precision,
     } = *spec;
     let mut out = BTreeMap::new();
     for (name, shape) in expected_tensors(cfg) {
@@ -505,9 +508,9 @@ pub fn load_transformer(
             QkLayout::Hf if is_qk(&name) => permute_rows(&t, cfg.head_dim())?,
             _ => t,
         };
-        let to = match weights_dtype {
-            WeightsDType::BF16 if shape.len() == 2 => DType::BF16,
-            _ => dtype,
+        let to = match precision.stores_bf16() && shape.len() == 2 {
+            true => DType::BF16,
+            false => dtype,
         };
         out.insert(name, t.to_dtype(to)?.to_device(device)?);
     }

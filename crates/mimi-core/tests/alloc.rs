@@ -3,7 +3,7 @@
 //! of this binary, so no other test allocates while it counts.)
 
 use mimi_core::candle::{DType, Device};
-use mimi_core::runtime::device::WeightsDType;
+use mimi_core::runtime::precision::Precision;
 use mimi_core::runtime::profile::CountingAlloc;
 use mimi_core::transformer::{State, Transformer};
 use mimi_core::weights::{load_transformer_only, LoadSpec, QkLayout};
@@ -28,7 +28,7 @@ fn model() -> Result<Transformer> {
         layout: QkLayout::Interleaved,
         device: &dev,
         dtype: DType::F32,
-        weights_dtype: WeightsDType::default(),
+        precision: Precision::default(),
     };
     let w = load_transformer_only(&cfg, &TensorSource::seeded(2, cfg.layer_scale), &spec)?;
     Transformer::new(&cfg, w, &dev, DType::F32)

@@ -52,7 +52,7 @@ fn main() -> mimi_core::Result<()> {
         layout: QkLayout::Interleaved,
         device: &dev,
         dtype: DType::F32,
-        weights_dtype: Default::default(),
+        precision: Default::default(),
     };
     let model =
         Transformer::load(&cfg, &seeded, &spec).map_err(|e| candle::Error::Msg(e.to_string()))?;

@@ -18,7 +18,7 @@
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use mimi_core::candle::{DType, Device};
-use mimi_core::runtime::device::WeightsDType;
+use mimi_core::runtime::precision::Precision;
 use mimi_core::runtime::profile::CountingAlloc;
 use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
 use std::cell::Cell;
@@ -122,10 +122,11 @@ fn main() -> Result<()> {
     let cfg = CodecConfig::mimi(8);
     let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
     let wd = match std::env::args().nth(2).as_deref() {
-        Some("bfloat16") => WeightsDType::BF16,
-        _ => WeightsDType::F32,
+        Some("bfloat16") => Precision::High,
+        Some("medium") => Precision::Medium,
+        _ => Precision::Highest,
     };
-    let codec = Codec::with_weights_dtype(&cfg, source, &Device::Cpu, DType::F32, wd)?;
+    let codec = Codec::with_precision(&cfg, source, &Device::Cpu, DType::F32, wd)?;
     for b in batches {
         let (enc, dec, gemm) = count_frame(&codec, b, sites)?;
         let other = (enc + dec).saturating_sub(gemm + RETURNED);

@@ -12,7 +12,7 @@
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
 use mimi_core::candle::{DType, Device, Tensor};
-use mimi_core::runtime::device::WeightsDType;
+use mimi_core::runtime::precision::Precision;
 use mimi_core::runtime::profile::{self, Entry};
 use mimi_core::{Codec, CodecConfig, Result, TensorSource};
 use std::time::Instant;
@@ -133,10 +133,10 @@ fn main() -> Result<()> {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     let frames: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
-    let wd = WeightsDType::parse(args.get(3).map_or("float32", String::as_str))?;
+    let wd = Precision::from_weights_dtype(args.get(3).map_or("float32", String::as_str))?;
     let cfg = CodecConfig::mimi(8);
     let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
-    let codec = Codec::with_weights_dtype(&cfg, source, &Device::Cpu, DType::F32, wd)?;
+    let codec = Codec::with_precision(&cfg, source, &Device::Cpu, DType::F32, wd)?;
     let mut seed = 1u64;
     for b in batches {
         let line = match b {

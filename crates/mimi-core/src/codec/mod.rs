@@ -40,7 +40,7 @@ use crate::error::{Cancel, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
 use crate::runtime::device::cast;
-use crate::runtime::device::WeightsDType;
+use crate::runtime::precision::{MediumLayers, Precision};
 use crate::transformer::{State, Transformer};
 use crate::weights::{self, QkLayout, TensorSource};
 use ::candle::{DType, Device, Tensor};
@@ -81,7 +81,7 @@ pub struct Codec {
     parts: Parts,
     engine: Arc<dyn Engine>,
     quantizer: Quantizer,
-    weights_dtype: WeightsDType,
+    precision: Precision,
     layout: Option<CheckpointLayout>,
 }
 
@@ -93,21 +93,21 @@ impl Codec {
         device: &Device,
         dtype: DType,
     ) -> Result<Self> {
-        Self::with_weights_dtype(cfg, source, device, dtype, WeightsDType::F32)
+        Self::with_precision(cfg, source, device, dtype, Precision::Highest)
     }
 
-    /// [`Codec::new`] with its weight matrices stored as `weights_dtype` says (bf16: the
-    /// native engine only, refused otherwise before anything is read).
-    pub fn with_weights_dtype(
+    /// [`Codec::new`] computing at `precision` (below `"highest"`: the native engine only,
+    /// refused otherwise before anything is read).
+    pub fn with_precision(
         cfg: &CodecConfig,
         source: TensorSource,
         device: &Device,
         dtype: DType,
-        weights_dtype: WeightsDType,
+        precision: Precision,
     ) -> Result<Self> {
-        weights_dtype.check_engine(device, dtype)?;
+        precision.check_engine(device, dtype)?;
         let engine = EngineKind::default_for(device, dtype);
-        Self::build(cfg, source, (device, dtype, weights_dtype), engine)
+        Self::build(cfg, source, (device, dtype, precision), engine)
     }
 
     /// Builds the codec on `engine` with f32 weights, reading every weight from `source`
@@ -121,13 +121,13 @@ impl Codec {
         dtype: DType,
         engine: EngineKind,
     ) -> Result<Self> {
-        Self::build(cfg, source, (device, dtype, WeightsDType::F32), engine)
+        Self::build(cfg, source, (device, dtype, Precision::Highest), engine)
     }
 
     fn build(
         cfg: &CodecConfig,
         source: TensorSource,
-        (device, dtype, weights_dtype): (&Device, DType, WeightsDType),
+        (device, dtype, precision): (&Device, DType, Precision),
         engine: EngineKind,
     ) -> Result<Self> {
         open::refuse_raw_file(&source)?;
@@ -136,10 +136,7 @@ impl Codec {
         let source = Arc::new(source);
         let vb = source.var_builder(dtype, device);
         let engine: Arc<dyn Engine> = match engine {
-            EngineKind::Native => {
-                let bf16 = weights_dtype == WeightsDType::BF16;
-                Arc::new(Native::load(cfg, &vb, bf16)?)
-            }
+            EngineKind::Native => Arc::new(Native::load(cfg, &vb, precision)?),
             EngineKind::Candle => Arc::new(Candle::load(cfg, &vb)?),
         };
         // The quantizer always computes in f32, whatever the codec's dtype: a code is an
@@ -147,21 +144,32 @@ impl Codec {
         // latents are cast to f32 on the way in (and back to `dtype` on the way out).
         let quantizer =
             Quantizer::load(cfg, &source.var_builder(DType::F32, device).pp("quantizer"))?;
+        // "medium" stores the transformers' matrices in bf16 only where it pairs them.
+        let pairs = precision == Precision::Medium && MediumLayers::from_settings().transformers;
         let spec = weights::LoadSpec {
             prefix: "",
             layout: QkLayout::Interleaved,
             device,
             dtype,
-            weights_dtype,
+            precision: match precision {
+                Precision::Medium if !pairs => Precision::Highest,
+                p => p,
+            },
         };
         let [enc_w, dec_w] = Self::transformer_weights(cfg, &source, &spec)?;
         Self::report_unread(cfg, &source);
         source.finish()?;
+        let mut enc_tr = Transformer::new(&cfg.transformer, enc_w, device, dtype)?;
+        let mut dec_tr = Transformer::new(&cfg.transformer, dec_w, device, dtype)?;
+        if pairs {
+            enc_tr.pair_pack();
+            dec_tr.pair_pack();
+        }
         let parts = Parts {
             cfg: cfg.clone(),
             offline: Offline::default(),
-            enc_tr: Transformer::new(&cfg.transformer, enc_w, device, dtype)?,
-            dec_tr: Transformer::new(&cfg.transformer, dec_w, device, dtype)?,
+            enc_tr,
+            dec_tr,
             device: device.clone(),
             dtype,
         };
@@ -174,7 +182,7 @@ impl Codec {
             parts,
             engine,
             quantizer,
-            weights_dtype,
+            precision,
             layout: None,
         })
     }
@@ -230,9 +238,9 @@ impl Codec {
         &self.parts.cfg
     }
 
-    /// How the weight matrices are stored.
-    pub fn weights_dtype(&self) -> WeightsDType {
-        self.weights_dtype
+    /// How its products compute and its weight matrices are stored.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Bytes of the weights one frame (an encode and a decode step) reads, as stored: both

@@ -15,6 +15,7 @@ use crate::config::{CodecConfig, PadMode};
 use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
 use crate::error::{locked, Cancel, Error, Result};
 use crate::rows::{RowList, Rows};
+use crate::runtime::precision::{MediumLayers, Precision};
 use crate::seanet;
 use candle::Tensor;
 use candle_nn::VarBuilder;
@@ -34,9 +35,11 @@ pub(crate) struct Native {
 }
 
 impl Native {
-    /// The SEANets and the down/upsampling, from `vb` (f32); with `bf16`, the large layers
-    /// then converted to bf16, one at a time.
-    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder, bf16: bool) -> Result<Self> {
+    /// The SEANets and the down/upsampling, from `vb` (f32); at `precision="high"`, the
+    /// large layers then converted to bf16, one at a time; at `"medium"`, the groups of
+    /// `MIMI_PY_MEDIUM_LAYERS` in bf16 pairs.
+    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder, precision: Precision) -> Result<Self> {
+        let bf16 = precision == Precision::High;
         let dim = cfg.seanet.dimension;
         let stride = cfg.downsample_stride();
         let down = ConvSpec::new(dim, dim, 2 * stride)
@@ -60,6 +63,15 @@ impl Native {
         downsample.pack();
         decoder.pack();
         upsample.pack();
+        if precision == Precision::Medium {
+            let layers = MediumLayers::from_settings();
+            encoder.pair_pack(layers);
+            decoder.pair_pack(layers);
+            if layers.frame_rate {
+                downsample.pair_pack();
+                upsample.pair_pack();
+            }
+        }
         Ok(Self {
             encoder,
             decoder,

@@ -12,7 +12,7 @@ use super::{Codec, EngineKind};
 use crate::config::CodecConfig;
 use crate::error::{Error, Result};
 use crate::host::HostArray;
-use crate::runtime::device::WeightsDType;
+use crate::runtime::precision::Precision;
 use crate::weights::{self, TensorSource};
 use ::candle::{DType, Device};
 use std::collections::HashMap;
@@ -26,8 +26,9 @@ pub struct OpenOptions {
     pub device: Device,
     /// What it computes in.
     pub dtype: DType,
-    /// How its weight matrices are stored (bf16: the native engine only).
-    pub weights_dtype: WeightsDType,
+    /// How its products compute and weights are stored (below `"highest"`: the native
+    /// engine only).
+    pub precision: Precision,
     /// How many of the checkpoint's codebooks to use (`None`: the config's).
     pub num_codebooks: Option<usize>,
     /// The engine for the convolutions (`None`: native on the CPU in f32, candle otherwise).
@@ -42,7 +43,7 @@ impl Default for OpenOptions {
         Self {
             device: Device::Cpu,
             dtype: DType::F32,
-            weights_dtype: WeightsDType::F32,
+            precision: Precision::Highest,
             num_codebooks: None,
             engine: None,
             config: None,
@@ -95,7 +96,7 @@ impl Codec {
         let resolved = resolve(path.as_ref(), options)?;
         let cfg = &resolved.config;
         options
-            .weights_dtype
+            .precision
             .check_engine(&options.device, options.dtype)?;
         let checkpoint = Checkpoint::read(&resolved.weights, cfg)?;
         Self::open_checkpoint(checkpoint, cfg, options)
@@ -110,7 +111,7 @@ impl Codec {
     ) -> Result<Self> {
         let cfg = &options.config_or(None);
         options
-            .weights_dtype
+            .precision
             .check_engine(&options.device, options.dtype)?;
         let tensors = weights::host_tensors(arrays)?;
         let checkpoint = Checkpoint::from_tensors(tensors, "weights mapping".into(), cfg)?;
@@ -122,10 +123,10 @@ impl Codec {
     pub fn seeded(seed: u64, options: &OpenOptions) -> Result<Self> {
         let cfg = &options.config_or(None);
         options
-            .weights_dtype
+            .precision
             .check_engine(&options.device, options.dtype)?;
         let source = TensorSource::seeded(seed, cfg.transformer.layer_scale);
-        let spec = (&options.device, options.dtype, options.weights_dtype);
+        let spec = (&options.device, options.dtype, options.precision);
         Self::build(cfg, source, spec, options.engine_kind())
     }
 
@@ -134,7 +135,7 @@ impl Codec {
         cfg: &CodecConfig,
         options: &OpenOptions,
     ) -> Result<Self> {
-        let spec = (&options.device, options.dtype, options.weights_dtype);
+        let spec = (&options.device, options.dtype, options.precision);
         let mut codec = Self::build(cfg, checkpoint.source, spec, options.engine_kind())?;
         codec.layout = Some(checkpoint.layout);
         Ok(codec)

@@ -55,23 +55,27 @@ fn phase_major(w: &[f32], spec: &ConvSpec) -> Vec<f32> {
 pub struct Conv1d {
     /// `(cout, cin * k)` row-major, columns `(ci, j)`; for a phase-split convolution
     /// (`phases > 0`), columns `(m, ci, r)` for tap `j = m * stride + r` (zero past `k`).
-    w: Matrix,
+    pub(super) w: Matrix,
+    /// The weights in bf16 pairs, same layout (`precision="medium"`, `pairs.rs`); `w` is
+    /// then empty.
+    pub(super) pairs: Option<std::sync::Arc<crate::kernels::bf16dot::PairPacked>>,
     /// Taps per phase of a strided convolution computed on its phase-split input (see
     /// [`Conv1d::run_phased`]); 0 for the plain layout.
-    phases: usize,
-    b: Option<Vec<f32>>,
+    pub(super) phases: usize,
+    pub(super) b: Option<Vec<f32>>,
     pub(crate) cin: usize,
     pub(crate) cout: usize,
     pub(crate) k: usize,
     pub(crate) stride: usize,
-    dilation: usize,
+    pub(super) dilation: usize,
     replicate: bool,
 }
 
 impl Conv1d {
     /// Bytes of its weights and bias, as stored.
     pub fn weights_nbytes(&self) -> usize {
-        self.w.nbytes() + 4 * self.b.as_ref().map_or(0, Vec::len)
+        let pairs = self.pairs.as_ref().map_or(0, |p| p.nbytes());
+        self.w.nbytes() + pairs + 4 * self.b.as_ref().map_or(0, Vec::len)
     }
 }
 
@@ -109,6 +113,7 @@ impl Conv1d {
         };
         Ok(Self {
             w: Matrix::F32(w),
+            pairs: None,
             phases,
             b,
             cin,
@@ -282,6 +287,11 @@ impl Conv1d {
         alpha: f32,
         residual: &Frames,
     ) -> Frames {
+        if self.pairs.is_some() || second.pairs.is_some() {
+            // `pairs.rs`: one convolution after the other, the same bits as unfused.
+            let h = self.run(&Padded::plain(x), None);
+            return second.forward(&h, Some(alpha), Some(residual));
+        }
         let n = self.frames(x.len);
         let (kk, hidden, cout) = (self.cin * self.k, self.cout, second.cout);
         assert_eq!(
@@ -403,6 +413,12 @@ impl Conv1d {
     /// direct, matrix-vector or tiled im2col strategy.
     fn run(&self, x: &Padded, residual: Option<&Frames>) -> Frames {
         let n = self.frames(x.len());
+        if let Some(w) = &self.pairs {
+            if let Some(r) = residual {
+                assert_eq!((r.channels, r.len), (self.cout, n), "residual shape");
+            }
+            return self.run_pairs(w, x, n, residual.map(|r| r.data.as_slice()));
+        }
         let step = self.w.gemv_frames();
         if self.phases > 0 && n > step {
             return self.run_phased(x, n, residual);
@@ -473,7 +489,7 @@ impl Conv1d {
             None => Frames::empty(self.cout),
             Some(full) => self.run(&Padded::plain(full), None),
         };
-        if live.len() < 2 {
+        if live.len() < 2 || self.pairs.is_some() {
             return fulls.iter().map(run).collect();
         }
         if ns.iter().all(|&n| n <= step) {

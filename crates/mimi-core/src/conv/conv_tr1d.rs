@@ -20,19 +20,23 @@ pub struct ConvTr1d {
     /// Row `(co, j)` (output channel, phase) of `taps * cin` columns `(m, ci)` holds
     /// `W[ci, co, j + m * stride]` (zero past the kernel). Depthwise: `w[c, j + m * stride]`
     /// at `(j * cout + c) * taps + m`.
-    w: Matrix,
-    b: Option<Vec<f32>>,
-    cin: usize,
-    cout: usize,
-    stride: usize,
-    taps: usize,
-    depthwise: bool,
+    pub(super) w: Matrix,
+    /// The weights in bf16 pairs, same layout (`precision="medium"`, `pairs.rs`); `w` is
+    /// then empty.
+    pub(super) pairs: Option<std::sync::Arc<crate::kernels::bf16dot::PairPacked>>,
+    pub(super) b: Option<Vec<f32>>,
+    pub(super) cin: usize,
+    pub(super) cout: usize,
+    pub(super) stride: usize,
+    pub(super) taps: usize,
+    pub(super) depthwise: bool,
 }
 
 impl ConvTr1d {
     /// Bytes of its weights and bias, as stored.
     pub fn weights_nbytes(&self) -> usize {
-        self.w.nbytes() + 4 * self.b.as_ref().map_or(0, Vec::len)
+        let pairs = self.pairs.as_ref().map_or(0, |p| p.nbytes());
+        self.w.nbytes() + pairs + 4 * self.b.as_ref().map_or(0, Vec::len)
     }
 }
 
@@ -72,6 +76,7 @@ impl ConvTr1d {
         }
         Ok(Self {
             w: Matrix::F32(w),
+            pairs: None,
             b,
             cin,
             cout,
@@ -98,6 +103,7 @@ impl ConvTr1d {
         }
         Ok(Self {
             w: Matrix::F32(w),
+            pairs: None,
             b: None,
             cin: dim,
             cout: dim,
@@ -172,7 +178,9 @@ impl ConvTr1d {
 
     /// `x` holds `taps - 1` earlier frames then `n` new ones; returns `(cout, n * stride)`.
     fn run(&self, x: &Frames, n: usize) -> Frames {
-        if self.depthwise {
+        if let Some(w) = &self.pairs {
+            self.run_pairs(w, x, n)
+        } else if self.depthwise {
             self.run_depthwise(x, n)
         } else if n <= self.w.gemv_frames() {
             self.run_gemv(x, n)
@@ -258,7 +266,8 @@ impl ConvTr1d {
         let few = xs.iter().all(|x| x.len <= step);
         let many = xs.iter().all(|x| x.len > step);
         let alone = rows_alone_in_group(self.w.nbytes());
-        if self.depthwise || xs.len() < 2 || !(few || many) || (many && alone) {
+        let pairs = self.pairs.is_some();
+        if self.depthwise || pairs || xs.len() < 2 || !(few || many) || (many && alone) {
             return (sts.iter_mut().zip(xs))
                 .map(|(st, x)| self.step(st, x, act))
                 .collect();

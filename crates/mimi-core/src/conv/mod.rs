@@ -34,6 +34,7 @@
 //! * `conv1d.rs`: [`Conv1d`] and its four strategies (phase-split, direct, matrix-vector,
 //!   tiled im2col), and the fused residual block;
 //! * `conv_tr1d.rs`: [`ConvTr1d`], phase-split transposed and depthwise;
+//! * `pairs.rs`: both at `precision="medium"` (bf16 pairs, f32 sums), one strategy for all;
 //! * `tests.rs`: the comparisons with candle.
 
 /// Output frames up to which a convolution takes the matrix-vector kernel: one row's
@@ -46,6 +47,7 @@ mod buffers;
 mod conv1d;
 mod conv_tr1d;
 mod frames;
+mod pairs;
 mod spec;
 mod tiles;
 

@@ -244,11 +244,22 @@ fn randn_vb(shape: (usize, usize, usize), bias: usize) -> Result<(VarMap, VarBui
 #[test]
 fn rows_stepped_together_match_their_own_steps() -> Result<()> {
     let (cin, cout, k, s) = (16, 24, 4, 2);
-    for (bf16, packed) in [(false, false), (true, false), (false, true), (true, true)] {
+    let modes = [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (true, true, false),
+        (false, false, true),
+    ];
+    for (bf16, packed, pairs) in modes {
         let (_vm, vb) = randn_vb((cout, cin, k), cout)?;
         let mut conv = Conv1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
         let (_vm, vb) = randn_vb((cin, cout, k), cout)?;
         let mut tr = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        if pairs {
+            conv.pair_pack();
+            tr.pair_pack();
+        }
         if bf16 {
             conv.force_bf16();
             tr.force_bf16();
@@ -298,13 +309,13 @@ fn rows_stepped_together_match_their_own_steps() -> Result<()> {
                 assert_eq!(
                     (got[r].len, &got[r].data),
                     (want.len, &want.data),
-                    "bf16 {bf16} packed {packed} row {r}"
+                    "bf16 {bf16} packed {packed} pairs {pairs} row {r}"
                 );
                 let want = tr.step(&mut tr_alone[r], &xs[r], Some(1.0));
                 assert_eq!(
                     (got_tr[r].len, &got_tr[r].data),
                     (want.len, &want.data),
-                    "bf16 {bf16} packed {packed} row {r}"
+                    "bf16 {bf16} packed {packed} pairs {pairs} row {r}"
                 );
             }
         }
@@ -401,6 +412,60 @@ fn fused_block_keeps_its_bits_on_two_threads() -> Result<()> {
             .zip(&two)
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{c} channels, {n} frames: {}", max_diff(&one, &two));
+    }
+    Ok(())
+}
+
+/// `precision="medium"` (`pairs.rs`): within bf16's rounding of the f32 convolution, and a
+/// stream in uneven chunks, ended with `last`, gives the offline output bit for bit (plain,
+/// dilated, phase-split with zero taps, replicate padding, one frame).
+#[test]
+fn pair_packed_convolutions_stream_bit_exactly() -> Result<()> {
+    let cases = [
+        // cin, cout, k, stride, dilation, len, replicate
+        (3, 5, 7, 1, 1, 50, false),
+        (8, 16, 3, 1, 2, 300, false),
+        (16, 12, 7, 3, 1, 400, true),
+        (40, 24, 10, 5, 1, 2000, false),
+        (6, 4, 5, 2, 1, 5, true),
+        (64, 64, 3, 1, 1, 3000, false),
+    ];
+    for (cin, cout, k, s, d, len, rep) in cases {
+        let (_vm, vb) = randn_vb((cout, cin, k), cout)?;
+        let pad = [PadMode::Constant, PadMode::Replicate][rep as usize];
+        let spec = ConvSpec::new(cin, cout, k).stride(s).dilation(d).pad(pad);
+        let f32 = Conv1d::load(vb, spec)?;
+        let mut ours = f32.clone();
+        ours.pair_pack();
+        let x = frames_of(&Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?);
+        let (want, got) = (f32.forward(&x, Some(1.0), None), ours.forward(&x, Some(1.0), None));
+        let scale = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let dd = max_diff(&got.data, &want.data);
+        assert!(dd <= 2e-2 * scale, "case {cin} {cout} {k} {s} {d}: {dd} of {scale}");
+        let (mut st, mut out, mut t0, mut chunk) = (ConvState::default(), vec![], 0, 1);
+        while t0 < len {
+            let n = chunk.min(len - t0);
+            let y = ours.step(&mut st, &x.window(t0, t0 + n), Some(1.0), None, t0 + n == len);
+            out.push(y);
+            (t0, chunk) = (t0 + n, chunk * 3 % 97 + 1);
+        }
+        let streamed = (out.iter()).fold(Frames::empty(cout), |a, y| a.concat_act(y, None));
+        assert_eq!(streamed.data, got.data, "case {cin} {cout} {k} {s} {d} {len}");
+    }
+    for (cin, cout, k, s, len) in [(16, 8, 8, 4, 200), (64, 32, 16, 8, 90), (3, 2, 4, 2, 7)] {
+        let (_vm, vb) = randn_vb((cin, cout, k), cout)?;
+        let f32 = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        let mut ours = f32.clone();
+        ours.pair_pack();
+        let x = frames_of(&Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?);
+        let (want, got) = (f32.forward(&x, None), ours.forward(&x, None));
+        let scale = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(max_diff(&got.data, &want.data) <= 2e-2 * scale, "tr {cin} {cout} {k} {s}");
+        let mut st = ConvState::default();
+        let streamed = (0..len).step_by(3).fold(Frames::empty(cout), |a, t| {
+            a.concat_act(&ours.step(&mut st, &x.window(t, (t + 3).min(len)), None), None)
+        });
+        assert_eq!(streamed.data, got.data[..streamed.data.len()], "tr {cin} {cout} {k} {s}");
     }
     Ok(())
 }

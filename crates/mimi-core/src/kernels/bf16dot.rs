@@ -27,6 +27,8 @@ const ROWS: usize = 4;
 pub enum Path {
     /// `vdpbf16ps` (AVX-512 BF16).
     Native,
+    /// AVX-512 FMAs, two per pair, MXCSR's flush-to-zero and denormals-are-zero set.
+    Avx512,
     /// AVX2 FMAs, two per pair, MXCSR's flush-to-zero and denormals-are-zero set for the call.
     Avx2,
     /// Plain Rust, the flushes explicit.
@@ -34,15 +36,35 @@ pub enum Path {
 }
 
 impl Path {
-    /// Whether this CPU (and `MIMI_PY_ISA`) runs the path.
-    pub fn available(self) -> bool {
-        use super::cpu::{has, Level};
+    /// The instructions the path needs.
+    pub fn level(self) -> super::cpu::Level {
+        use super::cpu::Level;
         match self {
-            Path::Native => has(Level::Avx512Bf16),
-            Path::Avx2 => has(Level::Avx2),
-            Path::Portable => true,
+            Path::Native => Level::Avx512Bf16,
+            Path::Avx512 => Level::Avx512,
+            Path::Avx2 => Level::Avx2,
+            Path::Portable => Level::Portable,
         }
     }
+
+    /// Whether this CPU (and `MIMI_PY_ISA`) runs the path.
+    pub fn available(self) -> bool {
+        super::cpu::has(self.level())
+    }
+
+    /// The path products take here: the instruction where the CPU has it, else the widest
+    /// emulation (the same bits on each). On Intel, `vdpbf16ps` runs at half the f32 FMA
+    /// rate, the emulation's two FMAs per pair at about the same speed (see docs/precision.md).
+    pub fn best() -> Path {
+        static BEST: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            [Path::Native, Path::Avx512, Path::Avx2]
+                .into_iter()
+                .find(|p| p.available())
+                .unwrap_or(Path::Portable)
+        })
+    }
+
 }
 
 /// `x` rounded to bf16, to nearest even; a denormal result is a zero of its sign, NaN stays
@@ -113,27 +135,93 @@ impl PairPacked {
         (self.n, self.k)
     }
 
-    /// `y (m, n) = bias + x (m, k) . w^T` on `path`, from `x` already rounded ([`round_pairs`]).
-    /// A path this CPU does not run is refused (a panic: callers check [`Path::available`]).
-    pub fn matmul_on(&self, path: Path, x: &[u32], m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
+    /// Bytes held (the panels' padding included).
+    pub fn nbytes(&self) -> usize {
+        4 * self.data.len()
+    }
+
+    /// The weight `(n, k)` row-major again, as the bf16 values it holds, widened.
+    pub fn unpack(&self) -> Vec<f32> {
+        let kp = self.k.div_ceil(2);
+        let mut w = Vec::with_capacity(self.n * self.k);
+        for o in 0..self.n {
+            let panel = &self.data[(o / LANES) * kp * LANES..][..kp * LANES];
+            for j in 0..self.k {
+                let pair = panel[(j / 2) * LANES + o % LANES];
+                w.push(widen((pair >> (16 * (j % 2))) as u16));
+            }
+        }
+        w
+    }
+
+    /// `y (m, n) = bias + x (m, k) . w^T` on this CPU's fastest path ([`Path::best`]), the
+    /// panels spread over the pool when the product is large (the bits do not change).
+    pub fn matmul(&self, x: &[u32], m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
         let (n, kp) = (self.n, self.k.div_ceil(2));
-        assert!(x.len() == m * kp && y.len() == m * n, "PairPacked: shapes");
-        assert!(bias.is_none_or(|b| b.len() == n), "PairPacked: bias length");
+        self.check(x, m, bias, y);
+        let panels = n.div_ceil(LANES);
+        let tasks = panels.div_ceil(TASK_PANELS);
+        let out = Out(y.as_mut_ptr());
+        let path = Path::best();
+        let run = |t: usize| {
+            let p1 = ((t + 1) * TASK_PANELS).min(panels);
+            // SAFETY: panels t * TASK_PANELS .. p1 write only their own columns of `y`
+            // (m x n, checked), which outlives the tasks.
+            unsafe { self.panels(path, (t * TASK_PANELS, p1), x, m, bias, out) }
+        };
+        if 2 * m * n * kp < 1 << 18 {
+            (0..tasks).for_each(run);
+        } else {
+            super::for_each_index(tasks, run);
+        }
+    }
+
+    /// `y (m, n) = bias + x (m, k) . w^T` on `path`, on this thread, from `x` already rounded
+    /// ([`round_pairs`]). A path this CPU does not run is refused (a panic: callers check
+    /// [`Path::available`]).
+    pub fn matmul_on(&self, path: Path, x: &[u32], m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
+        self.check(x, m, bias, y);
         assert!(
             path.available(),
             "PairPacked: {path:?} is not available on this CPU"
         );
-        let bias: Vec<f32> = (0..n.div_ceil(LANES) * LANES)
-            .map(|o| bias.and_then(|b| b.get(o)).map_or(0.0, |&v| flush(v)))
-            .collect();
-        for (p, panel) in self.data.chunks_exact(kp * LANES.max(1)).enumerate() {
-            let b = &bias[p * LANES..][..LANES];
+        let panels = self.n.div_ceil(LANES);
+        // SAFETY: checked shapes; this thread writes all of `y`.
+        unsafe { self.panels(path, (0, panels), x, m, bias, Out(y.as_mut_ptr())) }
+    }
+
+    fn check(&self, x: &[u32], m: usize, bias: Option<&[f32]>, y: &[f32]) {
+        let (n, kp) = (self.n, self.k.div_ceil(2));
+        assert!(x.len() == m * kp && y.len() == m * n, "PairPacked: shapes");
+        assert!(bias.is_none_or(|b| b.len() == n), "PairPacked: bias length");
+    }
+
+    /// Panels `p0..p1` of the product, every row.
+    ///
+    /// # Safety
+    /// `y` is `m x n` and no other thread writes these panels' columns; `path` runs here.
+    unsafe fn panels(
+        &self,
+        path: Path,
+        (p0, p1): (usize, usize),
+        x: &[u32],
+        m: usize,
+        bias: Option<&[f32]>,
+        y: Out,
+    ) {
+        let (n, kp) = (self.n, self.k.div_ceil(2));
+        for p in p0..p1 {
+            let panel = &self.data[p * kp * LANES..][..kp * LANES];
             let cols = LANES.min(n - p * LANES);
+            let mut b = [0f32; LANES];
+            if let Some(bias) = bias {
+                (b[..cols].iter_mut().zip(&bias[p * LANES..]))
+                    .for_each(|(d, &v)| *d = flush(v));
+            }
             let mut r = 0;
             while r < m {
                 let rows = ROWS.min(m - r);
-                let mut acc = [[0f32; LANES]; ROWS];
-                acc.iter_mut().for_each(|a| a.copy_from_slice(b));
+                let mut acc = [b; ROWS];
                 tile(
                     path,
                     panel,
@@ -142,12 +230,30 @@ impl PairPacked {
                     &mut acc[..rows],
                 );
                 for (i, a) in acc[..rows].iter().enumerate() {
-                    y[(r + i) * n + p * LANES..][..cols].copy_from_slice(&a[..cols]);
+                    let dst = y.0.add((r + i) * n + p * LANES);
+                    std::ptr::copy_nonoverlapping(a.as_ptr(), dst, cols);
                 }
                 r += rows;
             }
         }
     }
+}
+
+/// Panels per parallel task of [`PairPacked::matmul`].
+const TASK_PANELS: usize = 4;
+
+/// The output of a product split over tasks, each writing its own columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+
+// SAFETY: tasks write disjoint columns of an output that outlives them (`matmul`).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// Two values as one bf16 pair (the even element in the low half).
+#[inline(always)]
+pub fn pair(even: f32, odd: f32) -> u32 {
+    to_bf16(even) as u32 | (to_bf16(odd) as u32) << 16
 }
 
 /// A denormal as a zero of its sign (FTZ / DAZ).
@@ -165,6 +271,9 @@ fn tile(path: Path, panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul_on` checked the CPU runs the path.
         Path::Native => unsafe { tile_native(panel, x, kp, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Path::Avx512 => unsafe { tile_avx512(panel, x, kp, acc) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Path::Avx2 => unsafe { tile_avx2(panel, x, kp, acc) },
@@ -262,13 +371,39 @@ unsafe fn tile_avx2(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_avx512(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+    use std::arch::x86_64::*;
+    let _flush = FlushDenormals::set();
+    let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    let rows = acc.len();
+    let mut s = [_mm512_setzero_ps(); ROWS];
+    for (r, a) in acc.iter().enumerate() {
+        s[r] = _mm512_loadu_ps(a.as_ptr());
+    }
+    for i in 0..kp {
+        let w = _mm512_loadu_si512(panel.as_ptr().add(i * LANES).cast());
+        let wo = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
+        let we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+        for r in 0..rows {
+            let xp = x[r * kp + i];
+            s[r] = _mm512_fmadd_ps(wo, _mm512_set1_ps(widen((xp >> 16) as u16)), s[r]);
+            s[r] = _mm512_fmadd_ps(we, _mm512_set1_ps(widen(xp as u16)), s[r]);
+        }
+    }
+    for (r, a) in acc.iter_mut().enumerate() {
+        _mm512_storeu_ps(a.as_mut_ptr(), s[r]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testutil::test_input;
     use half::bf16;
     fn paths() -> Vec<Path> {
-        [Path::Native, Path::Avx2, Path::Portable]
+        [Path::Native, Path::Avx512, Path::Avx2, Path::Portable]
             .into_iter()
             .filter(|p| p.available())
             .collect()
@@ -362,5 +497,29 @@ mod tests {
     #[cfg_attr(not(mimi_cpu_avx512bf16), ignore = "no AVX-512 BF16 on this CPU")]
     fn the_native_path_runs_here() {
         assert!(paths().contains(&Path::Native));
+    }
+
+    /// Times each path on Mimi-like shapes (`cargo test --release -- --ignored --nocapture
+    /// paths_speed`): what [`Path::best`]'s order rests on.
+    #[test]
+    #[ignore = "a timing, run by hand"]
+    fn paths_speed() {
+        for (m, k, n) in [(256, 512, 512), (8, 2048, 512), (256, 192, 64)] {
+            let (x, w) = (test_input(1, m, k, 1), test_input(1, n, k, 2));
+            let packed = PairPacked::pack(&w, n, k);
+            let mut xp = Vec::new();
+            round_pairs(&x, m, k, &mut xp);
+            let mut y = vec![0f32; m * n];
+            for path in paths() {
+                let t = std::time::Instant::now();
+                let reps = 20;
+                for _ in 0..reps {
+                    packed.matmul_on(path, &xp, m, None, &mut y);
+                }
+                let s = t.elapsed().as_secs_f64() / reps as f64;
+                let gf = 2.0 * (m * n * k) as f64 / s / 1e9;
+                println!("{m}x{k}x{n} {path:?}: {:.1} us, {gf:.1} GFLOP/s", s * 1e6);
+            }
+        }
     }
 }

@@ -5,10 +5,12 @@
 //! weights). The packed weight replaces the row-major one, so the weights are held once.
 //! Elsewhere (GPUs, f16 weights) it is candle's `Linear`.
 //!
-//! Its weight may be stored in bf16 while it computes in f32 (`weights_dtype="bfloat16"`):
+//! Its weight may be stored in bf16 while it computes in f32 (`precision="high"`):
 //! the packed product reads the bf16 weights as they are (half the bytes a step reads) and
 //! widens them in registers. A model computing in bf16 on the CPU gets its input widened to
-//! f32 and its output rounded back.
+//! f32 and its output rounded back. With `precision="medium"` the weight is held in pairs
+//! ([`PairPacked`]) and its input rounded to bf16 pairs, for products with f32 sums.
+use super::bf16dot::{round_pairs, PairPacked};
 use super::packed::Packed;
 use candle::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Tensor};
 use half::bf16;
@@ -20,6 +22,12 @@ use std::sync::Arc;
 enum PackedLinear {
     F32(Packed<f32>, Option<Vec<f32>>),
     BF16(Packed<bf16>, Option<Vec<f32>>),
+    Pairs(PairPacked, Option<Vec<f32>>),
+}
+
+thread_local! {
+    /// The input rounded to pairs, kept between calls (a warm step allocates nothing).
+    static PAIRS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// The data of contiguous CPU tensors of dtype `W`, if they all are (`guards`: their storage
@@ -65,15 +73,36 @@ impl PackedLinear {
         }
     }
 
-    fn run<W: super::Weight + Default>(
-        w: &Packed<W>,
-        x: &[f32],
-        m: usize,
-        bias: &Option<Vec<f32>>,
-    ) -> Vec<f32> {
-        let mut y = vec![0f32; m * w.n()];
-        w.matmul(x, m, bias.as_deref(), &mut y);
-        y
+    /// The same weight in pairs (`precision="medium"`; a pair-packed one stays).
+    fn to_pairs(&self) -> Self {
+        match self {
+            Self::F32(w, b) => Self::Pairs(PairPacked::pack(&w.unpack(), w.n(), w.k()), b.clone()),
+            Self::BF16(w, b) => {
+                let wide: Vec<f32> = w.unpack().iter().map(|v| v.to_f32()).collect();
+                Self::Pairs(PairPacked::pack(&wide, w.n(), w.k()), b.clone())
+            }
+            Self::Pairs(w, b) => Self::Pairs(w.clone(), b.clone()),
+        }
+    }
+
+    /// `y (m, n) = x (m, k) . W^T + bias` into `y`, whatever the weight's form.
+    fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        match self {
+            Self::F32(w, b) => w.matmul(x, m, b.as_deref(), y),
+            Self::BF16(w, b) => w.matmul(x, m, b.as_deref(), y),
+            Self::Pairs(w, b) => super::with_scratch(&PAIRS, |xp| {
+                round_pairs(x, m, w.dims().1, xp);
+                w.matmul(xp, m, b.as_deref(), y)
+            }),
+        }
+    }
+
+    fn dims(&self) -> (usize, usize) {
+        match self {
+            Self::F32(w, _) => (w.n(), w.k()),
+            Self::BF16(w, _) => (w.n(), w.k()),
+            Self::Pairs(w, _) => w.dims(),
+        }
     }
 
     /// The weight `(n, k)` row-major, in its stored dtype, on the CPU.
@@ -81,13 +110,15 @@ impl PackedLinear {
         match self {
             Self::F32(w, _) => Tensor::from_vec(w.unpack(), (w.n(), w.k()), &Device::Cpu),
             Self::BF16(w, _) => Tensor::from_vec(w.unpack(), (w.n(), w.k()), &Device::Cpu),
+            Self::Pairs(w, _) => Tensor::from_vec(w.unpack(), w.dims(), &Device::Cpu)?
+                .to_dtype(DType::BF16),
         }
     }
 
     fn dtype(&self) -> DType {
         match self {
             Self::F32(..) => DType::F32,
-            Self::BF16(..) => DType::BF16,
+            Self::BF16(..) | Self::Pairs(..) => DType::BF16,
         }
     }
 
@@ -96,6 +127,7 @@ impl PackedLinear {
         match self {
             Self::F32(w, _) => 4 * w.n() * w.k(),
             Self::BF16(w, _) => 2 * w.n() * w.k(),
+            Self::Pairs(w, _) => w.nbytes(),
         }
     }
 }
@@ -110,15 +142,12 @@ impl CustomOp1 for PackedLinear {
         let (CpuStorage::F32(x), Some((a, b))) = (s, l.contiguous_offsets()) else {
             candle::bail!("mimi-packed-linear: an f32 contiguous input only")
         };
-        let (n, y) = match self {
-            Self::F32(w, bias) if w.k() == k && b - a == m * k => {
-                (w.n(), Self::run(w, &x[a..b], m, bias))
-            }
-            Self::BF16(w, bias) if w.k() == k && b - a == m * k => {
-                (w.n(), Self::run(w, &x[a..b], m, bias))
-            }
-            _ => candle::bail!("mimi-packed-linear: bad input shape {:?}", l.shape()),
-        };
+        let (n, wk) = self.dims();
+        if wk != k || b - a != m * k {
+            candle::bail!("mimi-packed-linear: bad input shape {:?}", l.shape())
+        }
+        let mut y = vec![0f32; m * n];
+        self.matmul(&x[a..b], m, &mut y);
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
     }
 }
@@ -169,6 +198,19 @@ impl Linear {
         }
     }
 
+    /// Holds the weight in bf16 pairs for products with f32 sums (`precision="medium"`);
+    /// a weight candle holds stays.
+    pub fn pair_pack(&mut self) {
+        if let Imp::Packed(p) = &self.0 {
+            self.0 = Imp::Packed(Arc::new(p.to_pairs()));
+        }
+    }
+
+    /// Whether the weight is held in bf16 pairs ([`Self::pair_pack`]).
+    pub fn is_pairs(&self) -> bool {
+        matches!(&self.0, Imp::Packed(p) if matches!(**p, PackedLinear::Pairs(..)))
+    }
+
     /// Whether the weight is held packed (then [`Self::weight`] rebuilds the row-major one).
     pub fn is_packed(&self) -> bool {
         matches!(self.0, Imp::Packed(_))
@@ -187,10 +229,7 @@ impl Linear {
     pub fn matmul_into(&self, x: &[f32], m: usize, y: &mut [f32]) -> bool {
         match &self.0 {
             Imp::Packed(p) => {
-                match p.as_ref() {
-                    PackedLinear::F32(w, b) => w.matmul(x, m, b.as_deref(), y),
-                    PackedLinear::BF16(w, b) => w.matmul(x, m, b.as_deref(), y),
-                }
+                p.matmul(x, m, y);
                 true
             }
             Imp::Candle(_) => false,
@@ -297,6 +336,29 @@ mod tests {
                 d < 1e-4 * (k as f32).sqrt(),
                 "m={m} k={k} n={n}: max diff {d}"
             );
+        }
+    }
+
+    /// `precision="medium"`: a pair-packed layer is within bf16's rounding of the f32 one, and
+    /// each row of a batch gets the bits it gets alone (any number of rows).
+    #[test]
+    fn pair_packed_rows_are_their_own() {
+        let dev = Device::Cpu;
+        let (m, k, n) = (13, 96, 40);
+        let x = Tensor::from_vec(crate::testutil::test_input(1, m, k, 1), (m, k), &dev).unwrap();
+        let w = Tensor::from_vec(crate::testutil::test_input(1, n, k, 2), (n, k), &dev).unwrap();
+        let b = Tensor::from_vec(crate::testutil::test_input(1, 1, n, 3), n, &dev).unwrap();
+        let f32 = Linear::new(w.clone(), Some(b.clone())).unwrap();
+        let mut ours = Linear::new(w, Some(b)).unwrap();
+        ours.pair_pack();
+        assert!(ours.is_pairs() && ours.weight_dtype() == DType::BF16);
+        let (want, got) = (f32.forward(&x).unwrap(), ours.forward(&x).unwrap());
+        let d = crate::testutil::max_abs_diff(&got, &want);
+        assert!(d < 2f32.powi(-7) * (k as f32).sqrt(), "max diff {d}");
+        let rows = got.to_vec2::<f32>().unwrap();
+        for (r, row) in rows.iter().enumerate() {
+            let alone = ours.forward(&x.narrow(0, r, 1).unwrap()).unwrap();
+            assert_eq!(&alone.to_vec2::<f32>().unwrap()[0], row, "row {r}");
         }
     }
 }

@@ -257,92 +257,10 @@ pub fn parse_dtype(spec: &str) -> Result<(DType, &'static str)> {
     }
 }
 
-/// How the weight matrices are stored (`weights_dtype=`), as opposed to the dtype a model
-/// computes in (`dtype=`, [`parse_dtype`]). bf16 storage is for the native CPU engine, which
-/// computes in f32 whatever its weights: the matrix-vector kernel reads bf16 weights as they
-/// are (half the bytes of a streaming step).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum WeightsDType {
-    /// float32, as computed.
-    #[default]
-    F32,
-    /// bfloat16: the transformers' linear layers and the large convolutions.
-    BF16,
-}
-
-impl WeightsDType {
-    /// Parses `weights_dtype=`: "float32" (or "f32") or "bfloat16" (or "bf16").
-    pub fn parse(spec: &str) -> Result<Self> {
-        match spec.trim().to_ascii_lowercase().as_str() {
-            "float32" | "f32" => Ok(Self::F32),
-            "bfloat16" | "bf16" => Ok(Self::BF16),
-            _ => Err(Error::config(
-                "weights_dtype",
-                format!("expected \"float32\" or \"bfloat16\", got {spec:?}"),
-            )),
-        }
-    }
-
-    /// The canonical name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "float32",
-            Self::BF16 => "bfloat16",
-        }
-    }
-
-    /// candle's dtype for stored matrices.
-    pub fn dtype(self) -> DType {
-        match self {
-            Self::F32 => DType::F32,
-            Self::BF16 => DType::BF16,
-        }
-    }
-
-    /// Refuses bf16 storage for a model that would not compute with the native CPU kernels
-    /// (another device, or a half-precision `dtype`, which is candle's engine).
-    pub fn check_engine(self, device: &Device, dtype: DType) -> Result<()> {
-        if self == Self::BF16 && !(device.is_cpu() && dtype == DType::F32) {
-            return Err(Error::config(
-                "weights_dtype",
-                format!(
-                    "weights_dtype=\"bfloat16\" needs the native CPU engine (device=\"cpu\", \
-                     dtype=\"float32\"), got device {:?} and dtype {dtype:?}; for half-precision \
-                     compute on candle's engine pass dtype=\"bfloat16\" instead",
-                    device.location()
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
-    #[test]
-    fn weights_dtype_names_and_engines() {
-        assert_eq!(WeightsDType::parse("BF16").unwrap(), WeightsDType::BF16);
-        assert_eq!(WeightsDType::parse("float32").unwrap().name(), "float32");
-        match WeightsDType::parse("int8") {
-            Err(Error::Config { field, msg }) => {
-                assert_eq!(field, "weights_dtype");
-                assert!(
-                    msg.contains("\"bfloat16\"") && msg.contains("int8"),
-                    "{msg}"
-                );
-            }
-            other => panic!("expected a config error, got {other:?}"),
-        }
-        let cpu = Device::Cpu;
-        assert!(WeightsDType::BF16.check_engine(&cpu, DType::F32).is_ok());
-        assert!(WeightsDType::F32.check_engine(&cpu, DType::BF16).is_ok());
-        assert!(matches!(
-            WeightsDType::BF16.check_engine(&cpu, DType::BF16),
-            Err(Error::Config { .. })
-        ));
-    }
 
     #[test]
     fn library_probe() {

@@ -4,5 +4,6 @@
 
 pub mod device;
 pub mod memory;
+pub mod precision;
 pub mod profile;
 pub mod settings;

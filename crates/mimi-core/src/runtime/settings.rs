@@ -67,6 +67,12 @@ switches! {
         doc "the most the CPU kernels use: auto (what the CPU has), avx512bf16, avx512, avx2 \
              or portable; a value above the CPU's runs the CPU's best, anything else is auto. \
              For tests and comparisons (gemm, in the convolutions, picks its own)";
+    /// The layer groups `precision="medium"` covers (`runtime::precision::MediumLayers`).
+    medium_layers: String = "MIMI_PY_MEDIUM_LAYERS", default "all", read |n| word(n, "all"),
+        show |v: &String| v.clone(),
+        doc "the layers precision=\"medium\" computes in bf16: all, or a comma-separated list \
+             of encoder_convs, frame_rate, transformers, decoder_convs (read when a codec is \
+             built; for the agreement table of docs/precision.md)";
     /// Whether the candle path steps in fixed shapes (`transformer::fixed`).
     fixed_step: bool = "MIMI_PY_FIXED_STEP", default "1", read |n| flag(n, true), show on,
         doc "1: streaming steps of up to 4 tokens on the candle path (GPUs, half precision, \

@@ -10,6 +10,7 @@ use crate::config::SeanetConfig;
 use crate::conv::{Conv1d, ConvState, ConvTr1d, Frames};
 use crate::error::Cancel;
 use crate::rows::RowList;
+use crate::runtime::precision::MediumLayers;
 use crate::runtime::profile::time;
 
 pub mod topology;
@@ -49,6 +50,12 @@ pub struct ResState {
 }
 
 impl ResBlock {
+    /// Its convolutions in bf16 pairs (`precision="medium"`).
+    fn pair_pack(&mut self) {
+        self.convs.iter_mut().for_each(Conv1d::pair_pack);
+        self.shortcut.iter_mut().for_each(Conv1d::pair_pack);
+    }
+
     fn weights_nbytes(&self) -> usize {
         let convs: usize = self.convs.iter().map(Conv1d::weights_nbytes).sum();
         convs + self.shortcut.as_ref().map_or(0, Conv1d::weights_nbytes)
@@ -176,6 +183,25 @@ impl Encoder {
         self.last.store_bf16();
         if let Some((_, down)) = self.layers.last_mut() {
             down.store_bf16();
+        }
+    }
+
+    /// `precision="medium"`: the groups of `layers` in bf16 pairs. The first convolution
+    /// (the audio, one channel) stays f32; `frame_rate` is the last down-sampling and the
+    /// last convolution, `encoder_convs` the other residual blocks and down-samplings.
+    pub fn pair_pack(&mut self, layers: MediumLayers) {
+        let n = self.layers.len();
+        for (i, (blocks, down)) in self.layers.iter_mut().enumerate() {
+            if layers.encoder_convs {
+                blocks.iter_mut().for_each(ResBlock::pair_pack);
+            }
+            let frame_rate = i + 1 == n;
+            if (frame_rate && layers.frame_rate) || (!frame_rate && layers.encoder_convs) {
+                down.pair_pack();
+            }
+        }
+        if layers.frame_rate {
+            self.last.pair_pack();
         }
     }
 
@@ -373,6 +399,25 @@ impl Decoder {
         self.init.store_bf16();
         if let Some((up, _)) = self.layers.first_mut() {
             up.store_bf16();
+        }
+    }
+
+    /// `precision="medium"`: the groups of `layers` in bf16 pairs. The last stage's residual
+    /// blocks and the last convolution (next to the waveform) stay f32; `frame_rate` is the
+    /// first convolution and the first up-sampling, `decoder_convs` the other up-samplings
+    /// and residual blocks.
+    pub fn pair_pack(&mut self, layers: MediumLayers) {
+        let n = self.layers.len();
+        for (i, (up, blocks)) in self.layers.iter_mut().enumerate() {
+            if (i == 0 && layers.frame_rate) || (i > 0 && layers.decoder_convs) {
+                up.pair_pack();
+            }
+            if i + 1 < n && layers.decoder_convs {
+                blocks.iter_mut().for_each(ResBlock::pair_pack);
+            }
+        }
+        if layers.frame_rate {
+            self.init.pair_pack();
         }
     }
 

@@ -194,6 +194,24 @@ impl Attention {
 }
 
 impl Layer {
+    /// Holds every matrix in bf16 pairs (`precision="medium"`).
+    pub(super) fn pair_pack(&mut self) {
+        self.attn.qkv.pair_pack();
+        self.attn.out.pair_pack();
+        match &mut self.mlp {
+            FeedForward::Plain { fc1, fc2 } => {
+                fc1.pair_pack();
+                fc2.pair_pack();
+            }
+            FeedForward::Gated {
+                lin_in, lin_out, ..
+            } => {
+                lin_in.pair_pack();
+                lin_out.pair_pack();
+            }
+        }
+    }
+
     /// The layer's linear layers, each with the names of the matrices it holds (q, k and v
     /// stacked in one, in that order).
     pub(super) fn linears(&self) -> Vec<(&Linear, &'static [&'static str])> {

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::host::HostArray;
 use crate::kernels::{residual_add, WindowAttention};
 use crate::rows::Rows;
-use crate::runtime::device::WeightsDType;
+use crate::runtime::precision::Precision;
 use candle::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::collections::{BTreeMap, HashMap};
@@ -198,15 +198,18 @@ impl Transformer {
             "check the config's sizes",
         )?;
         let w = crate::weights::load_transformer_only(cfg, src, spec)?;
-        let model = Self::new(cfg, w, spec.device, spec.dtype);
+        let mut model = Self::new(cfg, w, spec.device, spec.dtype)?;
+        if spec.precision == Precision::Medium {
+            model.pair_pack();
+        }
         // Loading freed every matrix it packed: give those pages back.
         crate::runtime::memory::trim_heap();
-        model
+        Ok(model)
     }
 
     /// Builds the model from checked weights (names without prefix, interleaved q/k layout,
     /// already in `dtype` on `device`, the matrices possibly in bf16 for an f32 model on the
-    /// CPU: see [`crate::weights::LoadSpec::weights_dtype`]).
+    /// CPU: see [`crate::weights::LoadSpec::precision`]).
     pub fn new(
         cfg: &TransformerConfig,
         weights: BTreeMap<String, Tensor>,
@@ -278,12 +281,20 @@ impl Transformer {
         self.dtype
     }
 
-    /// How the linear layers' weights are stored (bf16 only for an f32 model on the CPU).
-    pub fn weights_dtype(&self) -> WeightsDType {
-        match self.layers.first().map(|l| l.attn.qkv.weight_dtype()) {
-            Some(DType::BF16) if self.dtype == DType::F32 => WeightsDType::BF16,
-            _ => WeightsDType::F32,
+    /// How the linear layers compute (below `"highest"` only for an f32 model on the CPU).
+    pub fn precision(&self) -> Precision {
+        let first = self.layers.first().map(|l| &l.attn.qkv);
+        match first.map(|l| (l.is_pairs(), l.weight_dtype())) {
+            Some((true, _)) => Precision::Medium,
+            Some((false, DType::BF16)) if self.dtype == DType::F32 => Precision::High,
+            _ => Precision::Highest,
         }
+    }
+
+    /// Holds the linear layers' matrices in bf16 pairs (`precision="medium"`): the packed
+    /// ones; a model off the CPU keeps candle's.
+    pub fn pair_pack(&mut self) {
+        self.layers.iter_mut().for_each(Layer::pair_pack);
     }
 
     /// [`Self::weights`] as f32 host arrays.

@@ -33,7 +33,7 @@ fn spec(dev: &Device) -> weights::LoadSpec<'_> {
         layout: QkLayout::Interleaved,
         device: dev,
         dtype: DType::F32,
-        weights_dtype: Default::default(),
+        precision: Default::default(),
     }
 }
 

@@ -1,0 +1,172 @@
+//! The convolutions at `precision="medium"`: products with bf16 inputs and f32 sums in
+//! `vdpbf16ps`'s order ([`crate::kernels::bf16dot`]), for a [`Conv1d`] or [`ConvTr1d`] whose
+//! weights were pair-packed at load (`pair_pack`).
+//!
+//! One strategy serves every call, offline and streaming: tiles of output frames over the
+//! pool, each gathering its im2col columns in the weights' layout, rounding them to bf16
+//! pairs, and multiplying; then bias and residual are added in f32. A frame's output depends
+//! on its own inputs alone, and each output sums its pairs in one fixed order, so streaming
+//! equals offline and a batched row equals the row alone, bit for bit, on every CPU.
+
+use std::sync::Arc;
+
+use super::conv1d::Conv1d;
+use super::conv_tr1d::ConvTr1d;
+use super::frames::{Frames, Padded};
+use super::spec::Matrix;
+use super::tiles::{for_tiles, max_cols, tiles, SharedMut};
+use crate::kernels::bf16dot::{pair, PairPacked, Path};
+use crate::kernels::with_scratch;
+
+thread_local! {
+    /// A tile's columns as pairs, kept between calls.
+    static PAIRS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `cols` (`kk` rows of `tn` frames) as `tn` rows of `kk / 2` pairs (odd `kk`: a zero last).
+fn pair_rows(cols: &[f32], kk: usize, tn: usize, out: &mut Vec<u32>) {
+    let kp = kk.div_ceil(2);
+    out.clear();
+    out.resize(tn * kp, 0);
+    for i in 0..kp {
+        let even = &cols[2 * i * tn..][..tn];
+        let odd = (2 * i + 1 < kk).then(|| &cols[(2 * i + 1) * tn..][..tn]);
+        for t in 0..tn {
+            out[t * kp + i] = pair(even[t], odd.map_or(0.0, |o| o[t]));
+        }
+    }
+}
+
+/// The product of `w` `(n, kk)` with `frames` frames of columns, tile by tile over the pool:
+/// `gather(t0, tn, cols)` fills a tile's columns (`kk` rows of `tn`), `store(t0, tn, y)`
+/// takes its products (`tn` rows of `n`). A single tile spreads its product's panels over the
+/// pool instead (a streaming step's few frames). The bits do not depend on the tiling.
+fn product_tiles(
+    w: &PairPacked,
+    frames: usize,
+    gather: impl Fn(usize, usize, &mut [f32]) + Sync,
+    store: impl Fn(usize, usize, &[f32]) + Sync,
+) {
+    let (n, kk) = w.dims();
+    let flops = 2 * n * kk * frames;
+    let tiles = tiles(1, frames, max_cols(kk), flops);
+    let (path, single) = (Path::best(), tiles.len() == 1);
+    for_tiles(&tiles, flops, |scratch, (_, _, t0, tn)| {
+        with_scratch(&PAIRS, |xp| {
+            scratch.resize((kk * tn).max(n * tn), 0.0);
+            gather(t0, tn, &mut scratch[..kk * tn]);
+            pair_rows(&scratch[..kk * tn], kk, tn, xp);
+            let y = &mut scratch[..n * tn];
+            match single {
+                true => w.matmul(xp, tn, None, y),
+                false => w.matmul_on(path, xp, tn, None, y),
+            }
+            store(t0, tn, y);
+        })
+    });
+}
+
+impl Conv1d {
+    /// Holds the weights in bf16 pairs (`precision="medium"`), in the layout the other
+    /// strategies use (phase-major for a phase-split layer); the f32 matrix is let go.
+    pub(crate) fn pair_pack(&mut self) {
+        let w = self.w.f32().into_owned();
+        let kk = w.len() / self.cout.max(1);
+        self.pairs = Some(Arc::new(PairPacked::pack(&w, self.cout, kk)));
+        self.w = Matrix::F32(Vec::new());
+    }
+
+    /// Weight column `r`'s input: (channel, first frame read) for output frame 0; `None`
+    /// for a phase-major column past the kernel (a zero weight).
+    fn pair_column(&self, r: usize) -> Option<(usize, usize)> {
+        let (k, s) = (self.k, self.stride);
+        if self.phases == 0 {
+            return Some((r / k, (r % k) * self.dilation));
+        }
+        let cs = self.cin * s;
+        let (m, ci, rr) = (r / cs, (r % cs) / s, r % s);
+        (m * s + rr < k).then_some((ci, m * s + rr))
+    }
+
+    /// `n` output frames of `x` (padded, activated) plus bias and `residual` (`cout x n`).
+    pub(super) fn run_pairs(
+        &self,
+        w: &PairPacked,
+        x: &Padded,
+        n: usize,
+        residual: Option<&[f32]>,
+    ) -> Frames {
+        let (cout, s) = (self.cout, self.stride);
+        let mut out = Frames::uninit(cout, n);
+        let ptr = SharedMut(out.data.as_mut_ptr());
+        let bias = self.b.as_deref();
+        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
+            for (r, dst) in cols.chunks_exact_mut(tn).enumerate() {
+                match self.pair_column(r) {
+                    Some((ci, off)) => x.gather(ci, t0 * s + off, s, dst),
+                    None => dst.fill(0.0),
+                }
+            }
+        };
+        let store = |t0: usize, tn: usize, y: &[f32]| {
+            for co in 0..cout {
+                let b = bias.map_or(0.0, |b| b[co]);
+                for t in 0..tn {
+                    let i = co * n + t0 + t;
+                    let r = residual.map_or(0.0, |r| r[i]);
+                    // SAFETY: frames t0 .. t0 + tn of `out` (cout x n) are this tile's only.
+                    unsafe { *ptr.at(i) = y[t * cout + co] + b + r };
+                }
+            }
+        };
+        if n > 0 {
+            product_tiles(w, n, gather, store);
+        }
+        out
+    }
+}
+
+impl ConvTr1d {
+    /// Holds the weights in bf16 pairs (`precision="medium"`); a depthwise layer (a few
+    /// products per output) stays f32.
+    pub(crate) fn pair_pack(&mut self) {
+        if self.depthwise {
+            return;
+        }
+        let w = self.w.f32().into_owned();
+        let tk = self.taps * self.cin;
+        self.pairs = Some(Arc::new(PairPacked::pack(&w, self.stride * self.cout, tk)));
+        self.w = Matrix::F32(Vec::new());
+    }
+
+    /// `n * stride` output frames of `x` (`taps - 1` earlier frames, then `n`), with the bias.
+    pub(super) fn run_pairs(&self, w: &PairPacked, x: &Frames, n: usize) -> Frames {
+        let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
+        let (len, out_len) = (x.len, n * s);
+        let mut out = Frames::uninit(cout, out_len);
+        let ptr = SharedMut(out.data.as_mut_ptr());
+        let bias = self.b.as_deref();
+        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
+            for (r, dst) in cols.chunks_exact_mut(tn).enumerate() {
+                let (m, ci) = (r / cin, r % cin);
+                dst.copy_from_slice(&x.data[ci * len + taps - 1 + t0 - m..][..tn]);
+            }
+        };
+        let store = |t0: usize, tn: usize, y: &[f32]| {
+            for co in 0..cout {
+                let b = bias.map_or(0.0, |b| b[co]);
+                for t in 0..tn {
+                    for j in 0..s {
+                        let i = co * out_len + (t0 + t) * s + j;
+                        // SAFETY: frames (t0 .. t0 + tn) * s of `out` are this tile's only.
+                        unsafe { *ptr.at(i) = y[t * s * cout + co * s + j] + b };
+                    }
+                }
+            }
+        };
+        if n > 0 {
+            product_tiles(w, n, gather, store);
+        }
+        out
+    }
+}
