@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Serving frames of several builds or weight types, interleaved in one run.
 
-    python benches/paired.py --worker new32=:float32 --worker new16=:bfloat16 \
+    python benches/paired.py --worker new32=:float32 --worker new16=:bfloat16 --worker med=:medium \
         [--worker old=/path/to/old/python/dir:float32] [--batches 1,4,8,12,16] [--rounds 5]
 
 Each worker is a long-lived process (``RAYON_NUM_THREADS=--threads``) holding one real-size
-seeded codec (``MimiCodec(seed=0, weights_dtype=...)``), imported from the given directory
+seeded codec (``MimiCodec(seed=0, weights_dtype=...)``, or ``precision=...`` for the names
+``highest``, ``high`` and ``medium``), imported from the given directory
 (``PYTHONPATH``; empty: the installed ``mimi_py``). The parent asks the workers in turn, round
 after round, for ``--frames`` serving frames (one ``encode_step`` then ``decode_step`` of B
 rows, after one warm-up frame; B = 0: an offline encode then decode of 10 s), so every worker
@@ -34,7 +35,7 @@ import json, sys, time
 import numpy as np
 import mimi_py
 wd = sys.argv[1]
-kw = {} if wd == "float32" else {"weights_dtype": wd}
+kw = {"precision": wd} if wd in ("highest", "high", "medium") else {"weights_dtype": wd}
 codec = mimi_py.MimiCodec(seed=0, **kw)
 rng = np.random.default_rng(0)
 print(json.dumps({"ready": True}), flush=True)

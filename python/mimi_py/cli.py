@@ -27,7 +27,7 @@ from . import MimiCodec, MimiError
 from .audio import CHUNK_SECONDS, AudioReader, encode_blocks, open_writer, output_format
 from .errors import InvalidInputError
 from .hub import load_codec
-from .options import add_weights_dtype
+from .options import add_precision
 
 
 class CliError(Exception):
@@ -54,6 +54,7 @@ def _codec(args) -> MimiCodec:
         args.weights,
         num_codebooks=getattr(args, "num_codebooks", None),
         device=args.device,
+        precision=args.precision,
         weights_dtype=args.weights_dtype,
     )
 
@@ -166,6 +167,7 @@ def tokenize(args) -> None:
             address=args.address,
             resume=args.resume,
             progress_every=args.progress_every,
+            precision=args.precision,
             weights_dtype=args.weights_dtype,
         )
     except KeyboardInterrupt:
@@ -230,7 +232,7 @@ def _add_codec_parsers(sub) -> None:
         )
         q.add_argument("--device", default="cpu")
         q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
-        add_weights_dtype(q)
+        add_precision(q)
 
 
 def _add_tokenize_parser(sub):
@@ -260,7 +262,7 @@ def _add_tokenize_parser(sub):
     t.add_argument(
         "--resume", action="store_true", help="skip the paths that already have a row in OUTPUT_DIR"
     )
-    add_weights_dtype(t)
+    add_precision(t)
     t.set_defaults(func=tokenize)
     return t
 

@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["WEIGHTS_DTYPES", "add_weights_dtype"]
+__all__ = ["PRECISIONS", "WEIGHTS_DTYPES", "add_precision"]
 
-# How the weights may be stored (MimiCodec's ``weights_dtype=``).
+# How the products compute (MimiCodec's ``precision=``), and the older way to ask for "high".
+PRECISIONS = ("highest", "high", "medium")
 WEIGHTS_DTYPES = ("float32", "bfloat16")
 
 
-def add_weights_dtype(p: argparse.ArgumentParser) -> None:
-    """``--weights-dtype float32|bfloat16`` (default float32)."""
+def add_precision(p: argparse.ArgumentParser) -> None:
+    """``--precision highest|high|medium`` and the older ``--weights-dtype float32|bfloat16``
+    (both default: not given, which is mimi_py.get_float32_matmul_precision(), "highest")."""
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="how the native CPU engine computes: highest (float32, the default), high (bfloat16 "
+        "weights, float32 products) or medium (bfloat16 products, float32 sums); codes agree with "
+        "highest's in 95-100%% of frames, see docs/precision.md",
+    )
     p.add_argument(
         "--weights-dtype",
         choices=WEIGHTS_DTYPES,
-        default="float32",
-        help="how the weights are stored (bfloat16: half the memory and bytes read per step; the "
-        "codes may differ from float32's in a few frames; see docs/weights-dtype.md)",
+        default=None,
+        help="older spelling: bfloat16 is --precision high",
     )

@@ -173,9 +173,16 @@ def test_weights_dtype_reaches_the_codec_of_decode_and_encode(tmp_path, small_di
     assert_same(np.load(tmp_path / "c2.npy"), expect)
     r = run("encode", wav, tmp_path / "c3.npy", "--weights-dtype", "float16")
     assert r.returncode == 2 and "invalid choice: 'float16'" in r.stderr
+    r = run("encode", wav, tmp_path / "c4.npy", "--weights", small_dir, "--precision", "medium")
+    assert r.returncode == 0, r.stderr
+    expect = mimi_py.MimiCodec(small_dir, precision="medium").encode(IO["waveform"])
+    assert_same(np.load(tmp_path / "c4.npy"), expect)
+    args = ("--weights", small_dir, "--precision", "medium", "--weights-dtype", "float32")
+    r = run("encode", wav, tmp_path / "c5.npy", *args)
+    assert r.returncode == 1 and 'contradicts precision="medium"' in r.stderr
 
 
-def test_weights_dtype_is_one_option_shared_by_encode_decode_tokenize_and_serve(monkeypatch):
+def test_precision_is_one_option_shared_by_encode_decode_tokenize_and_serve(monkeypatch):
     from mimi_py import cli, data
 
     p = cli.parser()
@@ -185,8 +192,9 @@ def test_weights_dtype_is_one_option_shared_by_encode_decode_tokenize_and_serve(
         ["tokenize", "in", "out"],
         ["serve"],
     ):
-        assert p.parse_args(argv).weights_dtype == "float32", argv
+        assert (p.parse_args(argv).precision, p.parse_args(argv).weights_dtype) == (None, None), argv
         assert p.parse_args([*argv, "--weights-dtype", "bfloat16"]).weights_dtype == "bfloat16", argv
+        assert p.parse_args([*argv, "--precision", "medium"]).precision == "medium", argv
     seen = {}
 
     def fake_tokenize(*args, **kwargs):
@@ -195,5 +203,5 @@ def test_weights_dtype_is_one_option_shared_by_encode_decode_tokenize_and_serve(
 
     monkeypatch.setattr(data, "tokenize", fake_tokenize)
     with pytest.raises(SystemExit):
-        cli.tokenize(p.parse_args(["tokenize", "in", "out", "--weights-dtype", "bfloat16"]))
-    assert seen["weights_dtype"] == "bfloat16"
+        cli.tokenize(p.parse_args(["tokenize", "in", "out", "--weights-dtype", "bfloat16", "--precision", "high"]))
+    assert (seen["weights_dtype"], seen["precision"]) == ("bfloat16", "high")

@@ -450,12 +450,23 @@ def test_hf_weights_are_pinned_to_the_commit_and_identified_by_sha256(tmp_path, 
     assert "seeded" in data._same_model(
         {"weights": ident, "config": config}, {"weights": seeded, "config": config}
     )
-    # The weights' storage type is part of the model (a manifest without it: float32).
+    # The precision is part of the model (a manifest without it: its weights_dtype's, bfloat16
+    # being "high"; without either, "highest").
     bf16 = dict(config, weights_dtype="bfloat16")
-    assert data._same_model({"weights": ident, "config": config}, {"weights": local, "config": bf16}) == (
-        "weights_dtype 'float32' then 'bfloat16'"
-    )
+    medium = dict(config, weights_dtype="bfloat16", precision="medium")
+    old, new = {"weights": ident, "config": config}, {"weights": local, "config": medium}
+    assert data._same_model(old, new) == "precision 'highest' then 'medium'"
+    old = {"weights": ident, "config": bf16}
+    assert data._same_model(old, new) == "precision 'high' then 'medium'"
+    assert data._same_model(old, dict(new, config=dict(bf16, precision="high"))) is None
     assert data._model(WEIGHTS, CONFIG, Q, 0, "bfloat16").load().weights_dtype == "bfloat16"
+    assert data._model(WEIGHTS, CONFIG, Q, 0, precision="medium").load().precision == "medium"
+    # neither given: the driver's default, pinned for the actors
+    try:
+        mimi_py.set_float32_matmul_precision("medium")
+        assert data._model(WEIGHTS, CONFIG, Q, 0).precision == "medium"
+    finally:
+        mimi_py.set_float32_matmul_precision("highest")
 
 
 # ---------------------------------------------------------------- the output in every reader

@@ -25,7 +25,7 @@ from .common import (
     _pa,
     codes_to_numpy,
 )
-from .model import _Model, _model
+from .model import _Model, _model, _recorded_precision
 from .output import _Output, read_manifest
 from .runtime import _ray_session, _ray_stage_args, _threads_env
 
@@ -81,14 +81,15 @@ class MimiDecoder:
         config: CodecConfig | Mapping[str, Any] | None = None,
         num_codebooks: int | None = None,
         seed: int = 0,
-        weights_dtype: Literal["float32", "bfloat16"] = "float32",
+        weights_dtype: Literal["float32", "bfloat16"] | None = None,
+        precision: Literal["highest", "high", "medium"] | None = None,
         threads: int | None = None,
         batch_seconds: float = CHUNK_SECONDS,
         max_inline_seconds: float = _MAX_INLINE_SECONDS,
     ) -> None:
         _threads_env(threads)
         self.wav_dir = os.fspath(wav_dir)
-        self.codec = _model(weights, config, num_codebooks, seed, weights_dtype).load()
+        self.codec = _model(weights, config, num_codebooks, seed, weights_dtype, precision).load()
         self._chunk = max(1, round(batch_seconds * self.codec.frame_rate))
         self._inline = max_inline_seconds * self.codec.frame_rate
 
@@ -164,16 +165,16 @@ def _recorded_model(
     seed: int | None,
 ) -> _Model:
     """The model to decode with: the one ``.MANIFEST.json`` records (weights, config, seed) unless
-    any of them is given; always the recorded number of codebooks and weights dtype (float32 for
-    manifests written before it was recorded)."""
+    any of them is given; always the recorded number of codebooks and precision (see
+    ``_recorded_precision``)."""
     recorded = manifest.get("config") or {}
     if weights is None and config is None and seed is None and manifest:
         w = manifest.get("weights") or {}
         weights, seed = w.get("spec"), int(w.get("seed", 0) or 0)
         if weights is not None and not str(weights).startswith("hf:"):
             config = recorded.get("codec")
-    weights_dtype = recorded.get("weights_dtype", "float32")
-    return _model(weights, config, recorded.get("num_codebooks"), seed or 0, weights_dtype)
+    precision = _recorded_precision(recorded)
+    return _model(weights, config, recorded.get("num_codebooks"), seed or 0, precision=precision)
 
 
 def _code_refs(out: _Output, parts: list[str], limit: int | None, n_workers: int) -> list[Any]:

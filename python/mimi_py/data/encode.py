@@ -70,10 +70,11 @@ class MimiEncoder:
         seed: int = 0,
         threads: int | None = None,
         batch_seconds: float = CHUNK_SECONDS,
-        weights_dtype: Literal["float32", "bfloat16"] = "float32",
+        weights_dtype: Literal["float32", "bfloat16"] | None = None,
+        precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:
         _threads_env(threads)
-        self.codec = _model(weights, config, num_codebooks, seed, weights_dtype).load()
+        self.codec = _model(weights, config, num_codebooks, seed, weights_dtype, precision).load()
         fs = self.codec.frame_size
         self._chunk = max(1, round(batch_seconds * self.codec.sample_rate / fs)) * fs
         self._batch_seconds = batch_seconds
@@ -210,7 +211,8 @@ def encode_batches(
     max_inline_seconds: float = _MAX_INLINE_SECONDS,
     read_tasks: int | None = None,
     sample_rate: int | None = None,
-    weights_dtype: Literal["float32", "bfloat16"] = "float32",
+    weights_dtype: Literal["float32", "bfloat16"] | None = None,
+    precision: Literal["highest", "high", "medium"] | None = None,
 ) -> Dataset:
     """Add the two stages to a Ray Dataset of ``path`` rows; returns a Dataset of
     :func:`output_schema` rows (in no particular order).
@@ -226,7 +228,7 @@ def encode_batches(
     """
     ray = _need("ray")
     ray_data = _need("ray.data")
-    model = _model(weights, config, num_codebooks, seed, weights_dtype)
+    model = _model(weights, config, num_codebooks, seed, weights_dtype, precision)
     if sample_rate is None:
         sample_rate = model.load().sample_rate
     tasks = read_tasks if read_tasks is not None else max(2, -(-workers // 8))
@@ -253,7 +255,8 @@ def encode_batches(
             "seed": seed,
             "threads": threads_per_worker,
             "batch_seconds": batch_seconds,
-            "weights_dtype": weights_dtype,
+            "weights_dtype": model.weights_dtype,
+            "precision": model.precision,
         },
         **_ray_stage_args(workers, threads_per_worker, cpus),
     )

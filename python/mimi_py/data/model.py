@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any, Literal, NamedTuple
 
-from .._core import CodecConfig, MimiCodec
+from .._core import CodecConfig, MimiCodec, get_float32_matmul_precision
 from ..errors import ConfigError
 from ..hub import HF_CONFIG, HF_FILES, _snapshot, _snapshot_commit, load_codec, parse_weights_spec
 
@@ -22,7 +22,8 @@ class _Model(NamedTuple):
     config: dict[str, Any] | None
     num_codebooks: int | None  # None: the checkpoint's (or config's) own number
     seed: int
-    weights_dtype: Literal["float32", "bfloat16"] = "float32"
+    weights_dtype: Literal["float32", "bfloat16"] | None = None  # "bfloat16": precision "high"
+    precision: Literal["highest", "high", "medium"] | None = None  # pinned by the driver
 
     def load(self) -> MimiCodec:
         if self.config is not None:
@@ -33,10 +34,15 @@ class _Model(NamedTuple):
                 config=self.config,
                 num_codebooks=self.num_codebooks,
                 seed=self.seed,
+                precision=self.precision,
                 weights_dtype=self.weights_dtype,
             )
         return load_codec(
-            self.weights, num_codebooks=self.num_codebooks, seed=self.seed, weights_dtype=self.weights_dtype
+            self.weights,
+            num_codebooks=self.num_codebooks,
+            seed=self.seed,
+            precision=self.precision,
+            weights_dtype=self.weights_dtype,
         )
 
 
@@ -53,14 +59,20 @@ def _model(
     config: CodecConfig | Mapping[str, Any] | None,
     num_codebooks: int | None,
     seed: int,
-    weights_dtype: Literal["float32", "bfloat16"] = "float32",
+    weights_dtype: Literal["float32", "bfloat16"] | None = None,
+    precision: Literal["highest", "high", "medium"] | None = None,
 ) -> _Model:
+    """The model every actor builds. Neither ``weights_dtype`` nor ``precision`` given: the
+    driver's :func:`mimi_py.get_float32_matmul_precision`, pinned here (actors are other
+    processes)."""
     spec = None
     if weights is not None:
         spec = os.fspath(weights)
         if not spec.startswith("hf:"):
             spec = os.path.abspath(spec)
-    return _Model(spec, _config_dict(config), num_codebooks, seed, weights_dtype)
+    if weights_dtype is None and precision is None:
+        precision = get_float32_matmul_precision()
+    return _Model(spec, _config_dict(config), num_codebooks, seed, weights_dtype, precision)
 
 
 def _sha256(path: str | os.PathLike[str]) -> str:
@@ -126,7 +138,16 @@ def _same_model(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     elif _weight_hashes(ow) != _weight_hashes(nw):
         return f"{name(ow)} then {name(nw)} (different sha256)"
     oc, nc = old.get("config", {}), new["config"]
-    for key, default in (("num_codebooks", None), ("weights_dtype", "float32"), ("codec", None)):
-        if oc.get(key, default) != nc.get(key, default):  # manifests before weights_dtype: float32
+    oc = dict(oc, precision=_recorded_precision(oc))
+    for key, default in (("num_codebooks", None), ("precision", "highest"), ("codec", None)):
+        if oc.get(key, default) != nc.get(key, default):
             return f"{key} {oc.get(key, default)!r} then {nc.get(key, default)!r}"
     return None
+
+
+def _recorded_precision(config: Mapping[str, Any]) -> str:
+    """The precision a manifest's ``config`` records; manifests before it was recorded have
+    their ``weights_dtype`` (bfloat16: "high"), or neither (float32: "highest")."""
+    if "precision" in config:
+        return str(config["precision"])
+    return "high" if config.get("weights_dtype") == "bfloat16" else "highest"

@@ -155,6 +155,7 @@ def _new_manifest(
             "frame_size": codec.frame_size,
             "cardinality": codec.cardinality,
             "weights_dtype": codec.weights_dtype,
+            "precision": codec.precision,
             **settings,
             "codec": codec.config.to_dict(),
         },

@@ -129,7 +129,8 @@ def tokenize(
     max_inline_seconds: float = _MAX_INLINE_SECONDS,
     progress_every: float | None = 5.0,
     on_part: Callable[[Progress], None] | None = None,
-    weights_dtype: Literal["float32", "bfloat16"] = "float32",
+    weights_dtype: Literal["float32", "bfloat16"] | None = None,
+    precision: Literal["highest", "high", "medium"] | None = None,
 ) -> dict[str, Any]:
     """Tokenize every audio file of ``input`` into Parquet rows in ``output_dir``.
 
@@ -140,9 +141,10 @@ def tokenize(
     takes), ``hf:REPO_ID[@REVISION][:FILENAME]`` (pinned to the commit the driver resolves, so
     every node loads the same files) or None (seeded random weights); ``config``: a
     :class:`~mimi_py.CodecConfig` for local weights without a ``config.json``;
-    ``num_codebooks``: None for the checkpoint's (or config's) own number; ``weights_dtype``: how
-    every actor's codec stores its weights (``MimiCodec``'s; recorded in the manifest, and a
-    resumed job must use the same).
+    ``num_codebooks``: None for the checkpoint's (or config's) own number; ``precision`` and
+    ``weights_dtype``: how every actor's codec computes (``MimiCodec``'s; neither: the driver's
+    ``mimi_py.get_float32_matmul_precision()``; recorded in the manifest, and a resumed job must
+    use the same).
 
     Runs on Ray: an existing connection, else ``address`` / ``RAY_ADDRESS``, else a local
     instance (shut down at the end). ``workers`` encoder actors (default: the cluster's CPUs ÷
@@ -171,7 +173,7 @@ def tokenize(
         "threads_per_worker": threads_per_worker,
         "max_inline_seconds": max_inline_seconds,
     }
-    model = _model(weights, config, num_codebooks, seed, weights_dtype)
+    model = _model(weights, config, num_codebooks, seed, weights_dtype, precision)
     job = _start_job(input, output_dir, model, settings, resume)
     writer = _PartWriter(
         job.out, len(job.todo), t_start, rows_per_file, flush_seconds, progress_every, on_part
@@ -182,7 +184,8 @@ def tokenize(
             num_codebooks=num_codebooks,
             seed=seed,
             sample_rate=job.manifest["config"]["sample_rate"],
-            weights_dtype=weights_dtype,
+            weights_dtype=job.model.weights_dtype,
+            precision=job.model.precision,
         )
         try:
             _run_pipeline(job, stage, address, writer)

@@ -28,7 +28,7 @@ import signal
 import ssl
 import sys
 
-from ..options import add_weights_dtype
+from ..options import add_precision
 from .access import ANY_HOST, Access, host_name, is_loopback
 from .protocol import MAX_MESSAGE_BYTES, TOKEN_ENV
 from .server import Server, websockets_module
@@ -48,7 +48,12 @@ async def serve(args: argparse.Namespace) -> None:
     from .capacity import calibrate
 
     tls = tls_context(args.certfile, args.keyfile)
-    codec = load_codec(args.weights, num_codebooks=args.num_codebooks, weights_dtype=args.weights_dtype)
+    codec = load_codec(
+        args.weights,
+        num_codebooks=args.num_codebooks,
+        precision=args.precision,
+        weights_dtype=args.weights_dtype,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -62,7 +67,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     def ready(port: int) -> None:
         print(f"listening on {'wss' if tls else 'ws'}://{args.host}:{port}", flush=True)
-        log.info("%d slots, %s, %s weights, %s", slots, codec.device, args.weights_dtype, _who(access))
+        log.info("%d slots, %s, precision %s, %s", slots, codec.device, codec.precision, _who(access))
 
     server = Server(codec, slots, access=access, calibration=calibration)
     await run_server(server, args.host, args.port, stop, ready, tls=tls)
@@ -206,7 +211,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--weights", default=None, help="a checkpoint path or hf:REPO_ID (default: seeded random weights)"
     )
     p.add_argument("--num-codebooks", type=int, default=None, help="default: the checkpoint's own number")
-    add_weights_dtype(p)
+    add_precision(p)
     p.add_argument("--threads", type=_positive, default=None, help="compute threads (default: one per core)")
     p.set_defaults(func=run)
     return p

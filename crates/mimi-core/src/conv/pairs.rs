@@ -15,7 +15,7 @@ use super::conv_tr1d::ConvTr1d;
 use super::frames::{Frames, Padded};
 use super::spec::Matrix;
 use super::tiles::{for_tiles, max_cols, tiles, SharedMut};
-use crate::kernels::bf16dot::{pair, PairPacked, Path};
+use crate::kernels::bf16dot::{pair, PairInput, PairPacked, Path};
 use crate::kernels::with_scratch;
 
 thread_local! {
@@ -23,16 +23,20 @@ thread_local! {
     static PAIRS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// `cols` (`kk` rows of `tn` frames) as `tn` rows of `kk / 2` pairs (odd `kk`: a zero last).
-fn pair_rows(cols: &[f32], kk: usize, tn: usize, out: &mut Vec<u32>) {
+/// `cols` (`kk` rows of `tn` frames) as `kk / 2` rows of `tn` pairs (odd `kk`: a zero
+/// last): the pair-major input of the product ([`PairInput::columns`]), each row one
+/// vectorizable pass.
+fn pair_columns(cols: &[f32], kk: usize, tn: usize, out: &mut Vec<u32>) {
     let kp = kk.div_ceil(2);
     out.clear();
     out.resize(tn * kp, 0);
-    for i in 0..kp {
+    for (i, dst) in out.chunks_exact_mut(tn.max(1)).enumerate().take(kp) {
         let even = &cols[2 * i * tn..][..tn];
-        let odd = (2 * i + 1 < kk).then(|| &cols[(2 * i + 1) * tn..][..tn]);
-        for t in 0..tn {
-            out[t * kp + i] = pair(even[t], odd.map_or(0.0, |o| o[t]));
+        match cols.get((2 * i + 1) * tn..(2 * i + 2) * tn) {
+            Some(odd) => {
+                (dst.iter_mut().zip(even.iter().zip(odd))).for_each(|(d, (&e, &o))| *d = pair(e, o))
+            }
+            None => (dst.iter_mut().zip(even)).for_each(|(d, &e)| *d = pair(e, 0.0)),
         }
     }
 }
@@ -55,11 +59,11 @@ fn product_tiles(
         with_scratch(&PAIRS, |xp| {
             scratch.resize((kk * tn).max(n * tn), 0.0);
             gather(t0, tn, &mut scratch[..kk * tn]);
-            pair_rows(&scratch[..kk * tn], kk, tn, xp);
-            let y = &mut scratch[..n * tn];
+            pair_columns(&scratch[..kk * tn], kk, tn, xp);
+            let (x, y) = (PairInput::columns(xp, tn), &mut scratch[..n * tn]);
             match single {
-                true => w.matmul(xp, tn, None, y),
-                false => w.matmul_on(path, xp, tn, None, y),
+                true => w.matmul(x, tn, None, y),
+                false => w.matmul_on(path, x, tn, None, y),
             }
             store(t0, tn, y);
         })

@@ -438,19 +438,34 @@ fn pair_packed_convolutions_stream_bit_exactly() -> Result<()> {
         let mut ours = f32.clone();
         ours.pair_pack();
         let x = frames_of(&Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?);
-        let (want, got) = (f32.forward(&x, Some(1.0), None), ours.forward(&x, Some(1.0), None));
+        let (want, got) = (
+            f32.forward(&x, Some(1.0), None),
+            ours.forward(&x, Some(1.0), None),
+        );
         let scale = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
         let dd = max_diff(&got.data, &want.data);
-        assert!(dd <= 2e-2 * scale, "case {cin} {cout} {k} {s} {d}: {dd} of {scale}");
+        assert!(
+            dd <= 2e-2 * scale,
+            "case {cin} {cout} {k} {s} {d}: {dd} of {scale}"
+        );
         let (mut st, mut out, mut t0, mut chunk) = (ConvState::default(), vec![], 0, 1);
         while t0 < len {
             let n = chunk.min(len - t0);
-            let y = ours.step(&mut st, &x.window(t0, t0 + n), Some(1.0), None, t0 + n == len);
+            let y = ours.step(
+                &mut st,
+                &x.window(t0, t0 + n),
+                Some(1.0),
+                None,
+                t0 + n == len,
+            );
             out.push(y);
             (t0, chunk) = (t0 + n, chunk * 3 % 97 + 1);
         }
         let streamed = (out.iter()).fold(Frames::empty(cout), |a, y| a.concat_act(y, None));
-        assert_eq!(streamed.data, got.data, "case {cin} {cout} {k} {s} {d} {len}");
+        assert_eq!(
+            streamed.data, got.data,
+            "case {cin} {cout} {k} {s} {d} {len}"
+        );
     }
     for (cin, cout, k, s, len) in [(16, 8, 8, 4, 200), (64, 32, 16, 8, 90), (3, 2, 4, 2, 7)] {
         let (_vm, vb) = randn_vb((cin, cout, k), cout)?;
@@ -460,12 +475,22 @@ fn pair_packed_convolutions_stream_bit_exactly() -> Result<()> {
         let x = frames_of(&Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?);
         let (want, got) = (f32.forward(&x, None), ours.forward(&x, None));
         let scale = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert!(max_diff(&got.data, &want.data) <= 2e-2 * scale, "tr {cin} {cout} {k} {s}");
+        assert!(
+            max_diff(&got.data, &want.data) <= 2e-2 * scale,
+            "tr {cin} {cout} {k} {s}"
+        );
         let mut st = ConvState::default();
         let streamed = (0..len).step_by(3).fold(Frames::empty(cout), |a, t| {
-            a.concat_act(&ours.step(&mut st, &x.window(t, (t + 3).min(len)), None), None)
+            a.concat_act(
+                &ours.step(&mut st, &x.window(t, (t + 3).min(len)), None),
+                None,
+            )
         });
-        assert_eq!(streamed.data, got.data[..streamed.data.len()], "tr {cin} {cout} {k} {s}");
+        assert_eq!(
+            streamed.data,
+            got.data[..streamed.data.len()],
+            "tr {cin} {cout} {k} {s}"
+        );
     }
     Ok(())
 }

@@ -19,8 +19,13 @@
 /// Outputs per panel: one 512-bit vector of f32 sums.
 pub const LANES: usize = 16;
 
-/// Rows of one register tile of the AVX-512 BF16 path (independent sums hide its latency).
-const ROWS: usize = 4;
+/// Rows of one register tile: 8 rows x 2 panels are 16 independent AVX-512 sums, enough to
+/// hide `vdpbf16ps`'s latency (6 cycles on Zen 4) at two a cycle. Fewer rows take tiles of
+/// 4, 2 and 1.
+const ROWS: usize = 8;
+
+/// A register tile's sums: `[row][panel]`, 16 lanes each.
+type Acc = [[f32; LANES]; 2];
 
 /// How a product is computed; every path gives the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,33 +57,34 @@ impl Path {
         super::cpu::has(self.level())
     }
 
-    /// The path products take here: the instruction where the CPU has it, else the widest
-    /// emulation (the same bits on each). On Intel, `vdpbf16ps` runs at half the f32 FMA
-    /// rate, the emulation's two FMAs per pair at about the same speed (see docs/precision.md).
+    /// The path products take here (the same bits on each): the instruction on AMD, whose
+    /// Zen 4 and 5 run it at twice the f32 FMA rate; elsewhere the widest emulation first.
+    /// On Intel, `vdpbf16ps` runs at half the f32 FMA rate, and its emulation by two
+    /// AVX-512 FMAs per pair measured faster (`paths_speed`, a Xeon with AVX-512 BF16: 115
+    /// against 100 GFLOP/s on one core).
     pub fn best() -> Path {
         static BEST: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            [Path::Native, Path::Avx512, Path::Avx2]
-                .into_iter()
-                .find(|p| p.available())
-                .unwrap_or(Path::Portable)
+            let order = match super::cpu::vendor_is_amd() {
+                true => [Path::Native, Path::Avx512, Path::Avx2],
+                false => [Path::Avx512, Path::Native, Path::Avx2],
+            };
+            (order.into_iter().find(|p| p.available())).unwrap_or(Path::Portable)
         })
     }
-
 }
 
 /// `x` rounded to bf16, to nearest even; a denormal result is a zero of its sign, NaN stays
-/// a NaN.
+/// a NaN (quiet). Branch-free, so that loops over it vectorize. The sum cannot wrap for a
+/// finite `x` (the largest, `0xff7f_ffff`, plus `0x8000` stays below 2^32).
+#[inline(always)]
 pub fn to_bf16(x: f32) -> u16 {
     let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) | 0x40) as u16; // quiet
-    }
-    let r = ((b as u64 + 0x7fff + ((b >> 16) & 1) as u64) >> 16) as u16;
-    match r & 0x7f80 {
-        0 => r & 0x8000, // denormal (or zero): flushed, as DAZ would
-        _ => r,
-    }
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+    let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
+    let r = if nan { (b >> 16) | 0x40 } else { rounded };
+    // a denormal (or zero): flushed, as DAZ would
+    (if r & 0x7f80 == 0 { r & 0x8000 } else { r }) as u16
 }
 
 /// The f32 a bf16 stands for.
@@ -100,6 +106,53 @@ pub fn round_pairs(x: &[f32], m: usize, k: usize, out: &mut Vec<u32>) {
             let odd = row.get(2 * i + 1).map_or(0, |&v| to_bf16(v) as u32);
             out.push(even | odd << 16);
         }
+    }
+}
+
+/// A product's input rounded to pairs, `m` rows of `kp` pairs: row `r`'s pair `i` at
+/// `r * row + i * pair` ([`Self::rows`]: row-major, as [`round_pairs`] writes; [`Self::columns`]:
+/// pair-major, as a convolution's tile gathers its columns).
+#[derive(Clone, Copy, Debug)]
+pub struct PairInput<'a> {
+    data: &'a [u32],
+    row: usize,
+    pair: usize,
+}
+
+impl<'a> PairInput<'a> {
+    /// Row-major: `data[r * kp + i]`.
+    pub fn rows(data: &'a [u32], kp: usize) -> Self {
+        Self {
+            data,
+            row: kp,
+            pair: 1,
+        }
+    }
+
+    /// Pair-major: `data[i * m + r]`.
+    pub fn columns(data: &'a [u32], m: usize) -> Self {
+        Self {
+            data,
+            row: 1,
+            pair: m,
+        }
+    }
+
+    /// The input from row `r0` on.
+    fn from_row(self, r0: usize) -> Self {
+        Self {
+            data: &self.data[r0 * self.row..],
+            ..self
+        }
+    }
+
+    /// Row `r`'s pair `i`.
+    ///
+    /// # Safety
+    /// `(r, i)` is inside the product's input (checked once per product, `PairPacked::check`).
+    #[inline(always)]
+    unsafe fn at(&self, r: usize, i: usize) -> u32 {
+        *self.data.get_unchecked(r * self.row + i * self.pair)
     }
 }
 
@@ -156,7 +209,7 @@ impl PairPacked {
 
     /// `y (m, n) = bias + x (m, k) . w^T` on this CPU's fastest path ([`Path::best`]), the
     /// panels spread over the pool when the product is large (the bits do not change).
-    pub fn matmul(&self, x: &[u32], m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
+    pub fn matmul(&self, x: PairInput, m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
         let (n, kp) = (self.n, self.k.div_ceil(2));
         self.check(x, m, bias, y);
         let panels = n.div_ceil(LANES);
@@ -179,7 +232,14 @@ impl PairPacked {
     /// `y (m, n) = bias + x (m, k) . w^T` on `path`, on this thread, from `x` already rounded
     /// ([`round_pairs`]). A path this CPU does not run is refused (a panic: callers check
     /// [`Path::available`]).
-    pub fn matmul_on(&self, path: Path, x: &[u32], m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
+    pub fn matmul_on(
+        &self,
+        path: Path,
+        x: PairInput,
+        m: usize,
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) {
         self.check(x, m, bias, y);
         assert!(
             path.available(),
@@ -190,9 +250,13 @@ impl PairPacked {
         unsafe { self.panels(path, (0, panels), x, m, bias, Out(y.as_mut_ptr())) }
     }
 
-    fn check(&self, x: &[u32], m: usize, bias: Option<&[f32]>, y: &[f32]) {
+    fn check(&self, x: PairInput, m: usize, bias: Option<&[f32]>, y: &[f32]) {
         let (n, kp) = (self.n, self.k.div_ceil(2));
-        assert!(x.len() == m * kp && y.len() == m * n, "PairPacked: shapes");
+        let layout = (x.row, x.pair) == (kp, 1) || (x.row, x.pair) == (1, m);
+        assert!(
+            layout && x.data.len() == m * kp && y.len() == m * n,
+            "PairPacked: shapes"
+        );
         assert!(bias.is_none_or(|b| b.len() == n), "PairPacked: bias length");
     }
 
@@ -204,37 +268,42 @@ impl PairPacked {
         &self,
         path: Path,
         (p0, p1): (usize, usize),
-        x: &[u32],
+        x: PairInput,
         m: usize,
         bias: Option<&[f32]>,
         y: Out,
     ) {
         let (n, kp) = (self.n, self.k.div_ceil(2));
-        for p in p0..p1 {
-            let panel = &self.data[p * kp * LANES..][..kp * LANES];
-            let cols = LANES.min(n - p * LANES);
-            let mut b = [0f32; LANES];
-            if let Some(bias) = bias {
-                (b[..cols].iter_mut().zip(&bias[p * LANES..]))
-                    .for_each(|(d, &v)| *d = flush(v));
+        let mut p = p0;
+        while p < p1 {
+            let np = (p1 - p).min(2);
+            let w = [p, p + np - 1].map(|q| &self.data[q * kp * LANES..][..kp * LANES]);
+            let mut b = [[0f32; LANES]; 2];
+            for (j, bj) in b.iter_mut().enumerate().take(np) {
+                let o = (p + j) * LANES;
+                if let Some(bias) = bias {
+                    (bj.iter_mut().zip(&bias[o..n.min(o + LANES)]))
+                        .for_each(|(d, &v)| *d = flush(v));
+                }
             }
             let mut r = 0;
             while r < m {
-                let rows = ROWS.min(m - r);
+                let rows = [ROWS, 4, 2, 1]
+                    .into_iter()
+                    .find(|&t| t <= m - r)
+                    .unwrap_or(1);
                 let mut acc = [b; ROWS];
-                tile(
-                    path,
-                    panel,
-                    &x[r * kp..(r + rows) * kp],
-                    kp,
-                    &mut acc[..rows],
-                );
+                tile(path, w, np, x.from_row(r), kp, &mut acc[..rows]);
                 for (i, a) in acc[..rows].iter().enumerate() {
-                    let dst = y.0.add((r + i) * n + p * LANES);
-                    std::ptr::copy_nonoverlapping(a.as_ptr(), dst, cols);
+                    for (j, aj) in a.iter().enumerate().take(np) {
+                        let o = (p + j) * LANES;
+                        let dst = y.0.add((r + i) * n + o);
+                        std::ptr::copy_nonoverlapping(aj.as_ptr(), dst, LANES.min(n - o));
+                    }
                 }
                 r += rows;
             }
+            p += np;
         }
     }
 }
@@ -265,31 +334,53 @@ fn flush(v: f32) -> f32 {
     }
 }
 
-/// `acc[r] += x[r] . panel` for the tile's rows (`x`: rows of `kp` pairs).
-fn tile(path: Path, panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+/// `acc[r][j] += x[r] . w[j]` for the tile's rows (1, 2, 4 or [`ROWS`]) and `np` panels
+/// (`x`: rows of `kp` pairs).
+fn tile(path: Path, w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [Acc]) {
+    macro_rules! sized {
+        ($f:ident) => {
+            match (acc.len(), np) {
+                (8, 2) => $f::<8, 2>(w, x, kp, acc),
+                (8, _) => $f::<8, 1>(w, x, kp, acc),
+                (4, 2) => $f::<4, 2>(w, x, kp, acc),
+                (4, _) => $f::<4, 1>(w, x, kp, acc),
+                (2, 2) => $f::<2, 2>(w, x, kp, acc),
+                (2, _) => $f::<2, 1>(w, x, kp, acc),
+                (_, 2) => $f::<1, 2>(w, x, kp, acc),
+                _ => $f::<1, 1>(w, x, kp, acc),
+            }
+        };
+    }
     match path {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul_on` checked the CPU runs the path.
-        Path::Native => unsafe { tile_native(panel, x, kp, acc) },
+        // SAFETY: `matmul_on` / `matmul` checked the CPU runs the path.
+        Path::Native => unsafe { sized!(tile_native) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Path::Avx512 => unsafe { tile_avx512(panel, x, kp, acc) },
+        Path::Avx512 => unsafe { sized!(tile_avx512) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Path::Avx2 => unsafe { tile_avx2(panel, x, kp, acc) },
-        _ => tile_portable(panel, x, kp, acc),
+        Path::Avx2 => unsafe {
+            for (j, wj) in w.iter().enumerate().take(np) {
+                tile_avx2(wj, x, kp, acc, j)
+            }
+        },
+        _ => tile_portable(w, np, x, kp, acc),
     }
 }
 
-fn tile_portable(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+fn tile_portable(w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [Acc]) {
     for (r, a) in acc.iter_mut().enumerate() {
-        for (i, w) in panel.chunks_exact(LANES).enumerate().take(kp) {
-            let xp = x[r * kp + i];
-            let (xe, xo) = (widen(xp as u16), widen((xp >> 16) as u16));
-            for (s, &wp) in a.iter_mut().zip(w) {
-                let (we, wo) = (widen(wp as u16), widen((wp >> 16) as u16));
-                *s = flush(xo.mul_add(wo, *s));
-                *s = flush(xe.mul_add(we, *s));
+        for (aj, wj) in a.iter_mut().zip(w).take(np) {
+            for (i, wv) in wj.chunks_exact(LANES).enumerate().take(kp) {
+                // SAFETY: the tile's rows and pairs (`check`).
+                let xp = unsafe { x.at(r, i) };
+                let (xe, xo) = (widen(xp as u16), widen((xp >> 16) as u16));
+                for (s, &wp) in aj.iter_mut().zip(wv) {
+                    let (we, wo) = (widen(wp as u16), widen((wp >> 16) as u16));
+                    *s = flush(xo.mul_add(wo, *s));
+                    *s = flush(xe.mul_add(we, *s));
+                }
             }
         }
     }
@@ -297,23 +388,34 @@ fn tile_portable(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn tile_native(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+unsafe fn tile_native<const R: usize, const NP: usize>(
+    w: [&[u32]; 2],
+    x: PairInput,
+    kp: usize,
+    acc: &mut [Acc],
+) {
     use std::arch::x86_64::*;
-    let rows = acc.len();
-    let mut s = [_mm512_setzero_ps(); ROWS];
-    for (r, a) in acc.iter().enumerate() {
-        s[r] = _mm512_loadu_ps(a.as_ptr());
-    }
-    for i in 0..kp {
-        let w: __m512bh =
-            std::mem::transmute(_mm512_loadu_si512(panel.as_ptr().add(i * LANES).cast()));
-        for r in 0..rows {
-            let xp: __m512bh = std::mem::transmute(_mm512_set1_epi32(x[r * kp + i] as i32));
-            s[r] = _mm512_dpbf16_ps(s[r], w, xp);
+    let mut s = [[_mm512_setzero_ps(); NP]; R];
+    for r in 0..R {
+        for j in 0..NP {
+            s[r][j] = _mm512_loadu_ps(acc[r][j].as_ptr());
         }
     }
-    for (r, a) in acc.iter_mut().enumerate() {
-        _mm512_storeu_ps(a.as_mut_ptr(), s[r]);
+    for i in 0..kp {
+        let wv: [__m512bh; NP] = std::array::from_fn(|j| {
+            std::mem::transmute(_mm512_loadu_si512(w[j].as_ptr().add(i * LANES).cast()))
+        });
+        for r in 0..R {
+            let xp: __m512bh = std::mem::transmute(_mm512_set1_epi32(x.at(r, i) as i32));
+            for j in 0..NP {
+                s[r][j] = _mm512_dpbf16_ps(s[r][j], wv[j], xp);
+            }
+        }
+    }
+    for r in 0..R {
+        for j in 0..NP {
+            _mm512_storeu_ps(acc[r][j].as_mut_ptr(), s[r][j]);
+        }
     }
 }
 
@@ -343,57 +445,104 @@ impl Drop for FlushDenormals {
     }
 }
 
+/// AVX2: panel `j` of the tile, rows in groups of up to 4 (8 sums of 8 lanes, 14 of the 16
+/// registers with the weights and inputs).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
-    use std::arch::x86_64::*;
+unsafe fn tile_avx2(panel: &[u32], x: PairInput, kp: usize, acc: &mut [Acc], j: usize) {
     let _flush = FlushDenormals::set();
+    for (g, rows) in acc.chunks_mut(4).enumerate() {
+        let x = x.from_row(4 * g);
+        match rows.len() {
+            4 => tile_avx2_rows::<4>(panel, x, kp, rows, j),
+            3 => tile_avx2_rows::<3>(panel, x, kp, rows, j),
+            2 => tile_avx2_rows::<2>(panel, x, kp, rows, j),
+            _ => tile_avx2_rows::<1>(panel, x, kp, rows, j),
+        }
+    }
+}
+
+/// [`tile_avx2`] for `R` rows; MXCSR's flush bits are set by the caller.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2_rows<const R: usize>(
+    panel: &[u32],
+    x: PairInput,
+    kp: usize,
+    acc: &mut [Acc],
+    j: usize,
+) {
+    use std::arch::x86_64::*;
     let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
-    for (r, a) in acc.iter_mut().enumerate() {
-        let mut s = [
-            _mm256_loadu_ps(a.as_ptr()),
-            _mm256_loadu_ps(a.as_ptr().add(8)),
-        ];
-        for i in 0..kp {
-            let xp = x[r * kp + i];
-            let xo = _mm256_set1_ps(widen((xp >> 16) as u16));
-            let xe = _mm256_set1_ps(widen(xp as u16));
-            for (h, sh) in s.iter_mut().enumerate() {
-                let w = _mm256_loadu_si256(panel.as_ptr().add(i * LANES + 8 * h).cast());
-                let wo = _mm256_castsi256_ps(_mm256_and_si256(w, hi));
-                let we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-                *sh = _mm256_fmadd_ps(wo, xo, *sh);
-                *sh = _mm256_fmadd_ps(we, xe, *sh);
+    let mut s = [[_mm256_setzero_ps(); 2]; R];
+    for r in 0..R {
+        for h in 0..2 {
+            s[r][h] = _mm256_loadu_ps(acc[r][j].as_ptr().add(8 * h));
+        }
+    }
+    for i in 0..kp {
+        let wv: [__m256i; 2] = std::array::from_fn(|h| {
+            _mm256_loadu_si256(panel.as_ptr().add(i * LANES + 8 * h).cast())
+        });
+        let wo = wv.map(|v| _mm256_castsi256_ps(_mm256_and_si256(v, hi)));
+        let we = wv.map(|v| _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        for r in 0..R {
+            let xp = x.at(r, i);
+            let (xo, xe) = (
+                _mm256_set1_ps(widen((xp >> 16) as u16)),
+                _mm256_set1_ps(widen(xp as u16)),
+            );
+            for h in 0..2 {
+                s[r][h] = _mm256_fmadd_ps(wo[h], xo, s[r][h]);
+                s[r][h] = _mm256_fmadd_ps(we[h], xe, s[r][h]);
             }
         }
-        _mm256_storeu_ps(a.as_mut_ptr(), s[0]);
-        _mm256_storeu_ps(a.as_mut_ptr().add(8), s[1]);
+    }
+    for r in 0..R {
+        for h in 0..2 {
+            _mm256_storeu_ps(acc[r][j].as_mut_ptr().add(8 * h), s[r][h]);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512(panel: &[u32], x: &[u32], kp: usize, acc: &mut [[f32; LANES]]) {
+unsafe fn tile_avx512<const R: usize, const NP: usize>(
+    w: [&[u32]; 2],
+    x: PairInput,
+    kp: usize,
+    acc: &mut [Acc],
+) {
     use std::arch::x86_64::*;
     let _flush = FlushDenormals::set();
     let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
-    let rows = acc.len();
-    let mut s = [_mm512_setzero_ps(); ROWS];
-    for (r, a) in acc.iter().enumerate() {
-        s[r] = _mm512_loadu_ps(a.as_ptr());
-    }
-    for i in 0..kp {
-        let w = _mm512_loadu_si512(panel.as_ptr().add(i * LANES).cast());
-        let wo = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
-        let we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-        for r in 0..rows {
-            let xp = x[r * kp + i];
-            s[r] = _mm512_fmadd_ps(wo, _mm512_set1_ps(widen((xp >> 16) as u16)), s[r]);
-            s[r] = _mm512_fmadd_ps(we, _mm512_set1_ps(widen(xp as u16)), s[r]);
+    let mut s = [[_mm512_setzero_ps(); NP]; R];
+    for r in 0..R {
+        for j in 0..NP {
+            s[r][j] = _mm512_loadu_ps(acc[r][j].as_ptr());
         }
     }
-    for (r, a) in acc.iter_mut().enumerate() {
-        _mm512_storeu_ps(a.as_mut_ptr(), s[r]);
+    for i in 0..kp {
+        let wv: [__m512i; NP] =
+            std::array::from_fn(|j| _mm512_loadu_si512(w[j].as_ptr().add(i * LANES).cast()));
+        let wo = wv.map(|v| _mm512_castsi512_ps(_mm512_and_si512(v, hi)));
+        let we = wv.map(|v| _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+        for r in 0..R {
+            let xp = x.at(r, i);
+            let (xo, xe) = (
+                _mm512_set1_ps(widen((xp >> 16) as u16)),
+                _mm512_set1_ps(widen(xp as u16)),
+            );
+            for j in 0..NP {
+                s[r][j] = _mm512_fmadd_ps(wo[j], xo, s[r][j]);
+                s[r][j] = _mm512_fmadd_ps(we[j], xe, s[r][j]);
+            }
+        }
+    }
+    for r in 0..R {
+        for j in 0..NP {
+            _mm512_storeu_ps(acc[r][j].as_mut_ptr(), s[r][j]);
+        }
     }
 }
 
@@ -402,6 +551,10 @@ mod tests {
     use super::*;
     use crate::testutil::test_input;
     use half::bf16;
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
     fn paths() -> Vec<Path> {
         [Path::Native, Path::Avx512, Path::Avx2, Path::Portable]
             .into_iter()
@@ -420,7 +573,17 @@ mod tests {
         let mut xp = Vec::new();
         round_pairs(x, m, k, &mut xp);
         let mut y = vec![f32::NAN; m * n];
-        packed.matmul_on(path, &xp, m, b, &mut y);
+        packed.matmul_on(path, PairInput::rows(&xp, k.div_ceil(2)), m, b, &mut y);
+        // pair-major input, and the pool's product: the same bits
+        let kp = k.div_ceil(2);
+        let cols: Vec<u32> = (0..kp * m).map(|j| xp[(j % m) * kp + j / m]).collect();
+        let mut y2 = vec![f32::NAN; m * n];
+        packed.matmul_on(path, PairInput::columns(&cols, m), m, b, &mut y2);
+        assert_eq!(bits(&y2), bits(&y), "{path:?}: pair-major input");
+        if path == Path::best() {
+            packed.matmul(PairInput::rows(&xp, kp), m, b, &mut y2);
+            assert_eq!(bits(&y2), bits(&y), "the pool's product");
+        }
         y
     }
 
@@ -449,7 +612,6 @@ mod tests {
                 let want = product(Path::Portable, &x, &w, b, (m, k, n));
                 for path in paths() {
                     let got = product(path, &x, &w, b, (m, k, n));
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{path:?} m {m} k {k} n {n}");
                 }
                 for (i, &y) in want.iter().enumerate() {
@@ -514,7 +676,7 @@ mod tests {
                 let t = std::time::Instant::now();
                 let reps = 20;
                 for _ in 0..reps {
-                    packed.matmul_on(path, &xp, m, None, &mut y);
+                    packed.matmul_on(path, PairInput::rows(&xp, k.div_ceil(2)), m, None, &mut y);
                 }
                 let s = t.elapsed().as_secs_f64() / reps as f64;
                 let gf = 2.0 * (m * n * k) as f64 / s / 1e9;

@@ -10,7 +10,7 @@
 //! widens them in registers. A model computing in bf16 on the CPU gets its input widened to
 //! f32 and its output rounded back. With `precision="medium"` the weight is held in pairs
 //! ([`PairPacked`]) and its input rounded to bf16 pairs, for products with f32 sums.
-use super::bf16dot::{round_pairs, PairPacked};
+use super::bf16dot::{round_pairs, PairInput, PairPacked};
 use super::packed::Packed;
 use candle::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Tensor};
 use half::bf16;
@@ -91,8 +91,9 @@ impl PackedLinear {
             Self::F32(w, b) => w.matmul(x, m, b.as_deref(), y),
             Self::BF16(w, b) => w.matmul(x, m, b.as_deref(), y),
             Self::Pairs(w, b) => super::with_scratch(&PAIRS, |xp| {
-                round_pairs(x, m, w.dims().1, xp);
-                w.matmul(xp, m, b.as_deref(), y)
+                let k = w.dims().1;
+                round_pairs(x, m, k, xp);
+                w.matmul(PairInput::rows(xp, k.div_ceil(2)), m, b.as_deref(), y)
             }),
         }
     }
@@ -110,8 +111,9 @@ impl PackedLinear {
         match self {
             Self::F32(w, _) => Tensor::from_vec(w.unpack(), (w.n(), w.k()), &Device::Cpu),
             Self::BF16(w, _) => Tensor::from_vec(w.unpack(), (w.n(), w.k()), &Device::Cpu),
-            Self::Pairs(w, _) => Tensor::from_vec(w.unpack(), w.dims(), &Device::Cpu)?
-                .to_dtype(DType::BF16),
+            Self::Pairs(w, _) => {
+                Tensor::from_vec(w.unpack(), w.dims(), &Device::Cpu)?.to_dtype(DType::BF16)
+            }
         }
     }
 

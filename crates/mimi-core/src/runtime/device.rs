@@ -261,7 +261,6 @@ pub fn parse_dtype(spec: &str) -> Result<(DType, &'static str)> {
 mod tests {
     use super::*;
 
-
     #[test]
     fn library_probe() {
         // glibc's libc.so.6 is always there; a made-up name never is.

@@ -188,7 +188,12 @@ pub struct MediumLayers {
 }
 
 /// The names of [`MediumLayers`]' groups, in `MIMI_PY_MEDIUM_LAYERS`.
-pub const MEDIUM_GROUPS: [&str; 4] = ["encoder_convs", "frame_rate", "transformers", "decoder_convs"];
+pub const MEDIUM_GROUPS: [&str; 4] = [
+    "encoder_convs",
+    "frame_rate",
+    "transformers",
+    "decoder_convs",
+];
 
 impl MediumLayers {
     /// Every group.
@@ -228,8 +233,14 @@ mod tests {
         for p in PRECISIONS {
             assert_eq!(Precision::parse(p.name()).unwrap(), p);
         }
-        assert_eq!(Precision::from_weights_dtype("BF16").unwrap(), Precision::High);
-        assert_eq!(Precision::from_weights_dtype("float32").unwrap(), Precision::Highest);
+        assert_eq!(
+            Precision::from_weights_dtype("BF16").unwrap(),
+            Precision::High
+        );
+        assert_eq!(
+            Precision::from_weights_dtype("float32").unwrap(),
+            Precision::Highest
+        );
         for (bad, field) in [("low", "precision"), ("int8", "weights_dtype")] {
             let got = match field {
                 "precision" => Precision::parse(bad),
