@@ -203,5 +203,7 @@ def test_precision_is_one_option_shared_by_encode_decode_tokenize_and_serve(monk
 
     monkeypatch.setattr(data, "tokenize", fake_tokenize)
     with pytest.raises(SystemExit):
-        cli.tokenize(p.parse_args(["tokenize", "in", "out", "--weights-dtype", "bfloat16", "--precision", "high"]))
+        cli.tokenize(
+            p.parse_args(["tokenize", "in", "out", "--weights-dtype", "bfloat16", "--precision", "high"])
+        )
     assert (seen["weights_dtype"], seen["precision"]) == ("bfloat16", "high")

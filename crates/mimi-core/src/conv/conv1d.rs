@@ -163,7 +163,7 @@ impl Conv1d {
         self.keff() - self.stride
     }
 
-    fn frames(&self, len: usize) -> usize {
+    pub(super) fn frames(&self, len: usize) -> usize {
         if len < self.keff() {
             0
         } else {
@@ -489,6 +489,9 @@ impl Conv1d {
             None => Frames::empty(self.cout),
             Some(full) => self.run(&Padded::plain(full), None),
         };
+        if let (Some(w), true) = (&self.pairs, live.len() > 1) {
+            return self.run_pairs_rows(w, fulls);
+        }
         if live.len() < 2 || self.pairs.is_some() {
             return fulls.iter().map(run).collect();
         }

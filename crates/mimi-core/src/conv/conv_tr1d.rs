@@ -266,8 +266,14 @@ impl ConvTr1d {
         let few = xs.iter().all(|x| x.len <= step);
         let many = xs.iter().all(|x| x.len > step);
         let alone = rows_alone_in_group(self.w.nbytes());
-        let pairs = self.pairs.is_some();
-        if self.depthwise || pairs || xs.len() < 2 || !(few || many) || (many && alone) {
+        if let (Some(w), true) = (&self.pairs, xs.len() > 1) {
+            let fulls: RowList<Option<Frames>> = (sts.iter_mut().zip(xs))
+                .map(|(st, x)| (x.len > 0).then(|| self.prepare(st, x, act)))
+                .collect();
+            let ns: RowList<usize> = xs.iter().map(|x| x.len).collect();
+            return self.run_pairs_rows(w, &fulls, &ns);
+        }
+        if self.depthwise || xs.len() < 2 || !(few || many) || (many && alone) {
             return (sts.iter_mut().zip(xs))
                 .map(|(st, x)| self.step(st, x, act))
                 .collect();

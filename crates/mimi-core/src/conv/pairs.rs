@@ -10,6 +10,8 @@
 
 use std::sync::Arc;
 
+use crate::rows::RowList;
+
 use super::conv1d::Conv1d;
 use super::conv_tr1d::ConvTr1d;
 use super::frames::{Frames, Padded};
@@ -70,6 +72,44 @@ fn product_tiles(
     });
 }
 
+/// Several rows' frames side by side on one axis (row `r`'s at `starts[r] ..
+/// starts[r] + ns[r]`), so that their products share calls: the weights are read once per
+/// tile for every row, as a batched step needs. Each output frame is computed from its own
+/// row's inputs, so a row gets the bits it gets alone.
+struct Stacked {
+    starts: Vec<usize>,
+    ns: Vec<usize>,
+}
+
+impl Stacked {
+    fn new(ns: Vec<usize>) -> Self {
+        let starts = (ns.iter())
+            .scan(0, |t, &n| {
+                *t += n;
+                Some(*t - n)
+            })
+            .collect();
+        Self { starts, ns }
+    }
+
+    fn frames(&self) -> usize {
+        self.ns.iter().sum()
+    }
+
+    /// `(row, first frame of the row, frames, offset in the tile)` for each row that frames
+    /// `t0 .. t0 + tn` of the axis cover.
+    fn parts(
+        &self,
+        t0: usize,
+        tn: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize, usize)> + '_ {
+        (self.starts.iter().zip(&self.ns).enumerate()).filter_map(move |(r, (&a, &n))| {
+            let (lo, hi) = (a.max(t0), (a + n).min(t0 + tn));
+            (lo < hi).then(|| (r, lo - a, hi - lo, lo - t0))
+        })
+    }
+}
+
 impl Conv1d {
     /// Holds the weights in bf16 pairs (`precision="medium"`), in the layout the other
     /// strategies use (phase-major for a phase-split layer); the f32 matrix is let go.
@@ -128,6 +168,58 @@ impl Conv1d {
         }
         out
     }
+
+    /// The outputs of several rows' prepared inputs (`None`: no output) in shared products
+    /// ([`Stacked`]); row `r` gets the bits [`Self::run_pairs`] gives it alone.
+    pub(super) fn run_pairs_rows(
+        &self,
+        w: &PairPacked,
+        fulls: &[Option<Frames>],
+    ) -> RowList<Frames> {
+        let (cout, s) = (self.cout, self.stride);
+        let xs: RowList<Option<Padded>> = fulls
+            .iter()
+            .map(|f| f.as_ref().map(Padded::plain))
+            .collect();
+        let ns = (xs.iter())
+            .map(|x| x.as_ref().map_or(0, |x| self.frames(x.len())))
+            .collect();
+        let rows = Stacked::new(ns);
+        let mut outs: RowList<Frames> = rows.ns.iter().map(|&n| Frames::uninit(cout, n)).collect();
+        let ptrs: Vec<SharedMut> = outs
+            .iter_mut()
+            .map(|o| SharedMut(o.data.as_mut_ptr()))
+            .collect();
+        let bias = self.b.as_deref();
+        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
+            for (r, f0, fn_, at) in rows.parts(t0, tn) {
+                let x = xs[r].as_ref().expect("a row with frames has an input");
+                for (c, dst) in cols.chunks_exact_mut(tn).enumerate() {
+                    let dst = &mut dst[at..at + fn_];
+                    match self.pair_column(c) {
+                        Some((ci, off)) => x.gather(ci, f0 * s + off, s, dst),
+                        None => dst.fill(0.0),
+                    }
+                }
+            }
+        };
+        let store = |t0: usize, tn: usize, y: &[f32]| {
+            for (r, f0, fn_, at) in rows.parts(t0, tn) {
+                let n = rows.ns[r];
+                for co in 0..cout {
+                    let b = bias.map_or(0.0, |b| b[co]);
+                    for t in 0..fn_ {
+                        // SAFETY: frames f0 .. f0 + fn_ of row r's output are this tile's only.
+                        unsafe { *ptrs[r].at(co * n + f0 + t) = y[(at + t) * cout + co] + b };
+                    }
+                }
+            }
+        };
+        if rows.frames() > 0 {
+            product_tiles(w, rows.frames(), gather, store);
+        }
+        outs
+    }
 }
 
 impl ConvTr1d {
@@ -172,5 +264,60 @@ impl ConvTr1d {
             product_tiles(w, n, gather, store);
         }
         out
+    }
+
+    /// Several rows' prepared inputs (`None`: no new frames; else `taps - 1` earlier frames
+    /// then `ns[r]` new ones) in shared products ([`Stacked`]); row `r` gets the bits
+    /// [`Self::run_pairs`] gives it alone.
+    pub(super) fn run_pairs_rows(
+        &self,
+        w: &PairPacked,
+        fulls: &[Option<Frames>],
+        ns: &[usize],
+    ) -> RowList<Frames> {
+        let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
+        let ns = (fulls.iter().zip(ns))
+            .map(|(f, &n)| if f.is_some() { n } else { 0 })
+            .collect();
+        let rows = Stacked::new(ns);
+        let mut outs: RowList<Frames> = rows
+            .ns
+            .iter()
+            .map(|&n| Frames::uninit(cout, n * s))
+            .collect();
+        let ptrs: Vec<SharedMut> = outs
+            .iter_mut()
+            .map(|o| SharedMut(o.data.as_mut_ptr()))
+            .collect();
+        let bias = self.b.as_deref();
+        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
+            for (r, f0, fn_, at) in rows.parts(t0, tn) {
+                let x = fulls[r].as_ref().expect("a row with frames has an input");
+                for (c, dst) in cols.chunks_exact_mut(tn).enumerate() {
+                    let (m, ci) = (c / cin, c % cin);
+                    let src = &x.data[ci * x.len + taps - 1 + f0 - m..][..fn_];
+                    dst[at..at + fn_].copy_from_slice(src);
+                }
+            }
+        };
+        let store = |t0: usize, tn: usize, y: &[f32]| {
+            for (r, f0, fn_, at) in rows.parts(t0, tn) {
+                let out_len = rows.ns[r] * s;
+                for co in 0..cout {
+                    let b = bias.map_or(0.0, |b| b[co]);
+                    for t in 0..fn_ {
+                        for j in 0..s {
+                            let i = co * out_len + (f0 + t) * s + j;
+                            // SAFETY: row r's frames (f0 .. f0 + fn_) * s are this tile's only.
+                            unsafe { *ptrs[r].at(i) = y[(at + t) * s * cout + co * s + j] + b };
+                        }
+                    }
+                }
+            }
+        };
+        if rows.frames() > 0 {
+            product_tiles(w, rows.frames(), gather, store);
+        }
+        outs
     }
 }
