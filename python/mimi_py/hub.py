@@ -198,13 +198,18 @@ def from_pretrained(
     :class:`~mimi_py.MimiCodec`'s. Raises :class:`~mimi_py.WeightsError` when ``huggingface_hub``
     is missing or the files can be neither downloaded nor found in the cache.
     """
-    args = {"num_codebooks": num_codebooks, "device": device, "dtype": dtype}
-    args |= {"precision": precision, "weights_dtype": weights_dtype}
     if filename is not None:
-        path = _snapshot(repo_id, [filename], revision, cache_dir) / filename
-        return MimiCodec(path, **args)
-    folder = _snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
-    return MimiCodec(folder, **args)
+        found = _snapshot(repo_id, [filename], revision, cache_dir) / filename
+    else:
+        found = _snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
+    return MimiCodec(
+        found,
+        num_codebooks=num_codebooks,
+        device=device,
+        dtype=dtype,
+        precision=precision,
+        weights_dtype=weights_dtype,
+    )
 
 
 def load_codec(

@@ -145,9 +145,12 @@ def _same_model(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _recorded_precision(config: Mapping[str, Any]) -> str:
+def _recorded_precision(config: Mapping[str, Any]) -> Literal["highest", "high", "medium"]:
     """The precision a manifest's ``config`` records; manifests before it was recorded have
     their ``weights_dtype`` (bfloat16: "high"), or neither (float32: "highest")."""
-    if "precision" in config:
-        return str(config["precision"])
+    recorded = config.get("precision")
+    if recorded in ("highest", "high", "medium"):
+        return recorded
+    if recorded is not None:
+        raise ConfigError(f"the manifest records precision {recorded!r}, which this mimi_py does not know")
     return "high" if config.get("weights_dtype") == "bfloat16" else "highest"

@@ -139,7 +139,7 @@ impl<'a> PairInput<'a> {
     }
 
     /// The input from row `r0` on.
-    fn from_row(self, r0: usize) -> Self {
+    fn skip_rows(self, r0: usize) -> Self {
         Self {
             data: &self.data[r0 * self.row..],
             ..self
@@ -293,7 +293,7 @@ impl PairPacked {
                     .find(|&t| t <= m - r)
                     .unwrap_or(1);
                 let mut acc = [b; ROWS];
-                tile(path, w, np, x.from_row(r), kp, &mut acc[..rows]);
+                tile(path, w, np, x.skip_rows(r), kp, &mut acc[..rows]);
                 for (i, a) in acc[..rows].iter().enumerate() {
                     for (j, aj) in a.iter().enumerate().take(np) {
                         let o = (p + j) * LANES;
@@ -386,6 +386,7 @@ fn tile_portable(w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [
     }
 }
 
+#[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn tile_native<const R: usize, const NP: usize>(
@@ -452,7 +453,7 @@ impl Drop for FlushDenormals {
 unsafe fn tile_avx2(panel: &[u32], x: PairInput, kp: usize, acc: &mut [Acc], j: usize) {
     let _flush = FlushDenormals::set();
     for (g, rows) in acc.chunks_mut(4).enumerate() {
-        let x = x.from_row(4 * g);
+        let x = x.skip_rows(4 * g);
         match rows.len() {
             4 => tile_avx2_rows::<4>(panel, x, kp, rows, j),
             3 => tile_avx2_rows::<3>(panel, x, kp, rows, j),
@@ -463,6 +464,7 @@ unsafe fn tile_avx2(panel: &[u32], x: PairInput, kp: usize, acc: &mut [Acc], j: 
 }
 
 /// [`tile_avx2`] for `R` rows; MXCSR's flush bits are set by the caller.
+#[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2_rows<const R: usize>(
@@ -505,6 +507,7 @@ unsafe fn tile_avx2_rows<const R: usize>(
     }
 }
 
+#[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn tile_avx512<const R: usize, const NP: usize>(
@@ -665,6 +668,7 @@ mod tests {
     /// paths_speed`): what [`Path::best`]'s order rests on.
     #[test]
     #[ignore = "a timing, run by hand"]
+    #[allow(clippy::print_stdout)] // its output is the point
     fn paths_speed() {
         for (m, k, n) in [(256, 512, 512), (8, 2048, 512), (256, 192, 64)] {
             let (x, w) = (test_input(1, m, k, 1), test_input(1, n, k, 2));
