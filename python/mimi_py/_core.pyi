@@ -267,7 +267,7 @@ class MimiCodec:
         device: str = "cpu",
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
         cache_dir: str | os.PathLike[str] | None = None,
-        precision: Precision | None = None,
+        precision: Literal["highest", "high", "medium"] | None = None,
         weights_dtype: Literal["float32", "bfloat16"] | None = None,
     ) -> MimiCodec:
         """A codec with weights from the Hugging Face Hub or its cache (``mimi_py.hub.from_pretrained``).

@@ -10,26 +10,29 @@
 //! real checkpoint layouts, typed errors ([`Error`]) and up-front checks.
 //!
 //! ```
-//! use mimi_core::candle::{DType, Device, Tensor};
-//! use mimi_core::{Codec, CodecConfig, TensorSource};
+//! use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, OpenOptions};
 //!
 //! # fn main() -> mimi_core::Result<()> {
 //! // A small seeded codec (no download); `Codec::open(path, &OpenOptions::default())`
 //! // opens a checkpoint file or folder (either layout).
-//! let cfg = CodecConfig::tiny();
-//! let codec = Codec::new(&cfg, TensorSource::seeded(0, None), &Device::Cpu, DType::F32)?;
+//! let options = OpenOptions { config: Some(CodecConfig::tiny()), ..Default::default() };
+//! let codec = Codec::seeded(0, &options)?;
 //!
 //! // Offline: (batch, channels, samples) -> codes (batch, codebooks, frames).
-//! let pcm = (Tensor::arange(0f32, 4.0 * 1920.0, &Device::Cpu)? * 0.01)?.sin()?.reshape((1, 1, 4 * 1920))?;
-//! let codes = codec.encode(&pcm, None)?;
-//! assert_eq!(codes.dims(), &[1, 4, 4]);
+//! let samples: Vec<f32> = (0..4 * 1920).map(|i| (i as f32 * 0.01).sin()).collect();
+//! let pcm = HostArray::new(samples.clone(), vec![1, 1, 4 * 1920]);
+//! let codes = codec.encode_host(pcm, None, None)?;
+//! assert_eq!(codes.shape, [1, 4, 4]);
 //!
 //! // Streaming: any chunking gives the offline codes of every whole frame.
 //! let mut stream = codec.encode_stream();
-//! let first = codec.encode_step(&mut stream, &pcm.narrow(2, 0, 3000)?)?;
-//! let rest = codec.encode_step(&mut stream, &pcm.narrow(2, 3000, 4 * 1920 - 3000)?)?;
-//! let frames = first.map_or(0, |c| c.dim(2).unwrap()) + rest.map_or(0, |c| c.dim(2).unwrap());
-//! assert_eq!(frames, 4);
+//! let mut streamed = 0;
+//! for chunk in [&samples[..3000], &samples[3000..]] {
+//!     let pcm = HostArray::new(chunk.to_vec(), vec![1, 1, chunk.len()]);
+//!     let out = codec.encode_step_host(&mut stream, pcm, EncodeStep::default())?;
+//!     streamed += out.map_or(0, |c| c.shape[2]);
+//! }
+//! assert_eq!(streamed, 4);
 //! # Ok(())
 //! # }
 //! ```

@@ -7,9 +7,8 @@
 //! and packing buffers for some shapes), which this test counts apart. (The only test of this
 //! binary, so no other test allocates while it counts.)
 
-use mimi_core::candle::{DType, Device};
 use mimi_core::runtime::profile::CountingAlloc;
-use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
+use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result};
 
 #[global_allocator]
 static COUNTING: CountingAlloc = CountingAlloc::new();
@@ -64,12 +63,11 @@ fn windows(codec: &Codec, b: usize) -> Result<(Vec<usize>, Vec<u32>)> {
 #[test]
 fn a_warm_codec_step_allocates_only_what_it_returns() -> Result<()> {
     let cfg = CodecConfig::tiny();
-    let codec = Codec::new(
-        &cfg,
-        TensorSource::seeded(3, None),
-        &Device::Cpu,
-        DType::F32,
-    )?;
+    let options = mimi_core::OpenOptions {
+        config: Some(cfg.clone()),
+        ..Default::default()
+    };
+    let codec = Codec::seeded(3, &options)?;
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()

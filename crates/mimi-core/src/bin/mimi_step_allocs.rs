@@ -17,10 +17,9 @@
 
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
-use mimi_core::candle::{DType, Device};
 use mimi_core::runtime::precision::Precision;
 use mimi_core::runtime::profile::CountingAlloc;
-use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, Result, TensorSource};
+use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, OpenOptions, Result};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -119,14 +118,14 @@ fn main() -> Result<()> {
     .filter_map(|s| s.trim().parse().ok())
     .collect();
     let sites = std::env::var("MIMI_ALLOC_SITES").is_ok_and(|v| v == "1");
-    let cfg = CodecConfig::mimi(8);
-    let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
-    let wd = match std::env::args().nth(2).as_deref() {
-        Some("bfloat16") => Precision::High,
-        Some("medium") => Precision::Medium,
-        _ => Precision::Highest,
+    let name = std::env::args().nth(2).unwrap_or_else(|| "highest".into());
+    let precision = Precision::parse(&name).or_else(|_| Precision::from_weights_dtype(&name))?;
+    let options = OpenOptions {
+        config: Some(CodecConfig::mimi(8)),
+        precision,
+        ..Default::default()
     };
-    let codec = Codec::with_precision(&cfg, source, &Device::Cpu, DType::F32, wd)?;
+    let codec = Codec::seeded(0, &options)?;
     for b in batches {
         let (enc, dec, gemm) = count_frame(&codec, b, sites)?;
         let other = (enc + dec).saturating_sub(gemm + RETURNED);

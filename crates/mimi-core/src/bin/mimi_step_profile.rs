@@ -11,10 +11,10 @@
 
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
-use mimi_core::candle::{DType, Device, Tensor};
+use mimi_core::candle::{Device, Tensor};
 use mimi_core::runtime::precision::Precision;
 use mimi_core::runtime::profile::{self, Entry};
-use mimi_core::{Codec, CodecConfig, Result, TensorSource};
+use mimi_core::{Codec, CodecConfig, OpenOptions, Result};
 use std::time::Instant;
 
 /// Uniform noise in [-0.1, 0.1) from a linear congruential generator (no extra crates).
@@ -133,10 +133,14 @@ fn main() -> Result<()> {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     let frames: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
-    let wd = Precision::from_weights_dtype(args.get(3).map_or("float32", String::as_str))?;
-    let cfg = CodecConfig::mimi(8);
-    let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
-    let codec = Codec::with_precision(&cfg, source, &Device::Cpu, DType::F32, wd)?;
+    let name = args.get(3).map_or("highest", String::as_str);
+    let precision = Precision::parse(name).or_else(|_| Precision::from_weights_dtype(name))?;
+    let options = OpenOptions {
+        config: Some(CodecConfig::mimi(8)),
+        precision,
+        ..Default::default()
+    };
+    let codec = Codec::seeded(0, &options)?;
     let mut seed = 1u64;
     for b in batches {
         let line = match b {
@@ -211,9 +215,11 @@ mod tests {
     /// is timed, and the timers are off again afterwards.
     #[test]
     fn a_batched_frame_is_timed_layer_by_layer() -> Result<()> {
-        let cfg = CodecConfig::tiny();
-        let source = TensorSource::seeded(0, cfg.transformer.layer_scale);
-        let codec = Codec::new(&cfg, source, &Device::Cpu, DType::F32)?;
+        let options = OpenOptions {
+            config: Some(CodecConfig::tiny()),
+            ..Default::default()
+        };
+        let codec = Codec::seeded(0, &options)?;
         let line = profile_batch(&codec, 3, 2, &mut 1)?;
         assert!(line.starts_with("{\"batch\": 3, \"frames\": 2,"), "{line}");
         for layer in [

@@ -175,7 +175,7 @@ pub fn normalize_checkpoint(
     Ok(out)
 }
 
-/// A codec checkpoint's tensors (either real layout) as a source for [`Codec::new`]:
+/// A codec checkpoint's tensors (either real layout) as a source for the codec's builder:
 /// detects the layout, converts names and q/k rows, and checks that the checkpoint holds
 /// `cfg.quantizer_n_q` codebooks. `origin` names the checkpoint in messages.
 pub fn checkpoint_source(
@@ -216,7 +216,7 @@ pub fn available_codebooks(tensors: &HashMap<String, Tensor>) -> usize {
     usize::from(has_first) + rest
 }
 
-/// A checkpoint as found on disk or in memory, ready for [`super::Codec::new`].
+/// A checkpoint as found on disk or in memory, ready for the codec's builder.
 pub struct Checkpoint {
     /// The tensors, in candle's names with q/k interleaved.
     pub source: TensorSource,

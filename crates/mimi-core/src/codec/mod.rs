@@ -86,51 +86,15 @@ pub struct Codec {
 }
 
 impl Codec {
-    /// The native engine on the CPU in f32, the candle engine otherwise; f32 weights.
-    pub fn new(
-        cfg: &CodecConfig,
-        source: TensorSource,
-        device: &Device,
-        dtype: DType,
-    ) -> Result<Self> {
-        Self::with_precision(cfg, source, device, dtype, Precision::Highest)
-    }
-
-    /// [`Codec::new`] computing at `precision` (below `"highest"`: the native engine only,
-    /// refused otherwise before anything is read).
-    pub fn with_precision(
-        cfg: &CodecConfig,
-        source: TensorSource,
-        device: &Device,
-        dtype: DType,
-        precision: Precision,
-    ) -> Result<Self> {
-        precision.check_engine(device, dtype)?;
-        let engine = EngineKind::default_for(device, dtype);
-        Self::build(cfg, source, (device, dtype, precision), engine)
-    }
-
-    /// Builds the codec on `engine` with f32 weights, reading every weight from `source`
-    /// (already in candle's names, q/k interleaved: a checkpoint file opens with
-    /// [`Codec::open`], and a [`TensorSource::file`] is refused). Refuses configs
-    /// whose weights cannot fit in memory before reading anything.
-    pub fn with_engine(
-        cfg: &CodecConfig,
-        source: TensorSource,
-        device: &Device,
-        dtype: DType,
-        engine: EngineKind,
-    ) -> Result<Self> {
-        Self::build(cfg, source, (device, dtype, Precision::Highest), engine)
-    }
-
+    /// Builds the codec on `engine`, reading every weight from `source` (already in candle's
+    /// names, q/k interleaved: the doors of `open.rs` convert a checkpoint first). Refuses
+    /// configs whose weights cannot fit in memory before reading anything.
     fn build(
         cfg: &CodecConfig,
         source: TensorSource,
         (device, dtype, precision): (&Device, DType, Precision),
         engine: EngineKind,
     ) -> Result<Self> {
-        open::refuse_raw_file(&source)?;
         cfg.transformer.check_supported()?;
         Self::check_weights_memory(cfg)?;
         let source = Arc::new(source);

@@ -1,16 +1,15 @@
-//! The codec's front door for files: [`Codec::open`] takes a checkpoint file or directory,
-//! detects its layout (Hugging Face kyutai/mimi or Kyutai's moshi file), reads the
-//! directory's `config.json`, converts names and q/k rows, and applies [`OpenOptions`].
-//!
-//! [`Codec::new`] and its siblings take tensors that are already in candle's names with q/k
-//! interleaved. A checkpoint file never is (kyutai/mimi's `model.safetensors` has candle's
-//! names but half-split q/k), so they refuse a [`TensorSource::file`] and name this door:
-//! reading one as it is would compute the wrong attention without any error.
+//! The codec's doors, the only ways to build one: [`Codec::open`] takes a checkpoint file or
+//! directory, detects its layout (Hugging Face kyutai/mimi or Kyutai's moshi file), reads the
+//! directory's `config.json`, converts names and q/k rows, and applies [`OpenOptions`];
+//! [`Codec::open_arrays`] does the same for tensors handed over as host arrays;
+//! [`Codec::seeded`] builds seeded weights (tests, benchmarks). A checkpoint is never read
+//! as it is: kyutai/mimi's `model.safetensors` has candle's names but half-split q/k, which
+//! would compute the wrong attention without any error.
 
 use super::checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
 use super::{Codec, EngineKind};
 use crate::config::CodecConfig;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::host::HostArray;
 use crate::runtime::precision::Precision;
 use crate::weights::{self, TensorSource};
@@ -148,16 +147,21 @@ impl Codec {
     }
 }
 
-/// Refuses a raw checkpoint file where converted tensors are expected (see the module doc).
-pub(crate) fn refuse_raw_file(source: &TensorSource) -> Result<()> {
-    match source.file_path() {
-        None => Ok(()),
-        Some(path) => Err(Error::Weights(format!(
-            "checkpoint {0}: Codec::new reads tensors already in candle's names with q/k \
-             interleaved, and a checkpoint file is not (kyutai/mimi's model.safetensors stores \
-             q/k half-split, Kyutai's moshi file has its own names); open it with \
-             Codec::open({0:?}, &OpenOptions::default()), which detects the layout and converts",
-            path.display()
-        ))),
+#[cfg(test)]
+impl Codec {
+    /// Test hook: [`Codec::seeded`] of `cfg` on the CPU in `dtype` on `engine`.
+    pub(crate) fn seeded_on(
+        cfg: &CodecConfig,
+        seed: u64,
+        dtype: DType,
+        engine: EngineKind,
+    ) -> Self {
+        let options = OpenOptions {
+            config: Some(cfg.clone()),
+            dtype,
+            engine: Some(engine),
+            ..Default::default()
+        };
+        Self::seeded(seed, &options).expect("a seeded codec")
     }
 }

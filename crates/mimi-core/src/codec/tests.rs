@@ -95,8 +95,7 @@ mod conv_transpose {
         cfg.quantizer_bins = 16;
         cfg.quantizer_dim = 8;
         let dev = Device::Cpu;
-        let seeded = TensorSource::seeded(3, cfg.transformer.layer_scale);
-        let c = Codec::with_engine(&cfg, seeded, &dev, DType::F32, EngineKind::Candle).unwrap();
+        let c = Codec::seeded_on(&cfg, 3, DType::F32, EngineKind::Candle);
         let codes: Vec<u32> = (0..2 * 2 * 3).map(|i| (i * 7 % 16) as u32).collect();
         let codes = Tensor::from_vec(codes, (2, 2, 3), &dev).unwrap();
         let batched = c.decode(&codes, None).unwrap();
@@ -128,17 +127,7 @@ mod engines {
     }
 
     fn both(cfg: &CodecConfig) -> (Codec, Codec) {
-        let dev = Device::Cpu;
-        let mk = |e| {
-            Codec::with_engine(
-                cfg,
-                TensorSource::seeded(7, cfg.transformer.layer_scale),
-                &dev,
-                DType::F32,
-                e,
-            )
-            .unwrap()
-        };
+        let mk = |e| Codec::seeded_on(cfg, 7, DType::F32, e);
         (mk(EngineKind::Native), mk(EngineKind::Candle))
     }
 
@@ -273,8 +262,7 @@ mod engines {
         let mut cfg = small(false);
         cfg.seanet.n_filters = 32;
         let dev = Device::Cpu;
-        let source = TensorSource::seeded(5, cfg.transformer.layer_scale);
-        let codec = Codec::with_engine(&cfg, source, &dev, DType::F32, EngineKind::Native).unwrap();
+        let codec = Codec::seeded_on(&cfg, 5, DType::F32, EngineKind::Native);
         let (b, f) = (3, cfg.frame_size());
         let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
         let mut alone: Vec<_> = (0..b)
@@ -403,8 +391,7 @@ mod engines {
         let reference = native.encode(&pcm, None).unwrap().flatten_all().unwrap();
         let reference = reference.to_vec1::<u32>().unwrap();
         for dtype in [DType::F16, DType::BF16] {
-            let seeded = TensorSource::seeded(7, cfg.transformer.layer_scale);
-            let half = Codec::new(&cfg, seeded, &dev, dtype).unwrap();
+            let half = Codec::seeded_on(&cfg, 7, dtype, EngineKind::Candle);
             assert_eq!(half.engine(), EngineKind::Candle);
             let pcm = pcm.to_dtype(dtype).unwrap();
             let codes = half.encode(&pcm, None).unwrap();
@@ -561,8 +548,7 @@ mod steps {
 
     fn tiny(engine: EngineKind) -> Codec {
         let cfg = CodecConfig::tiny();
-        let source = crate::weights::TensorSource::seeded(4, cfg.transformer.layer_scale);
-        Codec::with_engine(&cfg, source, &Device::Cpu, DType::F32, engine).unwrap()
+        Codec::seeded_on(&cfg, 4, DType::F32, engine)
     }
 
     /// The native engine's frames through the transformer's host entry point give the bits

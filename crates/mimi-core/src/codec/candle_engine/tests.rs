@@ -27,8 +27,7 @@ fn small(replicate: bool) -> CodecConfig {
 }
 
 fn codec(cfg: &CodecConfig, dtype: DType, engine: EngineKind) -> Codec {
-    let seeded = TensorSource::seeded(7, cfg.transformer.layer_scale);
-    Codec::with_engine(cfg, seeded, &Device::Cpu, dtype, engine).unwrap()
+    Codec::seeded_on(cfg, 7, dtype, engine)
 }
 
 /// The engine's SEANets and down/upsampling compute candle-transformers' offline functions
