@@ -6,8 +6,8 @@ use crate::py::errors::PyResult;
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
 use crate::py::row_args;
 use crate::py::weights::WeightsArg;
-use mimi_core::codec::host_calls::check_copied_batch;
 use mimi_core::codec::inputs::code_value;
+use mimi_core::codec::stream::{copy_pair, StreamPair};
 use mimi_core::codec::{Codec, DecodeStream, EncodeStep, EncodeStream, OpenOptions, Rows};
 use mimi_core::error::{Error, Result};
 use mimi_core::runtime::device;
@@ -101,19 +101,7 @@ impl PyMimiCodec {
     /// Copies of both streams, taken one lock at a time.
     #[allow(clippy::type_complexity)]
     fn snapshot(&self, d: &Detached) -> Result<(Option<EncodeStream>, Option<DecodeStream>)> {
-        let enc = self
-            .enc
-            .lock(d)?
-            .as_ref()
-            .map(EncodeStream::deep_copy)
-            .transpose()?;
-        let dec = self
-            .dec
-            .lock(d)?
-            .as_ref()
-            .map(DecodeStream::deep_copy)
-            .transpose()?;
-        Ok((enc, dec))
+        copy_pair(self.enc.lock(d)?.as_ref(), self.dec.lock(d)?.as_ref())
     }
 
     fn fork(&self, py: Python<'_>) -> PyResult<Self> {
@@ -403,24 +391,18 @@ impl PyMimiCodec {
         let rows = row_args::rows(rows)?;
         let (enc, dec) = (&self.enc, &self.dec);
         guard::detached(py, |d| {
-            let Some(rows) = rows else {
+            if rows.is_none() {
+                // Whole streams: reset even a lock that a panic poisoned.
                 enc.reset(d);
                 dec.reset(d);
                 return Ok(());
-            };
+            }
             let (mut e, mut de) = (enc.lock(d)?, dec.lock(d)?);
-            let batch = e
-                .as_ref()
-                .and_then(|s| s.batch())
-                .or(de.as_ref().and_then(|s| s.batch()));
-            let rows = row_args::resolve(&rows, batch)?;
-            if let Some(s) = e.as_mut() {
-                s.reset_rows(&rows)?;
+            StreamPair {
+                enc: &mut e,
+                dec: &mut de,
             }
-            if let Some(s) = de.as_mut() {
-                s.reset_rows(&rows)?;
-            }
-            Ok(())
+            .reset(rows.as_ref())
         })
     }
 
@@ -428,12 +410,12 @@ impl PyMimiCodec {
     /// int64 of shape ``(batch,)`` (empty before the first call).
     #[getter]
     fn positions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (enc, f) = (&self.enc, self.codec.config().frame_size() as u64);
+        let (enc, f) = (&self.enc, self.codec.config().frame_size());
         let pos = guard::detached(py, |d| {
-            Ok(enc.lock(d)?.as_ref().map_or_else(Vec::new, |s| {
-                s.counts().iter().map(|&n| (n / f) as i64).collect()
-            }))
+            let s = enc.lock(d)?;
+            Ok(s.as_ref().map_or_else(Vec::new, |s| s.frame_positions(f)))
         })?;
+        let pos: Vec<i64> = pos.into_iter().map(|n| n as i64).collect();
         let n = pos.len();
         Ok(convert::to_numpy(py, pos, &[n])?)
     }
@@ -466,14 +448,13 @@ impl PyMimiCodec {
         self.codec.check_state_source(&other.codec)?;
         let (src, dst) = (other, self);
         guard::detached(py, move |d| {
-            let (enc, dec) = src.snapshot(d)?;
+            let copies = src.snapshot(d)?;
             let (mut de, mut dd) = (dst.enc.lock(d)?, dst.dec.lock(d)?);
-            let batch = |s: Option<&EncodeStream>| s.and_then(|s| s.batch());
-            check_copied_batch(batch(enc.as_ref()), batch(de.as_ref()))?;
-            let batch = |s: Option<&DecodeStream>| s.and_then(|s| s.batch());
-            check_copied_batch(batch(dec.as_ref()), batch(dd.as_ref()))?;
-            (*de, *dd) = (enc, dec);
-            Ok(())
+            StreamPair {
+                enc: &mut de,
+                dec: &mut dd,
+            }
+            .replace(copies)
         })
     }
 

@@ -3,15 +3,11 @@
 
 use crate::py::convert;
 use crate::py::errors::PyResult;
-use mimi_core::error::{Error, Result};
+use mimi_core::error::Error;
 use numpy::{PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-/// A row selection as given: a boolean mask or row indices.
-pub enum Rows {
-    Mask(Vec<bool>),
-    Indices(Vec<i64>),
-}
+use mimi_core::rows::RowSelection;
 
 fn read_bools(a: &Bound<'_, numpy::PyUntypedArray>) -> PyResult<Vec<bool>> {
     let a = a.cast::<PyArrayDyn<bool>>().map_err(PyErr::from)?;
@@ -55,7 +51,7 @@ pub fn active(
 }
 
 /// `rows=`: `None`, a boolean mask, or a sequence of row indices.
-pub fn rows(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Rows>> {
+pub fn rows(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<RowSelection>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
@@ -68,23 +64,14 @@ pub fn rows(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Rows>> {
         .into());
     }
     match a.dtype().kind() {
-        b'b' => Ok(Some(Rows::Mask(read_bools(&a)?))),
-        b'i' | b'u' => Ok(Some(Rows::Indices(read_ints(&a)?))),
+        b'b' => Ok(Some(RowSelection::Mask(read_bools(&a)?))),
+        b'i' | b'u' => Ok(Some(RowSelection::Indices(read_ints(&a)?))),
         // An empty list arrives as float64.
-        _ if a.len() == 0 => Ok(Some(Rows::Indices(Vec::new()))),
+        _ if a.len() == 0 => Ok(Some(RowSelection::Indices(Vec::new()))),
         _ => Err(
             Error::DType("rows must be row indices (integers) or a boolean mask".to_string())
                 .into(),
         ),
-    }
-}
-
-/// The sorted, distinct rows a selection names in a batch of `batch` rows (`None`: the
-/// stream has not started, so any index is accepted and names nothing yet).
-pub fn resolve(rows: &Rows, batch: Option<usize>) -> Result<Vec<usize>> {
-    match rows {
-        Rows::Mask(m) => mimi_core::codec::Rows::resolve_mask(m, batch),
-        Rows::Indices(ix) => mimi_core::codec::Rows::resolve_indices(ix, batch),
     }
 }
 
@@ -121,7 +108,7 @@ pub fn lengths(
         ))
         .into());
     }
-    if a.ndim() != 1 || a.len() != batch {
+    if a.ndim() != 1 {
         return Err(Error::Shape(format!(
             "lengths must have shape (batch,) = ({batch},), got {:?}",
             a.shape()
@@ -129,15 +116,7 @@ pub fn lengths(
         .into());
     }
     let values = read_ints(&a)?;
-    let out = values
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| match usize::try_from(v) {
-            Ok(v) if v <= max => Ok(v),
-            _ => Err(Error::Shape(format!(
-                "lengths[{i}] = {v} is outside [0, {max}] (the input's {unit})"
-            ))),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Some(out))
+    Ok(Some(mimi_core::codec::lengths::checked_lengths(
+        &values, batch, max, unit,
+    )?))
 }

@@ -11,7 +11,7 @@ use crate::py::guard::{self, Detached, Reset, Shared};
 use crate::py::row_args;
 use crate::py::weights::WeightsArg;
 use mimi_core::config::TransformerConfig;
-use mimi_core::error::{Error, Result};
+use mimi_core::error::Result;
 use mimi_core::runtime::device;
 use mimi_core::runtime::precision::Precision;
 use mimi_core::transformer::{State, Transformer};
@@ -76,30 +76,6 @@ impl PyStreamingTransformer {
             device_name: self.device_name.clone(),
             dtype_name: self.dtype_name,
         })
-    }
-
-    /// Refuses a state copy between transformers of other shapes.
-    fn check_compatible(&self, other: &Self) -> Result<()> {
-        let (dst, src) = (self.model.num_layers(), other.model.num_layers());
-        if dst != src {
-            return Err(Error::DepthMismatch { dst, src });
-        }
-        let describe = |t: &Self| {
-            let c = &t.config;
-            format!(
-                "d_model={}, num_heads={}, context={}, dtype={}, device={}",
-                c.d_model, c.num_heads, c.context, t.dtype_name, t.device_name
-            )
-        };
-        if describe(self) != describe(other) {
-            return Err(Error::IncompatibleState(format!(
-                "cannot copy the streaming state: the source has {} and this transformer has \
-                 {}; build both from the same config, dtype and device",
-                describe(other),
-                describe(self)
-            )));
-        }
-        Ok(())
     }
 
     /// Test hook: panics while holding the state's lock (see `_poison_for_tests`).
@@ -202,7 +178,7 @@ impl PyStreamingTransformer {
             }
             Some(rows) => {
                 let mut st = state.lock(d)?;
-                let rows = row_args::resolve(&rows, st.batch())?;
+                let rows = rows.resolve(st.batch())?;
                 st.reset_rows(&rows);
                 Ok(())
             }
@@ -226,18 +202,12 @@ impl PyStreamingTransformer {
         if std::ptr::eq(other, self) {
             return Ok(());
         }
-        self.check_compatible(other)?;
+        self.model.check_state_source(&other.model)?;
         let (src_state, dst_state) = (&other.state, &self.state);
         let model = self.model.clone();
         guard::detached(py, move |d| {
             // Snapshot the source, then install it: never hold both locks at once.
-            let copied = src_state.lock(d)?.deep_copy()?;
-            if !model.state_fits(&copied) {
-                return Err(Error::IncompatibleState(
-                    "cannot copy the streaming state: its buffers do not fit this transformer"
-                        .into(),
-                ));
-            }
+            let copied = model.fitting(src_state.lock(d)?.deep_copy()?)?;
             *dst_state.lock(d)? = copied;
             Ok(())
         })

@@ -299,6 +299,26 @@ def test_stream_batch_size_is_fixed_until_reset(codec):
     assert codec.encode_step(np.zeros((2, 1, 3840), np.float32)).shape == (2, 4, 2)
 
 
+def test_a_rejected_row_reset_changes_neither_stream(codec):
+    """The encoder streams 4 rows and the decoder 2: row 3 is refused (for the decoder)
+    before either stream changes, so both continue as if the call had not been made."""
+    codec.reset_state()
+    rng = np.random.default_rng(5)
+    pcm = (rng.standard_normal((4, 1, 2 * 1920)) * 0.1).astype(np.float32)
+    codec.encode_step(pcm)
+    codec.decode_step(IO["codes"][..., :2].repeat(2, 0))
+    twin = codec.clone()
+    with pytest.raises(mimi_py.ShapeError):
+        codec.reset_state(rows=[3])
+    assert_same(codec.positions, twin.positions)
+    assert_same(codec.encode_step(pcm), twin.encode_step(pcm))
+    assert_same(
+        codec.decode_step(IO["codes"][..., 2:4].repeat(2, 0)),
+        twin.decode_step(IO["codes"][..., 2:4].repeat(2, 0)),
+    )
+    codec.reset_state()
+
+
 def test_many_clips_on_one_instance_and_a_stream_past_8192_transformer_steps():
     c = make_codec(CODEC / "mimi_small.safetensors", config=small_codec_config())
     rng = np.random.default_rng(0)

@@ -11,6 +11,25 @@ pub const ROWS_INLINE: usize = 32;
 /// past it.
 pub type RowList<T> = smallvec::SmallVec<[T; ROWS_INLINE]>;
 
+/// A row selection as a caller gives it (a reset's `rows=`): a boolean mask or row indices,
+/// not yet resolved against a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowSelection {
+    Mask(Vec<bool>),
+    Indices(Vec<i64>),
+}
+
+impl RowSelection {
+    /// The sorted, distinct rows it names in a stream of `batch` rows (`None`: the stream has
+    /// not started, so any index is accepted and names nothing yet).
+    pub fn resolve(&self, batch: Option<usize>) -> Result<Vec<usize>> {
+        match self {
+            Self::Mask(m) => Rows::resolve_mask(m, batch),
+            Self::Indices(ix) => Rows::resolve_indices(ix, batch),
+        }
+    }
+}
+
 /// Which rows of a stream of `batch` rows a step advances: all of them (an unmasked step) or
 /// a sorted, distinct subset (a masked step; the others are untouched bit for bit).
 #[derive(Clone, Debug, PartialEq, Eq)]

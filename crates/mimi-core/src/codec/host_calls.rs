@@ -257,15 +257,3 @@ impl Codec {
         Ok(())
     }
 }
-
-/// Refuses to replace a stream of `ours` rows with a copy of `theirs` rows (a stream that
-/// has not started takes any batch size).
-pub fn check_copied_batch(theirs: Option<usize>, ours: Option<usize>) -> Result<()> {
-    match (theirs, ours) {
-        (Some(t), Some(o)) if t != o => Err(Error::IncompatibleState(format!(
-            "cannot copy the streaming state: the source streams a batch of {t} rows and this \
-             codec a batch of {o}; reset_state() first"
-        ))),
-        _ => Ok(()),
-    }
-}

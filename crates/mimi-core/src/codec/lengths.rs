@@ -10,21 +10,31 @@ use crate::runtime::device::{cast, zeros_on};
 use candle::{DType, Tensor};
 use rayon::prelude::*;
 
-/// Refuses `lengths` that are not one entry per batch item, each at most `max` (`what`
-/// names the unit in the message: samples, frames).
-pub fn check_lengths(lengths: &[usize], batch: usize, max: usize, what: &str) -> Result<()> {
-    if lengths.len() != batch {
+/// The rule for `lengths=`, declared once (the Python binding reads the integers and calls
+/// it too): one entry per batch item, each in `[0, max]` (`what` names the unit in the
+/// message: samples, frames). Returns them as `usize`.
+pub fn checked_lengths<T>(values: &[T], batch: usize, max: usize, what: &str) -> Result<Vec<usize>>
+where
+    T: Copy + std::fmt::Display + TryInto<usize>,
+{
+    if values.len() != batch {
         return Err(Error::Shape(format!(
             "lengths must hold one entry per batch item ({batch}), got {}",
-            lengths.len()
+            values.len()
         )));
     }
-    if let Some((i, &l)) = lengths.iter().enumerate().find(|(_, &l)| l > max) {
-        return Err(Error::Shape(format!(
-            "lengths[{i}] = {l} is longer than the input ({max} {what})"
-        )));
-    }
-    Ok(())
+    let one = |(i, &v): (usize, &T)| match v.try_into() {
+        Ok(l) if l <= max => Ok(l),
+        _ => Err(Error::Shape(format!(
+            "lengths[{i}] = {v} is outside [0, {max}] (the input's {what})"
+        ))),
+    };
+    values.iter().enumerate().map(one).collect()
+}
+
+/// [`checked_lengths`] of lengths already in `usize`.
+pub fn check_lengths(lengths: &[usize], batch: usize, max: usize, what: &str) -> Result<()> {
+    checked_lengths(lengths, batch, max, what).map(drop)
 }
 
 /// `f` on each item's first `lengths[i]` columns (dim 2) alone, in parallel on the CPU; each
@@ -150,5 +160,10 @@ mod tests {
             check_lengths(&[3, 6], 2, 5, "samples"),
             Err(Error::Shape(_))
         ));
+        match checked_lengths(&[3i64, -1], 2, 5, "frames") {
+            Err(Error::Shape(m)) => assert!(m.contains("lengths[1] = -1 is outside [0, 5]"), "{m}"),
+            other => panic!("expected a shape error, got {other:?}"),
+        }
+        assert_eq!(checked_lengths(&[0i64, 5], 2, 5, "frames").unwrap(), [0, 5]);
     }
 }

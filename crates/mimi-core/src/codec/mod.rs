@@ -18,7 +18,7 @@ pub mod checkpoint;
 pub mod engine;
 pub mod host_calls;
 pub mod inputs;
-mod lengths;
+pub mod lengths;
 pub mod native;
 mod offline;
 pub mod open;

@@ -3,6 +3,7 @@
 
 use super::engine::{Convolutions, DecodeConvs, EncodeConvs};
 use crate::error::{Error, Result};
+use crate::rows::RowSelection;
 use crate::transformer::State;
 
 /// A streaming state. Made by [`super::Codec::encode_stream`] / [`super::Codec::decode_stream`].
@@ -90,5 +91,78 @@ impl<C: Convolutions> Stream<C> {
             batch: self.batch,
             counts: self.counts.clone(),
         })
+    }
+}
+
+/// A codec's two streams, as a binding holds them (each under its own lock; `None`: not
+/// started). The rules for both at once live here, each once: reset, copy and positions.
+pub struct StreamPair<'a> {
+    pub enc: &'a mut Option<EncodeStream>,
+    pub dec: &'a mut Option<DecodeStream>,
+}
+
+impl StreamPair<'_> {
+    /// Returns `rows` of both streams to fresh ones (`None`: both streams, whole). The
+    /// selection is checked against each started stream before either changes.
+    pub fn reset(&mut self, rows: Option<&RowSelection>) -> Result<()> {
+        let Some(rows) = rows else {
+            (*self.enc, *self.dec) = (None, None);
+            return Ok(());
+        };
+        let enc_rows = rows.resolve(self.enc.as_ref().and_then(Stream::batch))?;
+        let dec_rows = rows.resolve(self.dec.as_ref().and_then(Stream::batch))?;
+        if let Some(s) = self.enc.as_mut() {
+            s.reset_rows(&enc_rows)?;
+        }
+        if let Some(s) = self.dec.as_mut() {
+            s.reset_rows(&dec_rows)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces both streams with `copies` (another codec's, deep-copied), refusing a batch
+    /// other than a started stream's before anything changes.
+    pub fn replace(&mut self, copies: (Option<EncodeStream>, Option<DecodeStream>)) -> Result<()> {
+        let (enc, dec) = copies;
+        check_copied_batch(
+            enc.as_ref().and_then(Stream::batch),
+            self.enc.as_ref().and_then(Stream::batch),
+        )?;
+        check_copied_batch(
+            dec.as_ref().and_then(Stream::batch),
+            self.dec.as_ref().and_then(Stream::batch),
+        )?;
+        (*self.enc, *self.dec) = (enc, dec);
+        Ok(())
+    }
+}
+
+/// Deep copies of a codec's two streams (see [`StreamPair::replace`]).
+pub fn copy_pair(
+    enc: Option<&EncodeStream>,
+    dec: Option<&DecodeStream>,
+) -> Result<(Option<EncodeStream>, Option<DecodeStream>)> {
+    Ok((
+        enc.map(Stream::deep_copy).transpose()?,
+        dec.map(Stream::deep_copy).transpose()?,
+    ))
+}
+
+impl EncodeStream {
+    /// Each row's code frames emitted since its own start or reset (`frame_size` samples a
+    /// frame; empty before the first call).
+    pub fn frame_positions(&self, frame_size: usize) -> Vec<u64> {
+        self.counts.iter().map(|&n| n / frame_size as u64).collect()
+    }
+}
+
+/// Refuses to copy a stream of `theirs` rows into a started stream of `ours` rows.
+pub fn check_copied_batch(theirs: Option<usize>, ours: Option<usize>) -> Result<()> {
+    match (theirs, ours) {
+        (Some(t), Some(o)) if t != o => Err(Error::IncompatibleState(format!(
+            "cannot copy the streaming state: the source streams a batch of {t} rows and this \
+             codec a batch of {o}; reset_state() first"
+        ))),
+        _ => Ok(()),
     }
 }
