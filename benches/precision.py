@@ -8,9 +8,9 @@ weights with 32 codebooks) and input (speech-like: a gliding, pulsing tone with 
 noise; and white noise), it encodes at ``"highest"`` and at the precision under test, and
 decodes ``"highest"``'s codes at both. Reported: the fraction of codebook 0's codes and of
 all codes equal to ``"highest"``'s, and the SNR of the decoded audio against ``"highest"``'s
-decoding of the same codes. ``"medium"`` is measured with every group in bf16 and one group
-at a time (``MIMI_PY_MEDIUM_LAYERS``, read once per process: each configuration runs in its
-own process). Prints a markdown table and writes the rows as JSON, with the machine's
+decoding of the same codes. ``"medium"`` is measured with its default groups, with every group
+in bf16, and one group at a time (``MIMI_PY_MEDIUM_LAYERS``, read once per process: each
+configuration runs in its own process). Prints a markdown table and writes the rows as JSON, with the machine's
 ``kernel_isa``. Speed is ``benches/paired.py``'s (``--worker medium=:medium``).
 """
 
@@ -26,8 +26,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CODEC_DIR = REPO / "tests" / "data" / "codec"
+DEFAULT_LAYERS = "frame_rate,transformers,decoder_convs"  # MIMI_PY_MEDIUM_LAYERS' default
 CONFIGS = [
     ("high", "all"),
+    ("medium", DEFAULT_LAYERS),
     ("medium", "all"),
     ("medium", "encoder_convs"),
     ("medium", "frame_rate"),
@@ -106,7 +108,8 @@ def table(rows: list[dict]) -> str:
     lines = [head, "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(
-            f"| {r['precision']} | {r['layers']} | {r['codec']} | {r['input']} | "
+            f"| {r['precision']} | {'default' if r['layers'] == DEFAULT_LAYERS else r['layers']} | "
+            f"{r['codec']} | {r['input']} | "
             f"{r['codebook0_equal']:.1%} | {r['all_equal']:.1%} | {r['decoded_snr_db']:.1f} dB |"
         )
     return "\n".join(lines)

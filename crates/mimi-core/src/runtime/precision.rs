@@ -8,8 +8,8 @@
 //!   `weights_dtype="bfloat16"` has always meant, and that argument now names it.
 //! * `"medium"`: products with bf16 inputs and float32 sums, in `vdpbf16ps`'s order
 //!   ([`crate::kernels::bf16dot`]), the same bits on every CPU, over the layers
-//!   [`MediumLayers`] names; the precision-sensitive ones stay float32 (module doc of
-//!   `docs/precision.md`: the quantizer, the first encoder convolution, the decoder's last
+//!   [`MediumLayers`] names; the precision-sensitive ones stay float32 (docs/precision.md:
+//!   the quantizer, the encoder's convolutions, which flip codes, the decoder's last
 //!   residual block and last convolution, norms, softmax and attention).
 //!
 //! Only the native engine (the CPU in float32) has these modes; candle's engine computes in
@@ -171,8 +171,9 @@ pub fn resolve(explicit: Option<Precision>, device: &Device, dtype: DType) -> Pr
     }
 }
 
-/// The layer groups `"medium"` covers (`MIMI_PY_MEDIUM_LAYERS`, for the agreement table of
-/// docs/precision.md: one group at a time).
+/// The layer groups `"medium"` covers (`MIMI_PY_MEDIUM_LAYERS`): by default all but the
+/// encoder's convolutions, which moved the most codes in the agreement table of
+/// docs/precision.md (`all` takes them too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MediumLayers {
     /// The encoder's SEANet convolutions after the first (residual blocks, down-sampling).
@@ -204,11 +205,21 @@ impl MediumLayers {
         decoder_convs: true,
     };
 
-    /// `"all"`, or a comma-separated list of [`MEDIUM_GROUPS`]; anything else is all.
+    /// The groups `"medium"` takes unless told: all but the encoder's convolutions.
+    pub const DEFAULT: Self = Self {
+        encoder_convs: false,
+        ..Self::ALL
+    };
+
+    /// `"all"`, or a comma-separated list of [`MEDIUM_GROUPS`]; anything else is
+    /// [`Self::DEFAULT`].
     pub fn parse(spec: &str) -> Self {
+        if spec.trim() == "all" {
+            return Self::ALL;
+        }
         let names: Vec<&str> = spec.split(',').map(str::trim).collect();
         if !names.iter().all(|n| MEDIUM_GROUPS.contains(n)) {
-            return Self::ALL;
+            return Self::DEFAULT;
         }
         Self {
             encoder_convs: names.contains(&"encoder_convs"),
@@ -264,7 +275,10 @@ mod tests {
     #[test]
     fn layer_groups_parse() {
         assert_eq!(MediumLayers::parse("all"), MediumLayers::ALL);
-        assert_eq!(MediumLayers::parse("nonsense"), MediumLayers::ALL);
+        assert_eq!(MediumLayers::parse("nonsense"), MediumLayers::DEFAULT);
+        let default = "frame_rate,transformers,decoder_convs";
+        assert_eq!(MediumLayers::parse(default), MediumLayers::DEFAULT);
+        assert!(!MediumLayers::parse(default).encoder_convs);
         let t = MediumLayers::parse("transformers");
         assert!(t.transformers && !t.encoder_convs && !t.frame_rate && !t.decoder_convs);
         let two = MediumLayers::parse("encoder_convs, decoder_convs");

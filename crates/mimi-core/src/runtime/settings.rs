@@ -68,11 +68,13 @@ switches! {
              or portable; a value above the CPU's runs the CPU's best, anything else is auto. \
              For tests and comparisons (gemm, in the convolutions, picks its own)";
     /// The layer groups `precision="medium"` covers (`runtime::precision::MediumLayers`).
-    medium_layers: String = "MIMI_PY_MEDIUM_LAYERS", default "all", read |n| word(n, "all"),
-        show |v: &String| v.clone(),
-        doc "the layers precision=\"medium\" computes in bf16: all, or a comma-separated list \
-             of encoder_convs, frame_rate, transformers, decoder_convs (read when a codec is \
-             built; for the agreement table of docs/precision.md)";
+    medium_layers: String = "MIMI_PY_MEDIUM_LAYERS",
+        default "frame_rate,transformers,decoder_convs",
+        read |n| word(n, "frame_rate,transformers,decoder_convs"), show |v: &String| v.clone(),
+        doc "the layers precision=\"medium\" computes with bf16 inputs: a comma-separated list \
+             of encoder_convs, frame_rate, transformers, decoder_convs, or all; the default \
+             keeps the encoder's convolutions in float32, where bf16 moved the most codes \
+             (read when a codec is built; docs/precision.md)";
     /// Whether the candle path steps in fixed shapes (`transformer::fixed`).
     fixed_step: bool = "MIMI_PY_FIXED_STEP", default "1", read |n| flag(n, true), show on,
         doc "1: streaming steps of up to 4 tokens on the candle path (GPUs, half precision, \
