@@ -60,13 +60,13 @@ impl WindowAttention {
 /// The keys (or values) of one head, in key order: the ring's `n_old` oldest slots, then
 /// the call's new rows; read in place, so a streaming step copies no ring.
 #[derive(Clone, Copy)]
-struct Rows<'a> {
+struct HeadRows<'a> {
     old: &'a [f32],
     new: &'a [f32],
     hd: usize,
 }
 
-impl<'a> Rows<'a> {
+impl<'a> HeadRows<'a> {
     fn len(&self) -> usize {
         (self.old.len() + self.new.len()) / self.hd
     }
@@ -88,7 +88,7 @@ impl<'a> Rows<'a> {
 
 /// `kt` (hd rows of `stride`, zero past the `n` keys) = the keys `k` (n, hd) transposed.
 #[inline(always)]
-fn transpose_keys(k: Rows, hd: usize, stride: usize, kt: &mut Vec<f32>) {
+fn transpose_keys(k: HeadRows, hd: usize, stride: usize, kt: &mut Vec<f32>) {
     kt.clear();
     kt.resize(hd * stride, 0.0);
     for (j, row) in k.iter().enumerate() {
@@ -131,7 +131,7 @@ fn softmax_in_place(s: &mut [f32]) -> f32 {
 pub(crate) fn attend_visible(q: &[f32], k: &[f32], v: &[f32], scores: &mut [f32], out: &mut [f32]) {
     let hd = q.len();
     let n = k.len() / hd;
-    let rows = |x| Rows {
+    let rows = |x| HeadRows {
         old: x,
         new: &[],
         hd,
@@ -171,24 +171,24 @@ pub(crate) fn attend_visible(q: &[f32], k: &[f32], v: &[f32], scores: &mut [f32]
 #[derive(Clone, Copy)]
 struct Head<'a> {
     q: &'a [f32],
-    k: Rows<'a>,
-    v: Rows<'a>,
+    k: HeadRows<'a>,
+    v: HeadRows<'a>,
     hd: usize,
 }
 
 /// A head's scratch, reused across its queries: `kt` for the keys transposed (hd rows),
 /// `scores` for one query's scores.
 #[derive(Default)]
-struct Scratch {
+struct AttentionScratch {
     kt: Vec<f32>,
     scores: Vec<f32>,
 }
 
 /// One head of [`WindowAttention`], portable, into `out` (t, hd).
 #[inline(always)]
-fn attend_head_generic(op: &WindowAttention, h: Head, sc: &mut Scratch, out: &mut [f32]) {
+fn attend_head_generic(op: &WindowAttention, h: Head, sc: &mut AttentionScratch, out: &mut [f32]) {
     let Head { q, k, v, hd } = h;
-    let Scratch { kt, scores } = sc;
+    let AttentionScratch { kt, scores } = sc;
     let n = k.len();
     transpose_keys(k, hd, n, kt);
     scores.resize(n, 0.0);
@@ -221,7 +221,12 @@ fn attend_head_generic(op: &WindowAttention, h: Head, sc: &mut Scratch, out: &mu
 /// phase of a query is a helper compiled with the same features (so it can be inlined here).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_head_avx2(op: &WindowAttention, h: Head, sc: &mut Scratch, out: &mut [f32]) {
+unsafe fn attend_head_avx2(
+    op: &WindowAttention,
+    h: Head,
+    sc: &mut AttentionScratch,
+    out: &mut [f32],
+) {
     let Head { q, k, v, hd } = h;
     let n = k.len();
     // Keys transposed, rows padded so that 32 scores from any multiple of 8 stay inside;
@@ -258,7 +263,7 @@ unsafe fn attend_head_avx2(op: &WindowAttention, h: Head, sc: &mut Scratch, out:
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // j indexes the keys and the scores alike
-unsafe fn scores_by_rows_avx2(qi: &[f32], k: Rows, span: (usize, usize), scores: &mut [f32]) {
+unsafe fn scores_by_rows_avx2(qi: &[f32], k: HeadRows, span: (usize, usize), scores: &mut [f32]) {
     use std::arch::x86_64::*;
     let hd = qi.len();
     let (lo, hi) = span;
@@ -318,7 +323,7 @@ unsafe fn scores_by_eights_avx2(q: &[f32], k: &[f32], scores: &mut [f32]) {
         _mm256_storeu_ps(scores.as_mut_ptr().add(j0), sums);
         j0 += 8;
     }
-    let rows = Rows {
+    let rows = HeadRows {
         old: k,
         new: &[],
         hd,
@@ -332,7 +337,12 @@ unsafe fn scores_by_eights_avx2(q: &[f32], k: &[f32], scores: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn scores_transposed_avx2(qi: &[f32], sc: &mut Scratch, np: usize, span: (usize, usize)) {
+unsafe fn scores_transposed_avx2(
+    qi: &[f32],
+    sc: &mut AttentionScratch,
+    np: usize,
+    span: (usize, usize),
+) {
     use std::arch::x86_64::*;
     let (ktp, sp) = (sc.kt.as_ptr(), sc.scores.as_mut_ptr());
     let (lo, hi) = span;
@@ -369,7 +379,7 @@ struct Weights<'a> {
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // indices mirror the registers
-unsafe fn weighted_values_avx2(w: Weights, v: Rows, oi: &mut [f32]) {
+unsafe fn weighted_values_avx2(w: Weights, v: HeadRows, oi: &mut [f32]) {
     use std::arch::x86_64::*;
     let Weights { lo, s, inv } = w;
     let (hd, hi) = (oi.len(), lo + s.len());
@@ -399,7 +409,7 @@ unsafe fn weighted_values_avx2(w: Weights, v: Rows, oi: &mut [f32]) {
 
 /// One head of [`WindowAttention`] into `out` (t, hd): [`attend_head_avx2`] where the CPU
 /// has AVX2 and FMA, [`attend_head_generic`] elsewhere.
-fn attend_head(op: &WindowAttention, h: Head, sc: &mut Scratch, out: &mut [f32]) {
+fn attend_head(op: &WindowAttention, h: Head, sc: &mut AttentionScratch, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if super::cpu::has(super::cpu::Level::Avx2) {
@@ -471,18 +481,23 @@ impl candle::CustomOp3 for WindowAttention {
         let mut out = vec![0f32; b * h * t * hd];
         let head = |(i, o): (usize, &mut [f32])| {
             let (qs, ring) = (t * hd, slots * hd);
-            let k = Rows {
+            let k = HeadRows {
                 old: &k[i * ring..][..n_old * hd],
                 new: &knew[i * qs..][..qs],
                 hd,
             };
-            let v = Rows {
+            let v = HeadRows {
                 old: &v[i * ring..][..n_old * hd],
                 new: &vnew[i * qs..][..qs],
                 hd,
             };
             let q = &q[i * qs..][..qs];
-            attend_head(self, Head { q, k, v, hd }, &mut Scratch::default(), o);
+            attend_head(
+                self,
+                Head { q, k, v, hd },
+                &mut AttentionScratch::default(),
+                o,
+            );
         };
         if b * h > 1 && rayon::current_num_threads() > 1 {
             super::for_each_chunk_mut(&mut out, t * hd, |i, o| head((i, o)));
@@ -577,15 +592,15 @@ mod tests {
         );
         for h in 0..6 {
             let mut o = vec![0f32; t * hd];
-            fn split(x: &[f32], at: usize, hd: usize) -> Rows<'_> {
+            fn split(x: &[f32], at: usize, hd: usize) -> HeadRows<'_> {
                 let (old, new) = x.split_at(at * hd);
-                Rows { old, new, hd }
+                HeadRows { old, new, hd }
             }
             let (kh, vh) = (&kf[h * n * hd..][..n * hd], &vf[h * n * hd..][..n * hd]);
             let q = &qf[h * t * hd..][..t * hd];
             let (k, v) = (split(kh, n_old, hd), split(vh, n_old, hd));
             let head = Head { q, k, v, hd };
-            attend_head_generic(op, head, &mut Scratch::default(), &mut o);
+            attend_head_generic(op, head, &mut AttentionScratch::default(), &mut o);
             for (a, b) in o.iter().zip(got[h * t..(h + 1) * t].concat()) {
                 assert!(
                     (a - b).abs() <= 1e-5,

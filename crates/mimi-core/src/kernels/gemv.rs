@@ -364,7 +364,7 @@ fn split_bf16(x: &[f32], hi: &mut Vec<bf16>, lo: &mut Vec<bf16>) {
 /// A thread's buffers for [`gemv_into`]: the bf16 parts of the input and the transposed
 /// output, kept between calls.
 #[derive(Default)]
-struct Scratch {
+struct GemvScratch {
     hi: Vec<bf16>,
     lo: Vec<bf16>,
     yt: Vec<f32>,
@@ -372,7 +372,7 @@ struct Scratch {
 
 thread_local! {
     /// Taken while a call uses it ([`super::with_scratch`]).
-    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+    static SCRATCH: std::cell::Cell<GemvScratch> = std::cell::Cell::new(GemvScratch::default());
 }
 
 /// `y (m, n) = x (m, k) . w (n, k)^T`, on the best [`Isa`] of this CPU.
@@ -415,7 +415,7 @@ fn gemv_into_on<W: Weight>(
         if isa == Isa::Avx512Bf16 {
             split_bf16(x, &mut s.hi, &mut s.lo);
         }
-        let Scratch { hi, lo, yt } = s;
+        let GemvScratch { hi, lo, yt } = s;
         let call = Call { x, hi, lo, w, k, m };
         if m == 1 {
             return blocks(isa, &call, n, y); // (n, 1) is (1, n)

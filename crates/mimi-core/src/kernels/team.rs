@@ -164,12 +164,12 @@ pub(super) fn help() -> bool {
 
 /// A raw pointer that tasks writing disjoint parts of one buffer may share.
 #[derive(Clone, Copy)]
-struct Parts<T>(*mut T);
+struct TaskParts<T>(*mut T);
 // SAFETY: each task of `for_each_chunk_mut` writes its own chunk only.
-unsafe impl<T: Send> Send for Parts<T> {}
-unsafe impl<T: Send> Sync for Parts<T> {}
+unsafe impl<T: Send> Send for TaskParts<T> {}
+unsafe impl<T: Send> Sync for TaskParts<T> {}
 
-impl<T> Parts<T> {
+impl<T> TaskParts<T> {
     /// Chunk `i` of `len` values (the last may be shorter) of a buffer of `total`.
     ///
     /// # Safety
@@ -185,7 +185,7 @@ impl<T> Parts<T> {
 /// [`for_each_index`] runs its tasks.
 pub fn for_each_chunk_mut<T: Send>(out: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let (total, len) = (out.len(), len.max(1));
-    let parts = Parts(out.as_mut_ptr());
+    let parts = TaskParts(out.as_mut_ptr());
     for_each_index(total.div_ceil(len), |i| {
         // SAFETY: chunk `i` lies in `out` (i < total / len rounded up) and is task i's alone.
         f(i, unsafe { parts.chunk(i, len, total) })

@@ -18,9 +18,9 @@ pub use topology::Topology;
 
 /// The native engine's layers ([`topology::Layers`]): `conv` layers, the ELU applied by the
 /// encoder and decoder (their `alpha`).
-struct Native;
+struct NativeLayers;
 
-impl topology::Layers for Native {
+impl topology::Layers for NativeLayers {
     type Conv = Conv1d;
     type ConvTr = ConvTr1d;
     type Block = ResBlock;
@@ -165,7 +165,7 @@ impl Encoder {
 
 impl Encoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let built = topology::build_encoder(cfg, &Native, vb)?;
+        let built = topology::build_encoder(cfg, &NativeLayers, vb)?;
         Ok(Self {
             init: built.init,
             layers: built.stages,
@@ -431,7 +431,7 @@ impl Decoder {
     }
 
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
-        let built = topology::build_decoder(cfg, &Native, vb)?;
+        let built = topology::build_decoder(cfg, &NativeLayers, vb)?;
         Ok(Self {
             init: built.init,
             layers: built.stages,

@@ -41,7 +41,7 @@ pub struct State {
     pub(super) rings: Vec<step::HostRing>,
     pub(super) ring_dims: Vec<usize>,
     /// The planned step's buffers (not part of the stream's contents).
-    pub(super) scratch: step::Scratch,
+    pub(super) scratch: step::StepScratch,
 }
 
 impl State {
@@ -108,7 +108,7 @@ impl State {
             caches,
             rings: self.rings.clone(),
             ring_dims: self.ring_dims.clone(),
-            scratch: step::Scratch::default(),
+            scratch: step::StepScratch::default(),
         })
     }
 

@@ -2,7 +2,7 @@
 //! rows, each a few tokens from its own position. Every product runs once over all the
 //! rows' tokens (the packed weights); each row's norms, rotary angles and attention are its
 //! own, so a row's bits do not depend on which other rows step or how many tokens a call
-//! holds. The buffers are the stream's ([`Scratch`]), sized at the first call of a shape
+//! holds. The buffers are the stream's ([`StepScratch`]), sized at the first call of a shape
 //! and reused: `Transformer::step_host` allocates nothing once warm (the `Tensor` entry
 //! point allocates its output).
 //!
@@ -41,7 +41,7 @@ impl HostRing {
 
 /// A stream's buffers for the planned step, grown to the largest call seen.
 #[derive(Clone, Default)]
-pub(super) struct Scratch {
+pub(super) struct StepScratch {
     /// The residual stream (tokens, d), and a second (tokens, d) for norms and outputs.
     x: Vec<f32>,
     h: Vec<f32>,
@@ -222,7 +222,7 @@ impl Transformer {
         &self,
         layer: &Layer,
         host: &HostParams,
-        scratch: &mut Scratch,
+        scratch: &mut StepScratch,
         m: usize,
     ) -> Result<()> {
         let (d, f) = (self.cfg.d_model, self.cfg.dim_feedforward);
@@ -243,7 +243,7 @@ impl Transformer {
 
     /// Per token: the rotary cos/sin of its position, or its sinusoidal embedding added to
     /// `x` (the angles in f64 from the absolute position, as the block path computes them).
-    fn positions(&self, scratch: &mut Scratch, m: usize) -> Result<()> {
+    fn positions(&self, scratch: &mut StepScratch, m: usize) -> Result<()> {
         match self.cfg.positional_embedding {
             PositionalEmbedding::Rope => {
                 let half = self.cfg.head_dim() / 2;
@@ -274,7 +274,7 @@ impl Transformer {
 
     /// Rotates q and k of every token by its angles (interleaved pairs, candle's `rope_i`)
     /// and scales q by `head_dim^-1/2`.
-    fn rotate(&self, scratch: &mut Scratch, m: usize) {
+    fn rotate(&self, scratch: &mut StepScratch, m: usize) {
         let (d, hd) = (self.cfg.d_model, self.cfg.head_dim());
         let half = hd / 2;
         let scale = (hd as f64).powf(-0.5) as f32;
@@ -303,7 +303,7 @@ impl Transformer {
     fn attend_rows(
         &self,
         ring: &mut HostRing,
-        scratch: &mut Scratch,
+        scratch: &mut StepScratch,
         rows: &[usize],
         t: usize,
     ) -> Result<()> {

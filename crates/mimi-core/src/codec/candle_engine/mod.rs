@@ -26,14 +26,14 @@ use crate::runtime::device::zeros_on;
 use candle::Tensor;
 use candle_nn::VarBuilder;
 use layers::{Conv, Depthwise, LayerState};
-use seanet::{Decoder, Encoder, States};
+use seanet::{CandleDecoder, CandleEncoder, States};
 use std::sync::Arc;
 use step_rows::StepRows;
 
 /// The engine's layers, holding the weights (immutable, shared by its streams).
 pub(crate) struct Candle {
-    encoder: Encoder,
-    decoder: Decoder,
+    encoder: CandleEncoder,
+    decoder: CandleDecoder,
     downsample: Conv,
     upsample: Depthwise,
 }
@@ -47,8 +47,8 @@ impl Candle {
             .no_bias()
             .pad(PadMode::Replicate);
         Ok(Self {
-            encoder: Encoder::load(&cfg.seanet, vb.pp("encoder"))?,
-            decoder: Decoder::load(&cfg.seanet, vb.pp("decoder"))?,
+            encoder: CandleEncoder::load(&cfg.seanet, vb.pp("encoder"))?,
+            decoder: CandleDecoder::load(&cfg.seanet, vb.pp("decoder"))?,
             downsample: Conv::load(vb.pp("downsample"), down, None)?,
             upsample: Depthwise::load(vb.pp("upsample"), dim, stride)?,
         })

@@ -85,11 +85,11 @@ impl ResBlock {
 
 /// The candle engine's layers ([`Layers`]): each applies the ELU of alpha `act` to its
 /// input where the topology says so.
-struct Candle {
+struct CandleLayers {
     act: f64,
 }
 
-impl Layers for Candle {
+impl Layers for CandleLayers {
     type Conv = Conv;
     type ConvTr = ConvTr;
     type Block = ResBlock;
@@ -109,13 +109,13 @@ impl Layers for Candle {
 
 /// The SEANet encoder: audio `(B, channels, samples)` -> `(B, dimension, frames)`.
 #[derive(Clone, Debug)]
-pub(super) struct Encoder {
+pub(super) struct CandleEncoder {
     init: Conv,
     stages: Vec<(Vec<ResBlock>, Conv)>,
     last: Conv,
 }
 
-impl Encoder {
+impl CandleEncoder {
     /// Bytes of its weights, as stored.
     pub fn weights_nbytes(&self) -> usize {
         let stages: usize = (self.stages.iter())
@@ -125,10 +125,10 @@ impl Encoder {
     }
 }
 
-impl Encoder {
+impl CandleEncoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
         let act = cfg.activation.0;
-        let built = topology::build_encoder(cfg, &Candle { act }, vb)?;
+        let built = topology::build_encoder(cfg, &CandleLayers { act }, vb)?;
         Ok(Self {
             init: built.init,
             stages: built.stages,
@@ -179,13 +179,13 @@ impl Encoder {
 /// The SEANet decoder: `(B, dimension, frames)` -> audio `(B, channels, samples)`. It pads
 /// nothing on the right, so any chunking gives the offline audio.
 #[derive(Clone, Debug)]
-pub(super) struct Decoder {
+pub(super) struct CandleDecoder {
     init: Conv,
     stages: Vec<(ConvTr, Vec<ResBlock>)>,
     last: Conv,
 }
 
-impl Decoder {
+impl CandleDecoder {
     /// Bytes of its weights, as stored.
     pub fn weights_nbytes(&self) -> usize {
         let stages: usize = (self.stages.iter())
@@ -195,10 +195,10 @@ impl Decoder {
     }
 }
 
-impl Decoder {
+impl CandleDecoder {
     pub fn load(cfg: &SeanetConfig, vb: VarBuilder) -> Result<Self> {
         let act = cfg.activation.0;
-        let built = topology::build_decoder(cfg, &Candle { act }, vb)?;
+        let built = topology::build_decoder(cfg, &CandleLayers { act }, vb)?;
         Ok(Self {
             init: built.init,
             stages: built.stages,
