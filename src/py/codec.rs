@@ -391,18 +391,18 @@ impl PyMimiCodec {
         let rows = row_args::rows(rows)?;
         let (enc, dec) = (&self.enc, &self.dec);
         guard::detached(py, |d| {
-            if rows.is_none() {
+            let Some(rows) = rows else {
                 // Whole streams: reset even a lock that a panic poisoned.
                 enc.reset(d);
                 dec.reset(d);
                 return Ok(());
-            }
+            };
             let (mut e, mut de) = (enc.lock(d)?, dec.lock(d)?);
             StreamPair {
                 enc: &mut e,
                 dec: &mut de,
             }
-            .reset(rows.as_ref())
+            .reset_rows(&rows)
         })
     }
 

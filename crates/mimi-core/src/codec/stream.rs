@@ -102,13 +102,9 @@ pub struct StreamPair<'a> {
 }
 
 impl StreamPair<'_> {
-    /// Returns `rows` of both streams to fresh ones (`None`: both streams, whole). The
+    /// Returns `rows` of both streams to fresh ones (whole streams: set both to `None`). The
     /// selection is checked against each started stream before either changes.
-    pub fn reset(&mut self, rows: Option<&RowSelection>) -> Result<()> {
-        let Some(rows) = rows else {
-            (*self.enc, *self.dec) = (None, None);
-            return Ok(());
-        };
+    pub fn reset_rows(&mut self, rows: &RowSelection) -> Result<()> {
         let enc_rows = rows.resolve(self.enc.as_ref().and_then(Stream::batch))?;
         let dec_rows = rows.resolve(self.dec.as_ref().and_then(Stream::batch))?;
         if let Some(s) = self.enc.as_mut() {

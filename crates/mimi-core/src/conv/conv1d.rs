@@ -490,9 +490,14 @@ impl Conv1d {
             Some(full) => self.run(&Padded::plain(full), None),
         };
         if let (Some(w), true) = (&self.pairs, live.len() > 1) {
-            return self.run_pairs_rows(w, fulls);
+            let xs: RowList<Option<Padded>> = fulls
+                .iter()
+                .map(|f| f.as_ref().map(Padded::plain))
+                .collect();
+            let xs: RowList<Option<&Padded>> = xs.iter().map(Option::as_ref).collect();
+            return self.run_pairs_rows(w, &xs, &ns, &[]);
         }
-        if live.len() < 2 || self.pairs.is_some() {
+        if live.len() < 2 {
             return fulls.iter().map(run).collect();
         }
         if ns.iter().all(|&n| n <= step) {

@@ -271,6 +271,7 @@ impl ConvTr1d {
                 .map(|(st, x)| (x.len > 0).then(|| self.prepare(st, x, act)))
                 .collect();
             let ns: RowList<usize> = xs.iter().map(|x| x.len).collect();
+            let fulls: RowList<Option<&Frames>> = fulls.iter().map(Option::as_ref).collect();
             return self.run_pairs_rows(w, &fulls, &ns);
         }
         if self.depthwise || xs.len() < 2 || !(few || many) || (many && alone) {

@@ -132,7 +132,8 @@ impl Conv1d {
         (m * s + rr < k).then_some((ci, m * s + rr))
     }
 
-    /// `n` output frames of `x` (padded, activated) plus bias and `residual` (`cout x n`).
+    /// `n` output frames of `x` (padded, activated) plus bias and `residual` (`cout x n`):
+    /// [`Self::run_pairs_rows`] of one row.
     pub(super) fn run_pairs(
         &self,
         w: &PairPacked,
@@ -140,51 +141,23 @@ impl Conv1d {
         n: usize,
         residual: Option<&[f32]>,
     ) -> Frames {
-        let (cout, s) = (self.cout, self.stride);
-        let mut out = Frames::uninit(cout, n);
-        let ptr = SharedMut(out.data.as_mut_ptr());
-        let bias = self.b.as_deref();
-        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
-            for (r, dst) in cols.chunks_exact_mut(tn).enumerate() {
-                match self.pair_column(r) {
-                    Some((ci, off)) => x.gather(ci, t0 * s + off, s, dst),
-                    None => dst.fill(0.0),
-                }
-            }
-        };
-        let store = |t0: usize, tn: usize, y: &[f32]| {
-            for co in 0..cout {
-                let b = bias.map_or(0.0, |b| b[co]);
-                for t in 0..tn {
-                    let i = co * n + t0 + t;
-                    let r = residual.map_or(0.0, |r| r[i]);
-                    // SAFETY: frames t0 .. t0 + tn of `out` (cout x n) are this tile's only.
-                    unsafe { *ptr.at(i) = y[t * cout + co] + b + r };
-                }
-            }
-        };
-        if n > 0 {
-            product_tiles(w, n, gather, store);
-        }
-        out
+        let mut outs = self.run_pairs_rows(w, &[Some(x)], &[n], &[residual]);
+        outs.pop().expect("one row")
     }
 
-    /// The outputs of several rows' prepared inputs (`None`: no output) in shared products
-    /// ([`Stacked`]); row `r` gets the bits [`Self::run_pairs`] gives it alone.
+    /// The outputs of several rows' padded, activated inputs (`None`: no output), `ns[r]`
+    /// frames each, plus bias and each row's `residual` (`cout x ns[r]`), in shared products
+    /// ([`Stacked`]); a row's bits do not depend on the others.
     pub(super) fn run_pairs_rows(
         &self,
         w: &PairPacked,
-        fulls: &[Option<Frames>],
+        xs: &[Option<&Padded>],
+        ns: &[usize],
+        residuals: &[Option<&[f32]>],
     ) -> RowList<Frames> {
         let (cout, s) = (self.cout, self.stride);
-        let xs: RowList<Option<Padded>> = fulls
-            .iter()
-            .map(|f| f.as_ref().map(Padded::plain))
-            .collect();
-        let ns = (xs.iter())
-            .map(|x| x.as_ref().map_or(0, |x| self.frames(x.len())))
-            .collect();
-        let rows = Stacked::new(ns);
+        let ns = (xs.iter().zip(ns)).map(|(x, &n)| if x.is_some() { n } else { 0 });
+        let rows = Stacked::new(ns.collect());
         let mut outs: RowList<Frames> = rows.ns.iter().map(|&n| Frames::uninit(cout, n)).collect();
         let ptrs: Vec<SharedMut> = outs
             .iter_mut()
@@ -193,7 +166,7 @@ impl Conv1d {
         let bias = self.b.as_deref();
         let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
             for (r, f0, fn_, at) in rows.parts(t0, tn) {
-                let x = xs[r].as_ref().expect("a row with frames has an input");
+                let x = xs[r].expect("a row with frames has an input");
                 for (c, dst) in cols.chunks_exact_mut(tn).enumerate() {
                     let dst = &mut dst[at..at + fn_];
                     match self.pair_column(c) {
@@ -205,12 +178,14 @@ impl Conv1d {
         };
         let store = |t0: usize, tn: usize, y: &[f32]| {
             for (r, f0, fn_, at) in rows.parts(t0, tn) {
-                let n = rows.ns[r];
+                let (n, residual) = (rows.ns[r], residuals.get(r).copied().flatten());
                 for co in 0..cout {
                     let b = bias.map_or(0.0, |b| b[co]);
                     for t in 0..fn_ {
+                        let i = co * n + f0 + t;
+                        let add = residual.map_or(0.0, |res| res[i]);
                         // SAFETY: frames f0 .. f0 + fn_ of row r's output are this tile's only.
-                        unsafe { *ptrs[r].at(co * n + f0 + t) = y[(at + t) * cout + co] + b };
+                        unsafe { *ptrs[r].at(i) = y[(at + t) * cout + co] + b + add };
                     }
                 }
             }
@@ -235,44 +210,20 @@ impl ConvTr1d {
         self.w = Matrix::F32(Vec::new());
     }
 
-    /// `n * stride` output frames of `x` (`taps - 1` earlier frames, then `n`), with the bias.
+    /// `n * stride` output frames of `x` (`taps - 1` earlier frames, then `n`), with the bias:
+    /// [`Self::run_pairs_rows`] of one row.
     pub(super) fn run_pairs(&self, w: &PairPacked, x: &Frames, n: usize) -> Frames {
-        let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
-        let (len, out_len) = (x.len, n * s);
-        let mut out = Frames::uninit(cout, out_len);
-        let ptr = SharedMut(out.data.as_mut_ptr());
-        let bias = self.b.as_deref();
-        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
-            for (r, dst) in cols.chunks_exact_mut(tn).enumerate() {
-                let (m, ci) = (r / cin, r % cin);
-                dst.copy_from_slice(&x.data[ci * len + taps - 1 + t0 - m..][..tn]);
-            }
-        };
-        let store = |t0: usize, tn: usize, y: &[f32]| {
-            for co in 0..cout {
-                let b = bias.map_or(0.0, |b| b[co]);
-                for t in 0..tn {
-                    for j in 0..s {
-                        let i = co * out_len + (t0 + t) * s + j;
-                        // SAFETY: frames (t0 .. t0 + tn) * s of `out` are this tile's only.
-                        unsafe { *ptr.at(i) = y[t * s * cout + co * s + j] + b };
-                    }
-                }
-            }
-        };
-        if n > 0 {
-            product_tiles(w, n, gather, store);
-        }
-        out
+        let mut outs = self.run_pairs_rows(w, &[Some(x)], &[n]);
+        outs.pop().expect("one row")
     }
 
     /// Several rows' prepared inputs (`None`: no new frames; else `taps - 1` earlier frames
-    /// then `ns[r]` new ones) in shared products ([`Stacked`]); row `r` gets the bits
-    /// [`Self::run_pairs`] gives it alone.
+    /// then `ns[r]` new ones) in shared products ([`Stacked`]); a row's bits do not depend
+    /// on the others.
     pub(super) fn run_pairs_rows(
         &self,
         w: &PairPacked,
-        fulls: &[Option<Frames>],
+        fulls: &[Option<&Frames>],
         ns: &[usize],
     ) -> RowList<Frames> {
         let (cin, cout, s, taps) = (self.cin, self.cout, self.stride, self.taps);
@@ -292,7 +243,7 @@ impl ConvTr1d {
         let bias = self.b.as_deref();
         let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
             for (r, f0, fn_, at) in rows.parts(t0, tn) {
-                let x = fulls[r].as_ref().expect("a row with frames has an input");
+                let x = fulls[r].expect("a row with frames has an input");
                 for (c, dst) in cols.chunks_exact_mut(tn).enumerate() {
                     let (m, ci) = (c / cin, c % cin);
                     let src = &x.data[ci * x.len + taps - 1 + f0 - m..][..fn_];

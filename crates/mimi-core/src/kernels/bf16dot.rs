@@ -101,11 +101,8 @@ pub fn round_pairs(x: &[f32], m: usize, k: usize, out: &mut Vec<u32>) {
     out.clear();
     out.reserve(m * kp);
     for row in x.chunks_exact(k.max(1)).take(m) {
-        for i in 0..kp {
-            let even = to_bf16(row[2 * i]) as u32;
-            let odd = row.get(2 * i + 1).map_or(0, |&v| to_bf16(v) as u32);
-            out.push(even | odd << 16);
-        }
+        let odd = |i: usize| row.get(2 * i + 1).map_or(0.0, |&v| v);
+        out.extend((0..kp).map(|i| pair(row[2 * i], odd(i))));
     }
 }
 
@@ -175,9 +172,8 @@ impl PairPacked {
             let row = &w[o * k..(o + 1) * k];
             let panel = &mut data[(o / LANES) * kp * LANES..][..kp * LANES];
             for i in 0..kp {
-                let even = to_bf16(row[2 * i]) as u32;
-                let odd = row.get(2 * i + 1).map_or(0, |&v| to_bf16(v) as u32);
-                panel[i * LANES + o % LANES] = even | odd << 16;
+                let odd = row.get(2 * i + 1).map_or(0.0, |&v| v);
+                panel[i * LANES + o % LANES] = pair(row[2 * i], odd);
             }
         }
         Self { n, k, data }
