@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple
 from .._core import CodecConfig, MimiCodec, get_float32_matmul_precision
 from ..errors import ConfigError
 from ..hub import HF_CONFIG, HF_FILES, _snapshot, _snapshot_commit, load_codec, parse_weights_spec
+from ..options import PRECISIONS
 
 
 class _Model(NamedTuple):
@@ -149,7 +150,7 @@ def _recorded_precision(config: Mapping[str, Any]) -> Literal["highest", "high",
     """The precision a manifest's ``config`` records; manifests before it was recorded have
     their ``weights_dtype`` (bfloat16: "high"), or neither (float32: "highest")."""
     recorded = config.get("precision")
-    if recorded in ("highest", "high", "medium"):
+    if recorded in PRECISIONS:
         return recorded
     if recorded is not None:
         raise ConfigError(f"the manifest records precision {recorded!r}, which this mimi_py does not know")
