@@ -8,7 +8,7 @@ use crate::py::row_args;
 use crate::py::weights::WeightsArg;
 use mimi_core::codec::inputs::code_value;
 use mimi_core::codec::stream::{copy_pair, StreamPair};
-use mimi_core::codec::{Codec, DecodeStream, EncodeStep, EncodeStream, OpenOptions, Rows};
+use mimi_core::codec::{Codec, DecodeStream, EncodeStep, EncodeStream, Input, OpenOptions, Rows};
 use mimi_core::error::{Error, Result};
 use mimi_core::runtime::device;
 use mimi_core::runtime::precision::Precision;
@@ -161,7 +161,9 @@ impl PyMimiCodec {
         if !convert::is_int_pcm(&arr) {
             convert::check_float(&arr, "pcm")?;
         }
-        let shape = self.codec.pcm_shape(&convert::shape_of(&arr))?;
+        let shape = self
+            .codec
+            .input_shape(Input::Pcm, &convert::shape_of(&arr))?;
         let rows = row_args::active(active, shape[0])?;
         let mut host = convert::read_pcm(&arr, "pcm")?;
         host.shape = shape.to_vec();
@@ -179,7 +181,12 @@ impl PyMimiCodec {
     ) -> PyResult<(CodesArray, Option<Rows>)> {
         let arr = convert::as_ndarray(x, "codes")?;
         check_codes_dtype(&arr)?;
-        let shape = self.codec.codes_shape(&convert::shape_of(&arr), decoded)?;
+        let input = if decoded {
+            Input::CodesToDecode
+        } else {
+            Input::Codes
+        };
+        let shape = self.codec.input_shape(input, &convert::shape_of(&arr))?;
         let rows = row_args::active(active, shape[0])?;
         let stepping = rows.as_ref().map(|r| r.indices());
         let bins = self.codec.config().quantizer_bins;
@@ -445,7 +452,7 @@ impl PyMimiCodec {
         if std::ptr::eq(other, self) {
             return Ok(());
         }
-        self.codec.check_state_source(&other.codec)?;
+        self.codec.info().check_state_source(&other.codec.info())?;
         let (src, dst) = (other, self);
         guard::detached(py, move |d| {
             let copies = src.snapshot(d)?;
@@ -511,32 +518,32 @@ impl PyMimiCodec {
 
     #[getter]
     fn device(&self) -> String {
-        device::device_name(self.codec.device())
+        device::device_name(self.codec.info().device)
     }
 
     #[getter]
     fn dtype(&self) -> &'static str {
-        device::dtype_name(self.codec.dtype())
+        device::dtype_name(self.codec.info().dtype)
     }
 
     /// How the weight matrices are stored: "float32" or "bfloat16".
     #[getter]
     fn weights_dtype(&self) -> &'static str {
-        self.codec.precision().weights_dtype()
+        self.codec.info().precision.weights_dtype()
     }
 
     /// How the products compute: "highest", "high" or "medium".
     #[getter]
     fn precision(&self) -> &'static str {
-        self.codec.precision().name()
+        self.codec.info().precision.name()
     }
 
     /// The instruction set the products run with ("avx512bf16", "avx512", "avx2",
     /// "portable"); `None` off the CPU.
     #[getter]
     fn kernel_isa(&self) -> Option<&'static str> {
-        let c = &self.codec;
-        c.precision().kernel_isa(c.device(), c.dtype())
+        let c = self.codec.info();
+        c.precision.kernel_isa(c.device, c.dtype)
     }
 
     /// Bytes of the weights one frame (an encode and a decode step) reads, as stored: both
@@ -544,13 +551,13 @@ impl PyMimiCodec {
     /// is the floor of a one-stream frame's time.
     #[getter]
     fn weights_nbytes(&self) -> usize {
-        self.codec.weights_nbytes()
+        self.codec.info().weights_nbytes
     }
 
     /// The layout the weights were read in: "hf", "moshi", or None for seeded weights.
     #[getter]
     fn checkpoint_layout(&self) -> Option<&'static str> {
-        self.codec.checkpoint_layout().map(|l| l.name())
+        self.codec.info().checkpoint_layout.map(|l| l.name())
     }
 
     fn __reduce__(&self) -> PyResult<()> {

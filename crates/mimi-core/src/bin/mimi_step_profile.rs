@@ -11,10 +11,9 @@
 
 #![allow(clippy::print_stdout)] // a CLI benchmark: stdout is its output
 
-use mimi_core::candle::{Device, Tensor};
 use mimi_core::runtime::precision::Precision;
 use mimi_core::runtime::profile::{self, Entry};
-use mimi_core::{Codec, CodecConfig, OpenOptions, Result};
+use mimi_core::{Codec, CodecConfig, EncodeStep, HostArray, OpenOptions, Result};
 use std::time::Instant;
 
 /// Uniform noise in [-0.1, 0.1) from a linear congruential generator (no extra crates).
@@ -63,12 +62,12 @@ fn profile_batch(codec: &Codec, batch: usize, frames: usize, seed: &mut u64) -> 
     let (mut enc, mut dec) = (codec.encode_stream(), codec.decode_stream());
     let mut times = Vec::new();
     for i in 0..frames + 3 {
-        let pcm = Tensor::from_vec(noise(batch * f, seed), (batch, 1, f), &Device::Cpu)?;
+        let pcm = HostArray::new(noise(batch * f, seed), vec![batch, 1, f]);
         profile::take();
         profile::enable(i >= 3);
         let t0 = Instant::now();
-        if let Some(codes) = codec.encode_step(&mut enc, &pcm)? {
-            codec.decode_step(&mut dec, &codes)?;
+        if let Some(codes) = codec.encode_step_host(&mut enc, pcm, EncodeStep::default())? {
+            codec.decode_step_host(&mut dec, codes, None)?;
         }
         let dt = t0.elapsed().as_secs_f64() * 1e3;
         profile::enable(false);
@@ -101,12 +100,12 @@ fn profile_batch(codec: &Codec, batch: usize, frames: usize, seed: &mut u64) -> 
 /// then one `decode`, each layer's time divided by the frames (ms per frame).
 fn profile_offline(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
     let n = frames * codec.config().frame_size();
-    let pcm = Tensor::from_vec(noise(n, seed), (1, 1, n), &Device::Cpu)?;
-    codec.decode(&codec.encode(&pcm, None)?, None)?; // warm-up
+    let pcm = HostArray::new(noise(n, seed), vec![1, 1, n]);
+    codec.decode_host(codec.encode_host(pcm.clone(), None, None)?, None, None)?; // warm-up
     profile::take();
     profile::enable(true);
     let t0 = Instant::now();
-    codec.decode(&codec.encode(&pcm, None)?, None)?;
+    codec.decode_host(codec.encode_host(pcm, None, None)?, None, None)?;
     let dt = t0.elapsed().as_secs_f64() * 1e3 / frames as f64;
     profile::enable(false);
     let layers: Vec<String> = (profile::take().iter())
@@ -164,15 +163,16 @@ fn overhead(codec: &Codec, frames: usize, seed: &mut u64) -> Result<String> {
     let (mut whole, mut skipped) = (Vec::new(), Vec::new());
     let mut tables = Vec::new(); // the skipped frames' timers
     for i in 0..2 * (frames + 3) {
-        let pcm = Tensor::from_vec(noise(f, seed), (1, 1, f), &Device::Cpu)?;
+        let pcm = HostArray::new(noise(f, seed), vec![1, 1, f]);
         profile::skip_products(i % 2 == 1);
         profile::take();
         profile::enable(i % 2 == 1 && i >= 6);
         let t0 = Instant::now();
-        if let Some(codes) = codec.encode_step(&mut enc, &pcm)? {
+        if let Some(mut codes) = codec.encode_step_host(&mut enc, pcm, EncodeStep::default())? {
             // Skipped products leave the latents as they were: codes may be anything.
-            let codes = codes.clamp(0u32, codec.config().quantizer_bins as u32 - 1)?;
-            codec.decode_step(&mut dec, &codes)?;
+            let top = codec.config().quantizer_bins as u32 - 1;
+            codes.data.iter_mut().for_each(|c| *c = (*c).min(top));
+            codec.decode_step_host(&mut dec, codes, None)?;
         }
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         profile::enable(false);

@@ -1,13 +1,12 @@
 //! What a streaming step passes between its stages ([`Activations`]) and what it returns
 //! ([`Codes`]), in each engine's own form. The codec runs one order of stages for both
-//! engines ([`super::Codec::encode_step_rows`], [`super::Codec::decode_step_rows`]); the
+//! engines ([`super::step`]), and each engine makes its own ([`super::engine::Engine`]); the
 //! native engine's activations stay the rows' [`Frames`] from the first stage to the last,
 //! through the transformer's and the quantizer's host entry points, so a step converts its
 //! data only at its two ends (up to `GEMV_MAX_ROWS` tokens to quantize, and a transformer
 //! that takes the host step: see [`super::step`]). The candle engine's stay device tensors.
 
-use super::bridge::{from_frames, to_frames};
-use super::engine::EngineKind;
+use super::bridge::{from_frames, host_f32, host_u32, to_frames};
 use crate::conv::Frames;
 use crate::error::{Error, Result};
 use crate::host::HostArray;
@@ -28,45 +27,26 @@ pub enum Activations {
 }
 
 impl Activations {
-    /// The values `data` of `rows` rows of `channels` × `len` (C order) in `engine`'s form,
-    /// on `dev` in `dtype` for the candle engine.
-    pub(crate) fn from_host(
-        engine: EngineKind,
+    /// The values `data` of `rows` rows of `channels` × `len` (C order) as the native
+    /// engine's rows' frames.
+    pub(crate) fn host_frames(data: Vec<f32>, shape: (usize, usize, usize)) -> Result<Self> {
+        Ok(Self::Frames(split_rows(data, shape.0, shape.1, shape.2)?))
+    }
+
+    /// The values `data` of `shape` (C order) as the candle engine's tensor on `dev` in
+    /// `dtype`.
+    pub(crate) fn host_tensor(
         data: Vec<f32>,
-        (rows, channels, len): (usize, usize, usize),
+        shape: (usize, usize, usize),
         (dev, dtype): (&Device, DType),
     ) -> Result<Self> {
-        match engine {
-            EngineKind::Native => Ok(Self::Frames(split_rows(data, rows, channels, len)?)),
-            EngineKind::Candle => {
-                let t = Tensor::from_vec(data, (rows, channels, len), dev)?;
-                Ok(Self::Tensor(cast(&t, dtype)?))
-            }
-        }
+        let t = Tensor::from_vec(data, shape, dev)?;
+        Ok(Self::Tensor(cast(&t, dtype)?))
     }
 
-    /// A `(rows, channels, frames)` tensor in `engine`'s form (the native engine's rows'
-    /// frames: one conversion, at a step's end).
-    pub(crate) fn from_tensor(engine: EngineKind, x: &Tensor) -> Result<Self> {
-        match engine {
-            EngineKind::Native => Ok(Self::Frames(to_frames(x)?)),
-            EngineKind::Candle => Ok(Self::Tensor(x.clone())),
-        }
-    }
-
-    /// No frames for `rows` rows of `channels` (in `engine`'s form).
-    pub(crate) fn empty(
-        engine: EngineKind,
-        (rows, channels): (usize, usize),
-        (dev, dtype): (&Device, DType),
-    ) -> Result<Self> {
-        match engine {
-            EngineKind::Native => Ok(Self::Frames(RowList::from_elem(
-                Frames::empty(channels),
-                rows,
-            ))),
-            EngineKind::Candle => Ok(Self::Tensor(zeros_on((rows, channels, 0), dtype, dev)?)),
-        }
+    /// No frames for `rows` rows of `channels`, as the native engine's frames.
+    pub(crate) fn no_frames((rows, channels): (usize, usize)) -> Self {
+        Self::Frames(RowList::from_elem(Frames::empty(channels), rows))
     }
 
     /// Frames per row.
@@ -118,7 +98,7 @@ impl Activations {
     /// The values as a host array `(rows, channels, frames)` in f32.
     pub(crate) fn into_host(self) -> Result<HostArray<f32>> {
         match self {
-            Self::Tensor(t) => super::host_f32(&t),
+            Self::Tensor(t) => host_f32(&t),
             // Copied into one exact array: the rows' buffers stay in the stock.
             Self::Frames(xs) => {
                 let (c, n) = xs.first().map_or((0, 0), |f| (f.channels, f.len));
@@ -182,7 +162,7 @@ impl Codes {
     pub(crate) fn into_host(self) -> Result<HostArray<u32>> {
         match self {
             Self::Host(h) => Ok(h),
-            Self::Tensor(t) => super::host_u32(&t),
+            Self::Tensor(t) => host_u32(&t),
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::conv::Frames;
 use crate::error::Result;
+use crate::host::HostArray;
 use crate::rows::RowList;
 use crate::runtime::device::cast;
 use candle::{DType, Device, Tensor};
@@ -91,4 +92,17 @@ pub(crate) fn from_tokens(data: &[f32], rows: usize, channels: usize) -> RowList
             out
         })
         .collect()
+}
+
+/// A tensor's values on the host, as f32 or u32.
+pub(crate) fn host_f32(t: &Tensor) -> Result<HostArray<f32>> {
+    let data = cast(t, DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(HostArray::new(data, t.dims().to_vec()))
+}
+
+pub(crate) fn host_u32(t: &Tensor) -> Result<HostArray<u32>> {
+    Ok(HostArray::new(
+        t.flatten_all()?.to_vec1::<u32>()?,
+        t.dims().to_vec(),
+    ))
 }

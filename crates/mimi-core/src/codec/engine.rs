@@ -7,7 +7,7 @@
 //! ([`Activations`]) is the engine's. Both keep one streaming state per batch row.
 
 use super::activations::Activations;
-use super::offline::Offline;
+use super::native::cut::Offline;
 use crate::config::CodecConfig;
 use crate::error::{Cancel, Result};
 use crate::rows::Rows;
@@ -71,6 +71,15 @@ pub(crate) trait Engine: Send + Sync {
     /// Samples of one batch item whose activations are in flight at once in an offline call
     /// of `samples`, and the other bytes per sample it holds.
     fn in_flight(&self, p: &Parts, samples: usize) -> (u64, u64);
+    /// Host values `(rows, channels, len)` (C order) in this engine's form, on `on`.
+    fn activations(
+        &self,
+        data: Vec<f32>,
+        shape: (usize, usize, usize),
+        on: (&Device, DType),
+    ) -> Result<Activations>;
+    /// No frames for `rows` rows of `channels`, in this engine's form, on `on`.
+    fn no_activations(&self, shape: (usize, usize), on: (&Device, DType)) -> Result<Activations>;
     /// Fresh convolution states for an encoder stream.
     fn encode_convs(self: Arc<Self>) -> Box<dyn EncodeConvs>;
     /// Fresh convolution states for a decoder stream.

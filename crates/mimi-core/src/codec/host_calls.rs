@@ -6,12 +6,14 @@
 //! zeros).
 
 use super::activations::{Activations, Codes};
+use super::bridge::{host_f32, host_u32};
 use super::inputs::check_last;
 use super::lengths::check_lengths;
-use super::{host_f32, host_u32, Codec, DecodeStream, EncodeStream, Rows};
-use crate::error::{Cancel, Error, Result};
+use super::model::Codec;
+use super::stream::{DecodeStream, EncodeStream};
+use crate::error::{Cancel, Result};
 use crate::host::HostArray;
-use crate::runtime::device;
+use crate::rows::Rows;
 use crate::runtime::device::cast;
 use candle::Tensor;
 
@@ -164,7 +166,7 @@ impl Codec {
         let on = (self.device(), self.dtype());
         if step.last {
             self.check_encode_last(s, b)?;
-            let x = Activations::from_host(self.engine(), pcm.data, (b, c, n), on)?;
+            let x = self.engine.activations(pcm.data, (b, c, n), on)?;
             let out = self.step_encode(s, x, (n, &Rows::all(b)), true)?;
             *s = self.encode_stream();
             return out.map(Codes::into_host).transpose();
@@ -178,7 +180,7 @@ impl Codec {
             true => rows.select(&pcm.data, c * n),
             false => pcm.data,
         };
-        let x = Activations::from_host(self.engine(), data, (rows.count(), c, n), on)?;
+        let x = self.engine.activations(data, (rows.count(), c, n), on)?;
         let out = self.step_encode(s, x, (n, &rows), false)?;
         if !rows.is_masked() {
             return out.map(Codes::into_host).transpose();
@@ -227,33 +229,5 @@ impl Codec {
         };
         let audio = rows.scatter(audio, ch * len);
         Ok(Some(HostArray::new(audio, vec![b, ch, len])))
-    }
-
-    /// Refuses to continue `src`'s streams in this codec: another config, checkpoint layout,
-    /// device or dtype (the weights may differ: a state copy is about shapes).
-    pub fn check_state_source(&self, src: &Codec) -> Result<()> {
-        if self.config() != src.config() {
-            return Err(Error::IncompatibleState(
-                "cannot copy the streaming state between codecs of different configs; build \
-                 both from the same config"
-                    .into(),
-            ));
-        }
-        let describe = |c: &Codec| {
-            format!(
-                "layout={}, device={}, dtype={}",
-                c.checkpoint_layout().map_or("seeded", |l| l.name()),
-                device::device_name(c.device()),
-                device::dtype_name(c.dtype()),
-            )
-        };
-        if describe(self) != describe(src) {
-            return Err(Error::IncompatibleState(format!(
-                "cannot copy the streaming state: the source has {} and this codec has {}",
-                describe(src),
-                describe(self)
-            )));
-        }
-        Ok(())
     }
 }

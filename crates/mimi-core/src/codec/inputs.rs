@@ -5,7 +5,7 @@
 //! that checks the shape first reads the memory estimate twice per call (three `/proc`
 //! files, some µs): the price of refusing a call before copying its input.
 
-use super::Codec;
+use super::model::Codec;
 use crate::error::{Error, Result};
 use crate::host::{check_finite, check_size, HostArray};
 use crate::rows::Rows;
@@ -30,10 +30,50 @@ pub(crate) fn check_last(rows: Option<&Rows>, last: bool) -> Result<()> {
     Ok(())
 }
 
+/// What an array handed to a codec call holds, for [`Codec::input_shape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// Audio: `(batch, channels, samples)`, or `(samples,)` for a mono codec.
+    Pcm,
+    /// Codes `(batch, num_codebooks, frames)` to turn into latents.
+    Codes,
+    /// Codes to decode into audio: also checks the audio's size and the decoder's memory.
+    CodesToDecode,
+}
+
 impl Codec {
+    /// The shape `(batch, channels or codebooks, length)` the codec reads an `input` of
+    /// `shape` as, or the error naming what was wrong (the rules of [`Self::pcm_shape`] and
+    /// [`Self::codes_shape`]). A binding calls it while it still holds the caller's array.
+    pub fn input_shape(&self, input: Input, shape: &[usize]) -> Result<[usize; 3]> {
+        match input {
+            Input::Pcm => self.pcm_shape(shape),
+            Input::Codes => self.codes_shape(shape, false),
+            Input::CodesToDecode => self.codes_shape(shape, true),
+        }
+    }
+
+    /// Estimated peak bytes of an offline call on `batch` items of `samples` samples each.
+    pub(crate) fn offline_memory(&self, batch: usize, samples: usize) -> u64 {
+        let per_sample = (2048 * self.parts.cfg.seanet.n_filters as u64 / 64).max(64);
+        let (in_flight, rest) = self.engine.in_flight(&self.parts, samples);
+        (batch as u64).saturating_mul(in_flight.saturating_mul(per_sample).saturating_add(rest))
+    }
+
+    /// Refuses an offline call on `batch` items of `samples` samples that would not fit in
+    /// the memory available (`what` and `hint` go into the message).
+    pub(crate) fn check_offline_memory(
+        &self,
+        batch: usize,
+        samples: usize,
+        hint: &str,
+    ) -> Result<()> {
+        crate::runtime::memory::check_memory(self.offline_memory(batch, samples), "this call", hint)
+    }
+
     /// Audio of `shape` as the codec reads it, `(batch, channels, samples)`: that shape, or
     /// `(samples,)` for a mono codec (one item). Refuses other shapes and inputs too large.
-    pub fn pcm_shape(&self, shape: &[usize]) -> Result<[usize; 3]> {
+    fn pcm_shape(&self, shape: &[usize]) -> Result<[usize; 3]> {
         let c = self.config().channels;
         let shape3 = match shape {
             [s] if c == 1 => [1, 1, *s],
@@ -61,7 +101,7 @@ impl Codec {
 
     /// Checks codes of `shape`, `(batch, num_codebooks, frames)`, and the audio they decode
     /// to (its size and the decoder's memory) when `decoded`.
-    pub fn codes_shape(&self, shape: &[usize], decoded: bool) -> Result<[usize; 3]> {
+    fn codes_shape(&self, shape: &[usize], decoded: bool) -> Result<[usize; 3]> {
         let k = self.config().quantizer_n_q;
         let [b, t] = match shape {
             [b, n, t] if *n == k && *b >= 1 => [*b, *t],

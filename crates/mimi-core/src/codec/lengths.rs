@@ -3,8 +3,8 @@
 //! the batch runs its items in parallel (each item's segments too), and the output is padded
 //! with zeros to the longest item.
 
+use super::model::Codec;
 use super::offline::offline_call;
-use super::Codec;
 use crate::error::{Cancel, Error, Result};
 use crate::runtime::device::{cast, zeros_on};
 use candle::{DType, Tensor};
@@ -81,7 +81,7 @@ impl Codec {
     }
 
     /// [`Self::encode_latents`] of items of `lengths` samples: (B, dimension, max frames).
-    pub fn encode_latents_lengths(
+    pub(crate) fn encode_latents_lengths(
         &self,
         pcm: &Tensor,
         lengths: &[usize],
@@ -98,7 +98,7 @@ impl Codec {
 
     /// [`Self::encode`] of items of `lengths` samples: (B, n_q, max_i ceil(L_i / frame_size))
     /// u32; item i's first `ceil(L_i / frame_size)` frames are its codes alone, the rest 0.
-    pub fn encode_lengths(
+    pub(crate) fn encode_lengths(
         &self,
         pcm: &Tensor,
         lengths: &[usize],
@@ -117,7 +117,11 @@ impl Codec {
     }
 
     /// [`Self::decode_latents`] of items of `frames` code frames: (B, dimension, max frames).
-    pub fn decode_latents_lengths(&self, codes: &Tensor, frames: &[usize]) -> Result<Tensor> {
+    pub(crate) fn decode_latents_lengths(
+        &self,
+        codes: &Tensor,
+        frames: &[usize],
+    ) -> Result<Tensor> {
         check_lengths(frames, codes.dim(0)?, codes.dim(2)?, "frames")?;
         let spec = (self.parts.cfg.seanet.dimension, DType::F32);
         per_item_padded(codes, frames, spec, |f| f, |c| self.decode_latents(c))
@@ -125,7 +129,7 @@ impl Codec {
 
     /// [`Self::decode`] of items of `frames` code frames: (B, C, max_i F_i * frame_size);
     /// item i's first `F_i * frame_size` samples are its audio alone, the rest 0.
-    pub fn decode_lengths(
+    pub(crate) fn decode_lengths(
         &self,
         codes: &Tensor,
         frames: &[usize],

@@ -6,8 +6,9 @@
 //! as it is: kyutai/mimi's `model.safetensors` has candle's names but half-split q/k, which
 //! would compute the wrong attention without any error.
 
-use super::checkpoint::{Checkpoint, CheckpointDir, CheckpointLayout};
-use super::{Codec, EngineKind};
+use super::checkpoint::{Checkpoint, CheckpointDir};
+use super::engine::EngineKind;
+use super::model::Codec;
 use crate::config::CodecConfig;
 use crate::error::Result;
 use crate::host::HostArray;
@@ -138,12 +139,6 @@ impl Codec {
         let mut codec = Self::build(cfg, checkpoint.source, spec, options.engine_kind())?;
         codec.layout = Some(checkpoint.layout);
         Ok(codec)
-    }
-
-    /// The layout of the checkpoint this codec was opened from (`None` unless it came
-    /// through [`Codec::open`]).
-    pub fn checkpoint_layout(&self) -> Option<CheckpointLayout> {
-        self.layout
     }
 }
 

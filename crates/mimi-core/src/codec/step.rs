@@ -11,104 +11,20 @@
 
 use super::activations::{Activations, Codes};
 use super::bridge::{from_tokens, tokens};
-use super::{transform, Codec, DecodeStream, EncodeStream, EngineKind, Rows};
+use super::engine::EngineKind;
+use super::model::Codec;
+use super::stream::{DecodeStream, EncodeStream, Stream};
+use super::transform::transform_step;
 use crate::conv::Frames;
-use crate::error::{Cancel, Error, Result};
+use crate::error::{Error, Result};
 use crate::host::HostArray;
 use crate::quantizer::Quantizer;
+use crate::rows::Rows;
 use crate::runtime::device::cast;
 use crate::runtime::profile::time;
-use crate::transformer::{State, Transformer};
-use candle::{DType, Tensor};
-
-/// [`transform`] for the rows of a stream that step (`xs` holds those rows).
-fn transform_rows(
-    model: &Transformer,
-    state: &mut State,
-    xs: &Tensor,
-    (rows, cancel): (&Rows, Cancel),
-) -> Result<Tensor> {
-    if !rows.is_masked() {
-        return transform(model, state, xs, cancel);
-    }
-    model.start(state, rows.batch())?;
-    let x = xs.transpose(1, 2)?.contiguous()?;
-    let y = model.forward_rows(state, &x, &rows.indices())?;
-    Ok(y.transpose(1, 2)?.contiguous()?)
-}
-
-/// The transformer over the stepping rows' activations: the native engine's frames as
-/// tokens through [`Transformer::step_host`] (the bits of the tensor entry point, which
-/// takes the same step on the same values), the candle engine's tensor through
-/// [`transform_rows`]. A model without the planned step (gating, another dtype or device)
-/// takes the native engine's frames as a tensor.
-pub(super) fn transform_step(
-    model: &Transformer,
-    state: &mut State,
-    x: Activations,
-    (rows, cancel): (&Rows, Cancel),
-) -> Result<Activations> {
-    let xs = match x {
-        Activations::Tensor(t) => {
-            let y = transform_rows(model, state, &t, (rows, cancel))?;
-            return Ok(Activations::Tensor(y));
-        }
-        Activations::Frames(xs) if !model.takes_host_step() => {
-            let dev = model.device().clone();
-            let t = Activations::Frames(xs).into_tensor(&dev)?;
-            let y = transform_rows(model, state, &t, (rows, cancel))?;
-            return Ok(Activations::Frames(Activations::Tensor(y).into_frames()?));
-        }
-        Activations::Frames(xs) => xs,
-    };
-    let d = xs.first().map_or(0, |f| f.channels);
-    if xs.first().is_none_or(|f| f.len == 0) {
-        return Ok(Activations::Frames(xs));
-    }
-    model.start(state, rows.batch())?;
-    let x = tokens(&xs);
-    drop(xs);
-    let mut out = Frames::uninit(x.channels, x.len);
-    model.step_host(state, &x.data, &rows.indices(), &mut out.data, cancel)?;
-    Ok(Activations::Frames(from_tokens(&out.data, rows.count(), d)))
-}
+use candle::DType;
 
 impl Codec {
-    /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
-    /// completed by this chunk (possibly none).
-    pub fn encode_step(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        self.encode_step_rows(s, pcm, &Rows::all(pcm.dim(0)?))
-    }
-
-    /// [`Self::encode_step`] for the rows `rows` of the stream (`pcm` holds those rows, in
-    /// order): each continues its own stream, the others are untouched. A masked step takes
-    /// whole frames.
-    pub fn encode_step_rows(
-        &self,
-        s: &mut EncodeStream,
-        pcm: &Tensor,
-        rows: &Rows,
-    ) -> Result<Option<Tensor>> {
-        let n = pcm.dim(2)?;
-        check_row_count(pcm.dim(0)?, rows, "pcm")?;
-        self.check_encode_rows(s, n, rows)?;
-        let x = Activations::from_tensor(self.engine(), pcm)?;
-        let out = self.step_encode(s, x, (n, rows), false)?;
-        out.map(|c| c.into_tensor(self.device())).transpose()
-    }
-
-    /// The stream's last chunk (possibly empty): the codes of every frame it completes, then
-    /// of the last partial frame, padded as the offline `encode` pads it (every layer's right
-    /// padding). The concatenated codes of a stream ended this way are `encode`'s. The stream
-    /// is spent afterwards: start a new one.
-    pub fn encode_last(&self, s: &mut EncodeStream, pcm: &Tensor) -> Result<Option<Tensor>> {
-        let b = pcm.dim(0)?;
-        self.check_encode_last(s, b)?;
-        let x = Activations::from_tensor(self.engine(), pcm)?;
-        let out = self.step_encode(s, x, (pcm.dim(2)?, &Rows::all(b)), true)?;
-        out.map(|c| c.into_tensor(self.device())).transpose()
-    }
-
     /// Refuses a last chunk of `b` rows the stream cannot take: another batch size, or rows
     /// that hold different partial frames.
     pub(crate) fn check_encode_last(&self, s: &EncodeStream, b: usize) -> Result<()> {
@@ -192,7 +108,7 @@ impl Codec {
             // downsampling's padding.
             None if last => {
                 let shape = (rows.count(), p.cfg.seanet.dimension);
-                Activations::empty(self.engine(), shape, (&p.device, dtype))?
+                self.engine.no_activations(shape, (&p.device, dtype))?
             }
             None => return Ok(None),
         };
@@ -238,34 +154,6 @@ impl Codec {
         Ok(Codes::Host(HostArray::new(codes, vec![b, n_q, t])))
     }
 
-    /// Feeds codes (B, n_q, T) to the streaming decoder; returns the audio they complete.
-    pub fn decode_step(&self, s: &mut DecodeStream, codes: &Tensor) -> Result<Option<Tensor>> {
-        self.decode_step_rows(s, codes, &Rows::all(codes.dim(0)?))
-    }
-
-    /// [`Self::decode_step`] for the rows `rows` of the stream (see
-    /// [`Self::encode_step_rows`]).
-    pub fn decode_step_rows(
-        &self,
-        s: &mut DecodeStream,
-        codes: &Tensor,
-        rows: &Rows,
-    ) -> Result<Option<Tensor>> {
-        check_row_count(codes.dim(0)?, rows, "codes")?;
-        // Codes of any integer dtype, as u32 (a negative code becomes one out of range).
-        let codes = match codes.dtype() {
-            DType::U32 => codes.clone(),
-            DType::U8 | DType::I64 => cast(codes, DType::U32)?,
-            other => {
-                return Err(Error::DType(format!(
-                    "codes must hold integers (u8, u32 or i64), got {other:?}"
-                )))
-            }
-        };
-        let out = self.step_decode(s, Codes::Tensor(codes), rows)?;
-        out.map(|a| a.into_tensor(self.device())).transpose()
-    }
-
     /// [`Self::decode_step_rows`] on codes `(rows, n_q, T)` in either form: the stages in
     /// the pool, then the rows' counters.
     pub(crate) fn step_decode(
@@ -300,7 +188,7 @@ impl Codec {
     /// quantizer's slice path (on the CPU), the candle engine's tensor in the codec's dtype.
     fn dequantize(&self, codes: Codes) -> Result<Activations> {
         let p = &self.parts;
-        if self.engine() == EngineKind::Native && p.device.is_cpu() {
+        if self.engine.kind() == EngineKind::Native && p.device.is_cpu() {
             let c = codes.into_host()?;
             let (b, k, t) = (c.shape[0], c.shape[1], c.shape[2]);
             let dim = p.cfg.seanet.dimension;
@@ -311,21 +199,19 @@ impl Codec {
         }
         let x = self.decode_latents(&codes.into_tensor(&p.device)?)?;
         let x = Activations::Tensor(cast(&x, p.dtype)?);
-        match self.engine() {
+        match self.engine.kind() {
             EngineKind::Native => Ok(Activations::Frames(x.into_frames()?)),
             EngineKind::Candle => Ok(x),
         }
     }
-}
 
-/// Refuses `what` of `n` rows for a step of `rows` (it holds the stepping rows, in order).
-fn check_row_count(n: usize, rows: &Rows, what: &str) -> Result<()> {
-    match n == rows.count() {
-        true => Ok(()),
-        false => Err(Error::Shape(format!(
-            "{what} holds {n} rows, but the step advances {} of the stream's {}",
-            rows.count(),
-            rows.batch()
-        ))),
+    /// A fresh encoder stream.
+    pub fn encode_stream(&self) -> EncodeStream {
+        Stream::new(self.engine.clone().encode_convs())
+    }
+
+    /// A fresh decoder stream.
+    pub fn decode_stream(&self) -> DecodeStream {
+        Stream::new(self.engine.clone().decode_convs())
     }
 }

@@ -108,8 +108,8 @@ mod conv_transpose {
 }
 
 mod engines {
+    use super::super::native::cut::Offline;
     use super::super::native::Native;
-    use super::super::offline::Offline;
     use super::super::{Codec, EngineKind, Rows};
     use crate::config::{CodecConfig, PadMode};
     use crate::testutil::test_input;
@@ -392,7 +392,7 @@ mod engines {
         let reference = reference.to_vec1::<u32>().unwrap();
         for dtype in [DType::F16, DType::BF16] {
             let half = Codec::seeded_on(&cfg, 7, dtype, EngineKind::Candle);
-            assert_eq!(half.engine(), EngineKind::Candle);
+            assert_eq!(half.info().engine, EngineKind::Candle);
             let pcm = pcm.to_dtype(dtype).unwrap();
             let codes = half.encode(&pcm, None).unwrap();
             let flat = codes.flatten_all().unwrap().to_vec1::<u32>().unwrap();
@@ -493,9 +493,9 @@ mod host_calls {
             ..Default::default()
         };
         let other = Codec::seeded(1, &options).unwrap();
-        assert!(c.check_state_source(&tiny()).is_ok());
+        assert!(c.info().check_state_source(&tiny().info()).is_ok());
         assert!(matches!(
-            c.check_state_source(&other),
+            c.info().check_state_source(&other.info()),
             Err(Error::IncompatibleState(_))
         ));
     }
@@ -538,7 +538,7 @@ mod host_calls {
 /// The streaming steps' stages on the engines' own activations.
 mod steps {
     use super::super::activations::Activations;
-    use super::super::step::transform_step;
+    use super::super::transform::transform_step;
     use crate::codec::{Codec, EncodeStep, EngineKind, Rows};
     use crate::config::CodecConfig;
     use crate::host::HostArray;
@@ -566,7 +566,7 @@ mod steps {
             let (k, t) = (rows.count(), step + 1);
             let x = Tensor::from_vec(test_input(k, d, t, step as u64), (k, d, t), &Device::Cpu)
                 .unwrap();
-            let frames = Activations::from_tensor(EngineKind::Native, &x).unwrap();
+            let frames = Activations::Frames(super::super::bridge::to_frames(&x).unwrap());
             let a = transform_step(model, &mut on_frames, frames, (&rows, None)).unwrap();
             assert!(matches!(a, Activations::Frames(_)));
             let a = a.into_tensor(&Device::Cpu).unwrap();

@@ -13,17 +13,9 @@
 use crate::error::{Error, Result};
 
 mod value;
-use value::{join, positive, require_nonzero};
+pub(super) use value::choice_error;
+use value::{positive, require_nonzero};
 pub use value::{Elu, Field, NoneOnly, Value};
-
-pub(super) fn choice_error(field: &str, names: &[&str], v: &Value) -> Error {
-    let choices = join(names.iter().map(|n| format!("{n:?}")));
-    let got = match v {
-        Value::Str(s) => format!("{s:?}"),
-        v => v.describe(),
-    };
-    Error::config(field, format!("expected one of {choices}, got {got}"))
-}
 
 /// An enum read from one of a fixed set of strings.
 macro_rules! choice {

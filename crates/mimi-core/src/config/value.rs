@@ -1,7 +1,6 @@
 //! The dynamic [`Value`] a config field is read from (a Python keyword argument, a JSON
 //! value), and how each field type reads and writes it ([`Field`]).
 
-use super::choice_error;
 use crate::error::{Error, Result};
 
 /// A dynamic value, as a Python keyword argument or a JSON value holds it.
@@ -227,4 +226,14 @@ pub(super) fn require_nonzero(fields: &[(&str, usize)]) -> Result<()> {
         Some((field, _)) => Err(Error::config(field, "must be at least 1, got 0")),
         None => Ok(()),
     }
+}
+
+/// The error of a value that is not one of `names`.
+pub(crate) fn choice_error(field: &str, names: &[&str], v: &Value) -> Error {
+    let choices = join(names.iter().map(|n| format!("{n:?}")));
+    let got = match v {
+        Value::Str(s) => format!("{s:?}"),
+        v => v.describe(),
+    };
+    Error::config(field, format!("expected one of {choices}, got {got}"))
 }

@@ -37,10 +37,7 @@
 //! * `pairs.rs`: both at `precision="medium"` (bf16 pairs, f32 sums), one strategy for all;
 //! * `tests.rs`: the comparisons with candle.
 
-/// Output frames up to which a convolution takes the matrix-vector kernel: one row's
-/// streaming step (its other strategies measured faster for more frames). Below the kernel's
-/// own limit ([`crate::kernels::GEMV_MAX_ROWS`]), which the transformer's batched steps use.
-pub(crate) const STEP_FRAMES: usize = 8;
+pub(crate) use spec::STEP_FRAMES;
 
 mod activation;
 mod buffers;

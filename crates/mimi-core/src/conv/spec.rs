@@ -12,6 +12,11 @@ use crate::kernels::Packed;
 use super::frames::Frames;
 use crate::config::PadMode;
 
+/// Output frames up to which a convolution takes the matrix-vector kernel: one row's
+/// streaming step (its other strategies measured faster for more frames). Below the kernel's
+/// own limit ([`crate::kernels::GEMV_MAX_ROWS`]), which the transformer's batched steps use.
+pub(crate) const STEP_FRAMES: usize = 8;
+
 /// The streaming state of one convolution: the activated input frames the next output
 /// frames still need.
 #[derive(Clone, Debug, Default)]
@@ -249,7 +254,7 @@ impl Matrix {
     /// the kernel's limit (its other strategies would widen it every call).
     pub(crate) fn gemv_frames(&self) -> usize {
         match self {
-            Self::F32(_) => super::STEP_FRAMES,
+            Self::F32(_) => STEP_FRAMES,
             Self::BF16(_) => crate::kernels::GEMV_MAX_ROWS,
             // Offline calls too: the packed product is as fast as the tiled one there.
             Self::PackedF32(_) | Self::PackedBF16(_) => usize::MAX,

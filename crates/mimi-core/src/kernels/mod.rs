@@ -23,6 +23,7 @@
 //! * `team.rs`: [`for_each_index`], the step's parallel loops on the workers `in_pool` keeps
 //!   awake, without rayon's fork/join;
 //! * `direct.rs`: [`direct`], the AVX-512 direct (im2col-free) stride-1 convolution;
+//! * `scoped.rs`: `with_flag` and `with_scratch`, a thread's flag and scratch for one call;
 //! * `cpu.rs`: [`cpu::Level`], the instruction sets the kernels may use, detected once;
 //! * `bf16dot.rs`: [`bf16dot::PairPacked`], products with bf16 inputs and f32 sums in
 //!   `vdpbf16ps`'s order, the same bits natively, on AVX2 and portably (not yet wired).
@@ -44,6 +45,7 @@ mod elementwise;
 mod gemv;
 mod linear;
 mod packed;
+mod scoped;
 mod team;
 mod workers;
 
@@ -54,34 +56,6 @@ pub use elementwise::{gelu_erf, residual_add};
 pub use gemv::{gemv, gemv_into, gemv_on, Isa, Weight, GEMV_MAX_ROWS};
 pub use linear::Linear;
 pub use packed::{Packed, PANEL};
+pub(crate) use scoped::{with_flag, with_scratch};
 pub use team::{for_each_chunk_mut, for_each_index};
 pub use workers::{in_pool, in_pool_on, spin};
-
-/// Runs `f` with the thread-local `flag` set, then restores it (also when `f` panics): a
-/// thread's role for the length of a call (`team`'s owner, `conv::tiles`' group of rows).
-pub(crate) fn with_flag<R>(
-    flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
-    f: impl FnOnce() -> R,
-) -> R {
-    struct Restore(&'static std::thread::LocalKey<std::cell::Cell<bool>>, bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            self.0.set(self.1);
-        }
-    }
-    let _restore = Restore(flag, flag.replace(true));
-    f()
-}
-
-/// Runs `f` on the thread's `scratch`, taken out of its cell for the call and put back after
-/// (a buffer kept between calls, so a warm call allocates nothing). A nested call on the same
-/// thread, as rayon's work stealing may make, finds the cell empty and uses a fresh one.
-pub(crate) fn with_scratch<T: Default, R>(
-    scratch: &'static std::thread::LocalKey<std::cell::Cell<T>>,
-    f: impl FnOnce(&mut T) -> R,
-) -> R {
-    let mut s = scratch.take();
-    let r = f(&mut s);
-    scratch.set(s);
-    r
-}

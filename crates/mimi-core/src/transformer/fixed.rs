@@ -18,26 +18,13 @@
 //! `MIMI_PY_FIXED_STEP=0` keeps the earlier paths (rings of `context` slots, attention over
 //! the filled slots, masked rows gathered and scattered) for comparison.
 
+use super::model::Transformer;
+use super::positions::STEP_TOKENS;
 use super::state::{ring_slot, slot_position, LayerCache};
-use super::Transformer;
 use crate::config::PositionalEmbedding;
 use crate::error::Result;
 use crate::runtime::device::cast;
 use candle::{Device, Tensor};
-
-/// The most tokens a fixed-shape step takes (two codec frames of the 25 Hz transformer);
-/// longer calls take the block path, over the same rings.
-pub(super) const STEP_TOKENS: usize = 4;
-
-/// Ring slots per layer and row on the candle path: `context`, plus room for a step's new
-/// keys when the fixed-shape step is on, rounded up to a multiple of 16 (256 for Mimi's 250:
-/// on the CPU, candle's bf16 products over 253 slots took 1.35x the time of 256 at B = 1).
-pub(super) fn ring_slots(context: usize, fixed_step: bool) -> usize {
-    match fixed_step {
-        true => (context + STEP_TOKENS - 1).next_multiple_of(16),
-        false => context,
-    }
-}
 
 /// Each batch row's ring slot for the `t` new keys of a step from `pos[r]`, repeated over
 /// heads and head values as candle's scatter wants it (`(batch, heads, t, hd)`); `u32::MAX`

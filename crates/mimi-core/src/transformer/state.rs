@@ -1,7 +1,7 @@
 //! The streaming state ([`State`]): each row's position and each layer's key/value rings,
 //! on the device for the block path ([`LayerCache`]) or on the host for the planned step.
 
-use super::step;
+use super::step_buffers::{HostRing, StepScratch};
 use crate::error::Result;
 use candle::Tensor;
 
@@ -38,10 +38,10 @@ pub struct State {
     pub(super) caches: Vec<LayerCache>,
     /// The planned step's rings: host values, one per layer (one of `caches` and `rings`
     /// is empty), and their `(batch, heads, context, head_dim)`.
-    pub(super) rings: Vec<step::HostRing>,
+    pub(super) rings: Vec<HostRing>,
     pub(super) ring_dims: Vec<usize>,
     /// The planned step's buffers (not part of the stream's contents).
-    pub(super) scratch: step::StepScratch,
+    pub(super) scratch: StepScratch,
 }
 
 impl State {
@@ -63,7 +63,7 @@ impl State {
 
     /// Bytes held by the key/value buffers.
     pub fn nbytes(&self) -> usize {
-        let rings: usize = self.rings.iter().map(step::HostRing::nbytes).sum();
+        let rings: usize = self.rings.iter().map(HostRing::nbytes).sum();
         let caches: usize = (self.caches.iter())
             .map(|c| (c.k.elem_count() + c.v.elem_count()) * c.k.dtype().size_in_bytes())
             .sum();
@@ -108,7 +108,7 @@ impl State {
             caches,
             rings: self.rings.clone(),
             ring_dims: self.ring_dims.clone(),
-            scratch: step::StepScratch::default(),
+            scratch: StepScratch::default(),
         })
     }
 

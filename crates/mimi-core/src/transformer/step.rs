@@ -11,53 +11,14 @@
 //! keeps the exact window (docs/correctness.md).
 
 use super::layer::{add_scaled, FeedForward, HostParams, Layer};
-use super::state::ring_slot;
-use super::{State, Transformer};
+use super::model::Transformer;
+use super::positions::{block_len, rope_at, sin_embedding_at};
+use super::state::{ring_slot, State};
+use super::step_buffers::{HostRing, StepScratch};
 use crate::config::PositionalEmbedding;
 use crate::error::{Error, Result};
 use crate::kernels::{attend_visible, gelu_erf_slice};
 use candle::{CpuStorage, Tensor};
-
-/// One layer's key and value rings on the host, `(batch, heads, context, head_dim)` each:
-/// slot `p % context` of a row and head holds position `p`.
-#[derive(Clone, Default)]
-pub(super) struct HostRing {
-    k: Vec<f32>,
-    v: Vec<f32>,
-}
-
-impl HostRing {
-    pub(super) fn zeros(n: usize) -> Self {
-        Self {
-            k: vec![0.0; n],
-            v: vec![0.0; n],
-        }
-    }
-
-    pub(super) fn nbytes(&self) -> usize {
-        4 * (self.k.len() + self.v.len())
-    }
-}
-
-/// A stream's buffers for the planned step, grown to the largest call seen.
-#[derive(Clone, Default)]
-pub(super) struct StepScratch {
-    /// The residual stream (tokens, d), and a second (tokens, d) for norms and outputs.
-    x: Vec<f32>,
-    h: Vec<f32>,
-    /// q, k and v of every token (tokens, 3d), q rotated and scaled, k rotated.
-    qkv: Vec<f32>,
-    /// Attention output (tokens, d), the feed-forward's hidden (tokens, ff).
-    attn: Vec<f32>,
-    ff: Vec<f32>,
-    /// Rotary cos and sin per token (tokens, hd/2 each).
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-    /// Softmax scores, one ring's worth per (row, head).
-    scores: Vec<f32>,
-    /// Each token's position.
-    pos: Vec<u64>,
-}
 
 /// Grows `v` to at least `n` values (never shrinks: after the first call of a shape, no
 /// allocation) and returns its first `n`.
@@ -160,7 +121,7 @@ impl Transformer {
             )));
         }
         let (n, t) = (rows.len(), x.len() / per_token);
-        let block = super::block_len(self.cfg.context);
+        let block = block_len(self.cfg.context);
         let mut start = 0;
         while start < t {
             crate::error::check_cancel(cancel)?;
@@ -253,7 +214,7 @@ impl Transformer {
                 );
                 let pairs = cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half));
                 for (&p, (c, s)) in scratch.pos.iter().zip(pairs) {
-                    super::rope_at(&self.cfg, p, c, s);
+                    rope_at(&self.cfg, p, c, s);
                 }
             }
             PositionalEmbedding::Sin => {
@@ -261,7 +222,7 @@ impl Transformer {
                 // The embedding goes through the angle buffers (`d / 2` each per token).
                 let (cos, sin) = (take(&mut scratch.cos, half), take(&mut scratch.sin, half));
                 for (xr, &p) in scratch.x.chunks_exact_mut(d).zip(&scratch.pos) {
-                    super::sin_embedding_at(&self.cfg, p, cos, sin);
+                    sin_embedding_at(&self.cfg, p, cos, sin);
                     let (lo, hi) = xr.split_at_mut(half);
                     lo.iter_mut().zip(&*cos).for_each(|(x, c)| *x += c);
                     hi.iter_mut().zip(&*sin).for_each(|(x, s)| *x += s);

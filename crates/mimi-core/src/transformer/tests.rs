@@ -1,11 +1,21 @@
 //! The transformer's tests: the exact window against candle's transformer, chunking,
 //! rows, states and the planned step.
 
-use super::*;
+use super::block::RingRows;
+use super::fixed;
+use super::model::Transformer;
+use super::positions::{ring_slots, STEP_TOKENS};
+use super::state::State;
+use super::state::{ring_slot, LayerCache};
+use crate::config::TransformerConfig;
 use crate::config::{Field, Value};
+use crate::error::{Error, Result};
 use crate::testutil::{max_abs_diff, test_input};
 use crate::weights::{self, QkLayout, TensorSource};
 use candle::StreamingModule;
+use candle::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use std::collections::HashMap;
 
 fn small_cfg(pe: &str, norm: &str, gating: Option<&str>, context: usize) -> TransformerConfig {
     let parse = |v: &str| Value::Str(v.into());
@@ -285,8 +295,8 @@ fn the_fixed_step_matches_the_earlier_paths() {
             }
         }
         let slots = |s: &State| s.layout().unwrap().1[2];
-        assert_eq!(slots(&sf), fixed::ring_slots(cfg.context, true));
-        assert!(slots(&sf) >= cfg.context + fixed::STEP_TOKENS - 1);
+        assert_eq!(slots(&sf), ring_slots(cfg.context, true));
+        assert!(slots(&sf) >= cfg.context + STEP_TOKENS - 1);
         assert_eq!(slots(&so), cfg.context);
     }
 }
@@ -297,8 +307,8 @@ fn the_fixed_step_matches_the_earlier_paths() {
 #[test]
 fn the_fixed_steps_mask_shows_exactly_each_querys_window() {
     let context = 5;
-    let slots = fixed::ring_slots(context, true);
-    for t in 1..=fixed::STEP_TOKENS {
+    let slots = ring_slots(context, true);
+    for t in 1..=STEP_TOKENS {
         for p in 0..3 * slots as u64 {
             let mut ring = vec![None; slots]; // the position each slot holds
             for k in 0..p + t as u64 {

@@ -23,7 +23,7 @@ use crate::conv::ConvSpec;
 use crate::error::{Cancel, Result};
 use crate::rows::Rows;
 use crate::runtime::device::zeros_on;
-use candle::Tensor;
+use candle::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use layers::{Conv, Depthwise, LayerState};
 use seanet::{CandleDecoder, CandleEncoder, States};
@@ -109,6 +109,27 @@ impl Engine for Candle {
     /// The whole call's activations at once, about 2 KB per sample (see the native engine).
     fn in_flight(&self, _p: &Parts, samples: usize) -> (u64, u64) {
         (samples as u64, 0)
+    }
+
+    fn activations(
+        &self,
+        data: Vec<f32>,
+        shape: (usize, usize, usize),
+        on: (&Device, DType),
+    ) -> Result<Activations> {
+        Activations::host_tensor(data, shape, on)
+    }
+
+    fn no_activations(
+        &self,
+        (rows, channels): (usize, usize),
+        (dev, dtype): (&Device, DType),
+    ) -> Result<Activations> {
+        Ok(Activations::Tensor(zeros_on(
+            (rows, channels, 0),
+            dtype,
+            dev,
+        )?))
     }
 
     fn encode_convs(self: Arc<Self>) -> Box<dyn EncodeConvs> {

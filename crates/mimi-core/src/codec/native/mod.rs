@@ -1,24 +1,26 @@
 //! The native engine: the convolutional parts on this crate's CPU convolutions (float32
 //! compute, float32 or bf16 weights: [`crate::seanet`], [`crate::conv`]), with one state
-//! per batch row, and offline calls cut into parallel segments ([`super::offline`]). A
+//! per batch row, and offline calls cut into parallel segments ([`cut`]). A
 //! batched streaming step runs each layer once for all its rows: the frame-rate layers (few
 //! frames, large weights) on shared matrix-vector calls, so their weights are read once per
 //! step rather than once per row, the high-rate layers on the rows side by side.
+
+pub(crate) mod cut;
 
 use super::activations::Activations;
 use super::bridge::{from_frames, select_mut, to_frames};
 use super::engine::{
     DecodeBlocks, DecodeConvs, EncodeBlocks, EncodeConvs, Engine, EngineKind, Parts,
 };
-use super::offline::{empty, segments, split, stream_window};
 use crate::config::{CodecConfig, PadMode};
 use crate::conv::{Conv1d, ConvSpec, ConvState, ConvTr1d, Frames};
 use crate::error::{locked, Cancel, Error, Result};
 use crate::rows::{RowList, Rows};
 use crate::runtime::precision::{MediumLayers, Precision};
 use crate::seanet;
-use candle::Tensor;
+use candle::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+use cut::{empty, segments, split, stream_window};
 use std::sync::{Arc, Mutex};
 
 /// One batch item's encoder state: the SEANet encoder's and the downsampling's.
@@ -202,6 +204,19 @@ impl Engine for Native {
             samples.min(2 * p.offline.encode_chunk) as u64,
             64 * samples as u64,
         )
+    }
+
+    fn activations(
+        &self,
+        data: Vec<f32>,
+        shape: (usize, usize, usize),
+        _on: (&Device, DType),
+    ) -> Result<Activations> {
+        Activations::host_frames(data, shape)
+    }
+
+    fn no_activations(&self, shape: (usize, usize), _on: (&Device, DType)) -> Result<Activations> {
+        Ok(Activations::no_frames(shape))
     }
 
     fn encode_convs(self: Arc<Self>) -> Box<dyn EncodeConvs> {

@@ -1,0 +1,43 @@
+//! The planned step's host buffers: each layer's key/value rings ([`HostRing`]) and the
+//! stream's scratch ([`StepScratch`]), grown to the largest call seen.
+
+/// One layer's key and value rings on the host, `(batch, heads, context, head_dim)` each:
+/// slot `p % context` of a row and head holds position `p`.
+#[derive(Clone, Default)]
+pub(super) struct HostRing {
+    pub(super) k: Vec<f32>,
+    pub(super) v: Vec<f32>,
+}
+
+impl HostRing {
+    pub(super) fn zeros(n: usize) -> Self {
+        Self {
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+        }
+    }
+
+    pub(super) fn nbytes(&self) -> usize {
+        4 * (self.k.len() + self.v.len())
+    }
+}
+
+/// A stream's buffers for the planned step, grown to the largest call seen.
+#[derive(Clone, Default)]
+pub(super) struct StepScratch {
+    /// The residual stream (tokens, d), and a second (tokens, d) for norms and outputs.
+    pub(super) x: Vec<f32>,
+    pub(super) h: Vec<f32>,
+    /// q, k and v of every token (tokens, 3d), q rotated and scaled, k rotated.
+    pub(super) qkv: Vec<f32>,
+    /// Attention output (tokens, d), the feed-forward's hidden (tokens, ff).
+    pub(super) attn: Vec<f32>,
+    pub(super) ff: Vec<f32>,
+    /// Rotary cos and sin per token (tokens, hd/2 each).
+    pub(super) cos: Vec<f32>,
+    pub(super) sin: Vec<f32>,
+    /// Softmax scores, one ring's worth per (row, head).
+    pub(super) scores: Vec<f32>,
+    /// Each token's position.
+    pub(super) pos: Vec<u64>,
+}
