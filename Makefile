@@ -31,7 +31,8 @@ core-free:
 		echo "mimi-core depends on pyo3 or numpy (they belong in src/)"; exit 1; \
 	else echo "mimi-core's dependency tree ($$(printf '%s\n' "$$tree" | sort -u | wc -l) crates) is free of pyo3/numpy"; fi
 
-# File and function sizes, and every module named in ARCHITECTURE.md (scripts/check_layout.py).
+# File and function sizes, every module named in ARCHITECTURE.md, no `_name` imported across
+# mimi_py's modules (scripts/check_layout.py).
 layout:
 	$(PYTHON) scripts/check_layout.py
 

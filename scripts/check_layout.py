@@ -3,7 +3,11 @@
 
 - no Rust file over 900 lines before its tests, no Python module over 900 lines;
 - no function over 90 lines (Rust and Python);
-- every Rust module and Python module of the tree is named in ARCHITECTURE.md.
+- every Rust module and Python module of the tree is named in ARCHITECTURE.md;
+- no module of python/mimi_py imports a name with a leading `_` from another module of the
+  package (`from .common import _need`): a helper two modules share has a plain name, and a
+  module's `__all__` says what users may use. Modules themselves may be private
+  (`from . import _core`), and dunder names (`__version__`) are fine.
 
 `--report N` also lists the functions longer than N lines (default: none listed).
 """
@@ -89,6 +93,42 @@ def module_names() -> list[str]:
     return sorted(names)
 
 
+def _imported_from(path: Path, node: ast.ImportFrom) -> tuple[str, Path] | None:
+    """The package module a `from ... import` reads (its dotted name, and where it would be a
+    folder), or None when it is outside mimi_py."""
+    pkg = ROOT / "python"
+    if node.level:
+        base = path.parent
+        for _ in range(node.level - 1):
+            base = base.parent
+        parts = list(base.relative_to(pkg).parts) + (node.module or "").split(".")
+    elif (node.module or "").split(".")[0] == "mimi_py":
+        parts = (node.module or "").split(".")
+    else:
+        return None
+    parts = [q for q in parts if q]
+    return ".".join(parts), pkg.joinpath(*parts)
+
+
+def private_imports() -> list[str]:
+    """`from M import _name` in python/mimi_py, M one of its modules and `_name` not a module."""
+    out = []
+    for p in sorted((ROOT / "python/mimi_py").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            source = _imported_from(p, node) if isinstance(node, ast.ImportFrom) else None
+            if source is None:
+                continue
+            module, folder = source
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if any((folder / f).exists() for f in (f"{name}.py", f"{name}.pyi", name)):
+                    continue  # a private module (_core, _cuda), not a name
+                out.append(f"{p.relative_to(ROOT)}:{node.lineno}: imports private `{name}` from {module}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--report", type=int, default=0, help="also list functions longer than this")
@@ -108,6 +148,7 @@ def main() -> int:
     problems += [f"{where}: {n} lines (at most {MAX_FN})" for n, where in long if n > MAX_FN]
     arch = (ROOT / "ARCHITECTURE.md").read_text()
     problems += [f"ARCHITECTURE.md does not name module `{m}`" for m in module_names() if m not in arch]
+    problems += private_imports()
     if args.report:
         for n, where in sorted(long, reverse=True):
             if n > args.report:

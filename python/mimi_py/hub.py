@@ -127,7 +127,7 @@ def _unavailable(
     )
 
 
-def _snapshot(
+def snapshot(
     repo_id: str,
     names: Sequence[str],
     revision: str | None = None,
@@ -161,8 +161,8 @@ def _snapshot(
     return folder
 
 
-def _snapshot_commit(repo_id: str, folder: Path, cache_dir: str | os.PathLike[str] | None = None) -> str:
-    """The commit hash of a snapshot folder :func:`_snapshot` returned, from
+def snapshot_commit(repo_id: str, folder: Path, cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """The commit hash of a snapshot folder :func:`snapshot` returned, from
     ``huggingface_hub.scan_cache_dir`` (the cache's own description of its revisions)."""
     hf, _ = _hub(repo_id)
     info = hf.scan_cache_dir(_cache_dir(cache_dir))
@@ -199,9 +199,9 @@ def from_pretrained(
     is missing or the files can be neither downloaded nor found in the cache.
     """
     if filename is not None:
-        found = _snapshot(repo_id, [filename], revision, cache_dir) / filename
+        found = snapshot(repo_id, [filename], revision, cache_dir) / filename
     else:
-        found = _snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
+        found = snapshot(repo_id, HF_FILES, revision, cache_dir, hint_files=f"{HF_CONFIG} {HF_WEIGHTS}")
     return MimiCodec(
         found,
         num_codebooks=num_codebooks,

@@ -33,6 +33,10 @@ with optional("data"):
     import soxr
 
     import mimi_py.data as data
+    from mimi_py.data.common import codes_column
+    from mimi_py.data.model import make_model, resolve_weights, same_model
+    from mimi_py.data.output import Output
+    from mimi_py.data.runtime import ray_stage_args
 
 pytestmark = [
     pytest.mark.extra("data"),
@@ -193,9 +197,7 @@ def test_every_good_file_gets_the_codes_of_encode_and_every_bad_file_an_error_ro
     assert manifest["weights"]["files"] == {WEIGHTS.name: sha}
     assert manifest["mimi_py"]["version"] == mimi_py.__version__
     assert manifest["config"]["num_codebooks"] == Q and manifest["config"]["workers"] == 2
-    assert set(os.listdir(out)) == {data.MANIFEST_NAME} | {
-        os.path.basename(p) for p in data._Output(out).parts()
-    }
+    assert set(os.listdir(out)) == {data.MANIFEST_NAME} | {os.path.basename(p) for p in Output(out).parts()}
 
 
 def test_resume_after_a_kill_ends_with_exactly_one_row_per_path(ray_address, corpus, tokenized, tmp_path):
@@ -299,7 +301,7 @@ def test_encoder_actors_get_rayon_num_threads_from_threads_per_worker(ray_addres
         def __call__(self, batch):
             return {"threads": np.array([os.environ.get("RAYON_NUM_THREADS", "unset")] * len(batch["x"]))}
 
-    ds = ray.data.from_items([{"x": 1}]).map_batches(Probe, **data._ray_stage_args(1, 2, 2.0))
+    ds = ray.data.from_items([{"x": 1}]).map_batches(Probe, **ray_stage_args(1, 2, 2.0))
     assert [r["threads"] for r in ds.take_all()] == ["2"]
 
 
@@ -404,7 +406,7 @@ def test_the_encoder_alone_reads_files_and_streams_them_exactly(corpus):
 
 def test_codes_round_trip_through_arrow():
     arrays = [np.arange(12, dtype=np.uint16).reshape(4, 3), None, np.full((4, 1), 2047, np.uint16)]
-    col = data._codes_column(arrays)
+    col = codes_column(arrays)
     assert col.type == data.output_schema().field("codes").type and col.null_count == 1
     back = data.codes_to_numpy(col)
     assert_same(back[0], arrays[0])
@@ -435,36 +437,32 @@ def test_hf_weights_are_pinned_to_the_commit_and_identified_by_sha256(tmp_path, 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(hf.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hf.constants, "HF_HUB_CACHE", str(tmp_path))
-    model, ident = data._resolve_weights(data._model("hf:kyutai/mimi", None, Q, 0))
+    model, ident = resolve_weights(make_model("hf:kyutai/mimi", None, Q, 0))
     assert model.weights == ident["spec"] == f"hf:kyutai/mimi@{commit}"
     assert (ident["repo_id"], ident["revision"], ident["commit"]) == ("kyutai/mimi", None, commit)
     assert ident["files"] == {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in files.items()}
     assert model.load().num_codebooks == Q  # every actor loads the pinned spec
     # Local files with the same bytes are the same model; a seed is not.
-    local = data._resolve_weights(data._model(WEIGHTS, CONFIG, Q, 0))[1]
+    local = resolve_weights(make_model(WEIGHTS, CONFIG, Q, 0))[1]
     config = {"num_codebooks": Q, "codec": small_codec().config.to_dict()}
-    assert (
-        data._same_model({"weights": ident, "config": config}, {"weights": local, "config": config}) is None
-    )
-    seeded = data._resolve_weights(data._model(None, None, Q, 0))[1]
-    assert "seeded" in data._same_model(
-        {"weights": ident, "config": config}, {"weights": seeded, "config": config}
-    )
+    assert same_model({"weights": ident, "config": config}, {"weights": local, "config": config}) is None
+    seeded = resolve_weights(make_model(None, None, Q, 0))[1]
+    assert "seeded" in same_model({"weights": ident, "config": config}, {"weights": seeded, "config": config})
     # The precision is part of the model (a manifest without it: its weights_dtype's, bfloat16
     # being "high"; without either, "highest").
     bf16 = dict(config, weights_dtype="bfloat16")
     medium = dict(config, weights_dtype="bfloat16", precision="medium")
     old, new = {"weights": ident, "config": config}, {"weights": local, "config": medium}
-    assert data._same_model(old, new) == "precision 'highest' then 'medium'"
+    assert same_model(old, new) == "precision 'highest' then 'medium'"
     old = {"weights": ident, "config": bf16}
-    assert data._same_model(old, new) == "precision 'high' then 'medium'"
-    assert data._same_model(old, dict(new, config=dict(bf16, precision="high"))) is None
-    assert data._model(WEIGHTS, CONFIG, Q, 0, "bfloat16").load().weights_dtype == "bfloat16"
-    assert data._model(WEIGHTS, CONFIG, Q, 0, precision="medium").load().precision == "medium"
+    assert same_model(old, new) == "precision 'high' then 'medium'"
+    assert same_model(old, dict(new, config=dict(bf16, precision="high"))) is None
+    assert make_model(WEIGHTS, CONFIG, Q, 0, "bfloat16").load().weights_dtype == "bfloat16"
+    assert make_model(WEIGHTS, CONFIG, Q, 0, precision="medium").load().precision == "medium"
     # neither given: the driver's default, pinned for the actors
     try:
         mimi_py.set_float32_matmul_precision("medium")
-        assert data._model(WEIGHTS, CONFIG, Q, 0).precision == "medium"
+        assert make_model(WEIGHTS, CONFIG, Q, 0).precision == "medium"
     finally:
         mimi_py.set_float32_matmul_precision("highest")
 

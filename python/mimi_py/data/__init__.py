@@ -29,7 +29,9 @@ the job. ``resume=True`` skips the paths that already have a row.
 The modules, by concern: ``read`` (find and read the input audio), ``encode`` (the codec stage),
 ``output`` (part files and ``.MANIFEST.json``), ``tokenize`` (the job), ``detokenize`` (the
 reverse), ``model`` (the weights and their identity), ``runtime`` (Ray and thread counts) and
-``common`` (what they all share). Everything public is imported here.
+``common`` (what they all share). Everything public is imported here and listed in ``__all__``,
+as each module lists its own; the other plain names (``common.need``, ``model.Model``) are
+shared between the modules only, and a name with a leading ``_`` stays in its module.
 """
 
 from ..audio import AudioInfo, AudioReader
@@ -39,12 +41,6 @@ from .encode import MimiEncoder, encode_batches
 from .output import read_codes
 from .read import AUDIO_EXTENSIONS, find_audio, read_audio_batch
 from .tokenize import tokenize
-
-# Internal names the tests reach for, importable from mimi_py.data as before the split.
-from .common import _codes_column as _codes_column  # isort: skip
-from .model import _model as _model, _resolve_weights as _resolve_weights, _same_model as _same_model  # isort: skip
-from .output import _Output as _Output  # isort: skip
-from .runtime import _ray_stage_args as _ray_stage_args  # isort: skip
 
 __all__ = [
     "AUDIO_EXTENSIONS",

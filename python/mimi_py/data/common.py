@@ -19,17 +19,19 @@ from ..errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
     import pyarrow as pa
 
+__all__ = ["MANIFEST_NAME", "Progress", "codes_to_numpy", "output_schema"]
+
 MANIFEST_NAME = ".MANIFEST.json"
 """The job's record in ``OUTPUT_DIR``: config, weights identity, versions, counts. A hidden file
 (leading ``.``), so that pyarrow, pandas and HF ``datasets`` read the folder as Parquet only."""
-_LEGACY_MANIFEST_NAME = "MANIFEST.json"  # before 0.1: read to resume, then replaced
-_FORMAT = "mimi_py.tokenize/1"  # .MANIFEST.json's "format"
+LEGACY_MANIFEST_NAME = "MANIFEST.json"  # before 0.1: read to resume, then replaced
+MANIFEST_FORMAT = "mimi_py.tokenize/1"  # .MANIFEST.json's "format"
 _INSTALL = "pip install 'mimi_py[data]'"
-_PART = re.compile(r"part-[0-9A-Za-z_-]+\.parquet")
-_MAX_INLINE_SECONDS = 3600.0  # longer files are streamed from disk by the codec stage itself
+PART_NAME = re.compile(r"part-[0-9A-Za-z_-]+\.parquet")
+MAX_INLINE_SECONDS = 3600.0  # longer files are streamed from disk by the codec stage itself
 
 
-def _need(name: str):
+def need(name: str):
     """Import an optional dependency of the data extra, or say how to install it."""
     try:
         return importlib.import_module(name)
@@ -38,32 +40,28 @@ def _need(name: str):
         raise ImportError(f"mimi_py.data needs {extra}: {_INSTALL}") from e
 
 
-def _pa():
-    return _need("pyarrow")
-
-
-def _check_positive(**values: float | None) -> None:
+def check_positive(**values: float | None) -> None:
     for name, v in values.items():
         if v is not None and not v > 0:
             raise ConfigError(f"`{name}` must be positive, got {v!r}")
 
 
-def _check_cardinality(codec: Any) -> None:
+def check_cardinality(codec: Any) -> None:
     """Codes are stored as uint16."""
     if codec.cardinality > 1 << 16:
         raise ConfigError(f"codes of cardinality {codec.cardinality} do not fit uint16")
 
 
-def _error_text(e: BaseException) -> str:
+def error_text(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _now() -> str:
+def timestamp() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def _column(batch: Any, name: str) -> list[Any] | None:
+def batch_column(batch: Any, name: str) -> list[Any] | None:
     """A column of a pyarrow Table or a dict of columns as a Python list, or None if absent."""
     if hasattr(batch, "column_names"):
         return batch.column(name).to_pylist() if name in batch.column_names else None
@@ -83,7 +81,7 @@ def output_schema() -> pa.Schema:
     file was tokenized). ``sample_rate`` and ``duration_s`` are null when the file could not be
     opened; ``num_frames`` is null on error.
     """
-    pa = _pa()
+    pa = need("pyarrow")
     return pa.schema(
         [
             pa.field("path", pa.string(), nullable=False),
@@ -97,11 +95,11 @@ def output_schema() -> pa.Schema:
     )
 
 
-def _list_column(
+def list_column(
     arrays: Sequence[np.ndarray | None], value_type: Any, dtype: Any, large: bool = False
 ) -> pa.Array:
     """A list<value_type> (or large_list) column from 1-D numpy arrays (None: a null row)."""
-    pa = _pa()
+    pa = need("pyarrow")
     lengths = np.array([0 if a is None else len(a) for a in arrays], np.int64)
     offsets = np.zeros(len(arrays) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -115,11 +113,11 @@ def _list_column(
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask)
 
 
-def _codes_column(codes: Sequence[np.ndarray | None]) -> pa.Array:
+def codes_column(codes: Sequence[np.ndarray | None]) -> pa.Array:
     """list<list<uint16>> from (num_codebooks, num_frames) arrays (None: a null row)."""
-    pa = _pa()
+    pa = need("pyarrow")
     inner = [row for c in codes if c is not None for row in c]
-    inner_col = _list_column(inner, pa.uint16(), np.uint16)
+    inner_col = list_column(inner, pa.uint16(), np.uint16)
     counts = np.array([0 if c is None else c.shape[0] for c in codes], np.int64)
     offsets = np.zeros(len(codes) + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])

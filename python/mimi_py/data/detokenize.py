@@ -17,17 +17,16 @@ from .._core import CodecConfig
 from ..audio import CHUNK_SECONDS, open_writer
 from ..errors import ConfigError
 from .common import (
-    _MAX_INLINE_SECONDS,
-    _check_positive,
-    _column,
-    _error_text,
-    _need,
-    _pa,
+    MAX_INLINE_SECONDS,
+    batch_column,
+    check_positive,
     codes_to_numpy,
+    error_text,
+    need,
 )
-from .model import _Model, _model, _recorded_precision
-from .output import _Output, read_manifest
-from .runtime import _ray_session, _ray_stage_args, _threads_env
+from .model import Model, make_model, recorded_precision
+from .output import Output, read_manifest
+from .runtime import ray_session, ray_stage_args, threads_env
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
     import pyarrow as pa
@@ -85,11 +84,11 @@ class MimiDecoder:
         precision: Literal["highest", "high", "medium"] | None = None,
         threads: int | None = None,
         batch_seconds: float = CHUNK_SECONDS,
-        max_inline_seconds: float = _MAX_INLINE_SECONDS,
+        max_inline_seconds: float = MAX_INLINE_SECONDS,
     ) -> None:
-        _threads_env(threads)
+        threads_env(threads)
         self.wav_dir = os.fspath(wav_dir)
-        self.codec = _model(weights, config, num_codebooks, seed, weights_dtype, precision).load()
+        self.codec = make_model(weights, config, num_codebooks, seed, weights_dtype, precision).load()
         self._chunk = max(1, round(batch_seconds * self.codec.frame_rate))
         self._inline = max_inline_seconds * self.codec.frame_rate
 
@@ -128,11 +127,11 @@ class MimiDecoder:
 
     def __call__(self, batch: Any) -> pa.Table:
         """Decode a batch of :func:`~mimi_py.data.output_schema` rows into wav files."""
-        pa = _pa()
-        paths = _column(batch, "path") or []
-        errors = _column(batch, "error") or [None] * len(paths)
-        source_durs = _column(batch, "duration_s") or [None] * len(paths)
-        names = _column(batch, "wav") or [wav_name(p) for p in paths]
+        pa = need("pyarrow")
+        paths = batch_column(batch, "path") or []
+        errors = batch_column(batch, "error") or [None] * len(paths)
+        source_durs = batch_column(batch, "duration_s") or [None] * len(paths)
+        names = batch_column(batch, "wav") or [wav_name(p) for p in paths]
         codes = codes_to_numpy(batch.column("codes") if hasattr(batch, "column") else batch["codes"])
         wavs: list[str | None] = []
         durs: list[float | None] = []
@@ -144,7 +143,7 @@ class MimiDecoder:
                     wav = os.path.join(self.wav_dir, name)
                     dur = self.write(c, wav, source_dur)
                 except Exception as e:
-                    fail, wav = _error_text(e), None
+                    fail, wav = error_text(e), None
             wavs.append(wav)
             durs.append(dur)
             out_err.append(fail)
@@ -163,24 +162,24 @@ def _recorded_model(
     weights: str | os.PathLike[str] | None,
     config: CodecConfig | Mapping[str, Any] | None,
     seed: int | None,
-) -> _Model:
+) -> Model:
     """The model to decode with: the one ``.MANIFEST.json`` records (weights, config, seed) unless
     any of them is given; always the recorded number of codebooks and precision (see
-    ``_recorded_precision``)."""
+    ``recorded_precision``)."""
     recorded = manifest.get("config") or {}
     if weights is None and config is None and seed is None and manifest:
         w = manifest.get("weights") or {}
         weights, seed = w.get("spec"), int(w.get("seed", 0) or 0)
         if weights is not None and not str(weights).startswith("hf:"):
             config = recorded.get("codec")
-    precision = _recorded_precision(recorded)
-    return _model(weights, config, recorded.get("num_codebooks"), seed or 0, precision=precision)
+    precision = recorded_precision(recorded)
+    return make_model(weights, config, recorded.get("num_codebooks"), seed or 0, precision=precision)
 
 
-def _code_refs(out: _Output, parts: list[str], limit: int | None, n_workers: int) -> list[Any]:
+def _code_refs(out: Output, parts: list[str], limit: int | None, n_workers: int) -> list[Any]:
     """The code rows, read by the driver and put in Ray's object store in blocks of a few rows:
     no read tasks, which would wait for the CPUs the decoder actors hold."""
-    ray, pq, pa = _need("ray"), _need("pyarrow.parquet"), _pa()
+    ray, pq, pa = need("ray"), need("pyarrow.parquet"), need("pyarrow")
     tables, rows = [], 0
     for part in parts:
         t = pq.read_table(part, columns=["path", "duration_s", "codes", "error"], filesystem=out.fs)
@@ -215,22 +214,22 @@ def _tally(batch: pa.Table, counts: dict[str, Any], say: Callable[[str], None]) 
 
 
 def _decode_all(
-    out: _Output, parts: list[str], decoder: dict[str, Any], run: dict[str, Any], say: Callable[[str], None]
+    out: Output, parts: list[str], decoder: dict[str, Any], run: dict[str, Any], say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Runs the :class:`MimiDecoder` stage over the code rows (``decoder``: its constructor's
     arguments; ``run``: address, workers, threads_per_worker, limit, progress_every)."""
     counts = {"files": 0, "skipped": 0, "failed": 0, "audio_seconds": 0.0}
     every = run["progress_every"]
-    with _ray_session(run["address"], quiet_bars=every is not None) as cpus:
+    with ray_session(run["address"], quiet_bars=every is not None) as cpus:
         threads = run["threads_per_worker"]
         n_workers = run["workers"] or max(1, int(cpus // threads))
-        ds = _need("ray.data").from_arrow_refs(_code_refs(out, parts, run["limit"], n_workers))
+        ds = need("ray.data").from_arrow_refs(_code_refs(out, parts, run["limit"], n_workers))
         ds = ds.map_batches(
             MimiDecoder,
             batch_format="pyarrow",
             batch_size=1,
             fn_constructor_kwargs=dict(decoder, threads=threads),
-            **_ray_stage_args(n_workers, threads, cpus),
+            **ray_stage_args(n_workers, threads, cpus),
         )
         last = time.perf_counter()
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
@@ -251,7 +250,7 @@ def detokenize(
     workers: int | None = None,
     threads_per_worker: int = 1,
     batch_seconds: float = CHUNK_SECONDS,
-    max_inline_seconds: float = _MAX_INLINE_SECONDS,
+    max_inline_seconds: float = MAX_INLINE_SECONDS,
     address: str | None = None,
     limit: int | None = None,
     progress_every: float | None = 5.0,
@@ -265,11 +264,11 @@ def detokenize(
     :func:`~mimi_py.data.tokenize`, with :class:`MimiDecoder` actors. Returns counts: ``files``
     written, ``skipped`` error rows, ``failed`` rows, ``audio_seconds``.
     """
-    _check_positive(threads_per_worker=threads_per_worker, batch_seconds=batch_seconds, workers=workers)
+    check_positive(threads_per_worker=threads_per_worker, batch_seconds=batch_seconds, workers=workers)
     if limit is not None and limit < 0:
         raise ConfigError(f"`limit` must be >= 0, got {limit!r}")
     t_start = time.perf_counter()
-    out = _Output(output_dir)
+    out = Output(output_dir)
     manifest = read_manifest(out) or {}
     parts = out.parts()
     if not parts:

@@ -13,18 +13,17 @@ from .._core import CodecConfig
 from ..audio import CHUNK_SECONDS, AudioReader, encode_blocks
 from ..errors import InvalidInputError, MimiError
 from .common import (
-    _MAX_INLINE_SECONDS,
-    _check_cardinality,
-    _codes_column,
-    _column,
-    _error_text,
-    _need,
-    _pa,
+    MAX_INLINE_SECONDS,
+    batch_column,
+    check_cardinality,
+    codes_column,
+    error_text,
+    need,
     output_schema,
 )
-from .model import _model
-from .read import _audio_column, read_audio_batch
-from .runtime import _ray_stage_args, _threads_env
+from .model import make_model
+from .read import audio_column, read_audio_batch
+from .runtime import ray_stage_args, threads_env
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; both are optional dependencies
     import pyarrow as pa
@@ -73,12 +72,12 @@ class MimiEncoder:
         weights_dtype: Literal["float32", "bfloat16"] | None = None,
         precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:
-        _threads_env(threads)
-        self.codec = _model(weights, config, num_codebooks, seed, weights_dtype, precision).load()
+        threads_env(threads)
+        self.codec = make_model(weights, config, num_codebooks, seed, weights_dtype, precision).load()
         fs = self.codec.frame_size
         self._chunk = max(1, round(batch_seconds * self.codec.sample_rate / fs)) * fs
         self._batch_seconds = batch_seconds
-        _check_cardinality(self.codec)
+        check_cardinality(self.codec)
 
     def encode(self, pcm: np.ndarray) -> np.ndarray:
         """The codes of one file's mono audio at the codec's rate: (num_codebooks, num_frames)
@@ -144,7 +143,7 @@ class MimiEncoder:
         clips = [np.asarray(audio[i], np.float32) for i in rows]
         for i, c in zip(rows, clips):
             if len(c) == 0:
-                errors[i] = _error_text(InvalidInputError("no audio samples"))
+                errors[i] = error_text(InvalidInputError("no audio samples"))
         keep = [(i, c) for i, c in zip(rows, clips) if len(c) > 0]
         try:
             return dict(zip([i for i, _ in keep], self.encode_many([c for _, c in keep])))
@@ -154,19 +153,19 @@ class MimiEncoder:
                 try:
                     done[i] = self.encode(c)
                 except Exception as e:  # one bad file is one error row
-                    errors[i] = _error_text(e)
+                    errors[i] = error_text(e)
             return done
 
     def __call__(self, batch: Any) -> pa.Table:
         """Encode a batch of rows (see the class docstring) into :func:`output_schema` rows."""
-        pa = _pa()
-        paths = _column(batch, "path") or []
+        pa = need("pyarrow")
+        paths = batch_column(batch, "path") or []
         n = len(paths)
-        sources = _column(batch, "source") or paths
-        errors = _column(batch, "error") or [None] * n
-        srs = _column(batch, "sample_rate") or [None] * n
-        durs = _column(batch, "duration_s") or [None] * n
-        audio = _audio_column(batch, n)
+        sources = batch_column(batch, "source") or paths
+        errors = batch_column(batch, "error") or [None] * n
+        srs = batch_column(batch, "sample_rate") or [None] * n
+        durs = batch_column(batch, "duration_s") or [None] * n
+        audio = audio_column(batch, n)
         inline = self._encode_inline(audio, errors)
         codes: list[np.ndarray | None] = []
         for i in range(n):
@@ -180,7 +179,7 @@ class MimiEncoder:
                             srs[i], durs[i] = r.info.sample_rate, r.info.duration_s
                             c = self.encode_blocks(r)
                 except Exception as e:  # one bad file is one error row
-                    errors[i], c = _error_text(e), None
+                    errors[i], c = error_text(e), None
                     self.codec.reset_state()
             codes.append(c)
         q = self.codec.num_codebooks
@@ -191,7 +190,7 @@ class MimiEncoder:
                 pa.array(durs, pa.float64()),
                 pa.array([None if c is None else c.shape[1] for c in codes], pa.int32()),
                 pa.array([q] * n, pa.int32()),
-                _codes_column(codes),
+                codes_column(codes),
                 pa.array(errors, pa.string()),
             ],
             schema=output_schema(),
@@ -208,7 +207,7 @@ def encode_batches(
     workers: int = 1,
     threads_per_worker: int = 1,
     batch_seconds: float = CHUNK_SECONDS,
-    max_inline_seconds: float = _MAX_INLINE_SECONDS,
+    max_inline_seconds: float = MAX_INLINE_SECONDS,
     read_tasks: int | None = None,
     sample_rate: int | None = None,
     weights_dtype: Literal["float32", "bfloat16"] | None = None,
@@ -226,9 +225,9 @@ def encode_batches(
     autoscaling pool of 1 to ``workers`` actors if the cluster has fewer CPUs than that). A
     ``source`` column, if present, is the path to open (``path`` is kept as given).
     """
-    ray = _need("ray")
-    ray_data = _need("ray.data")
-    model = _model(weights, config, num_codebooks, seed, weights_dtype, precision)
+    ray = need("ray")
+    ray_data = need("ray.data")
+    model = make_model(weights, config, num_codebooks, seed, weights_dtype, precision)
     if sample_rate is None:
         sample_rate = model.load().sample_rate
     tasks = read_tasks if read_tasks is not None else max(2, -(-workers // 8))
@@ -258,5 +257,5 @@ def encode_batches(
             "weights_dtype": model.weights_dtype,
             "precision": model.precision,
         },
-        **_ray_stage_args(workers, threads_per_worker, cpus),
+        **ray_stage_args(workers, threads_per_worker, cpus),
     )

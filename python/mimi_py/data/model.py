@@ -1,4 +1,4 @@
-"""The model of a job: what every actor needs to build the same codec (:class:`_Model`, picklable),
+"""The model of a job: what every actor needs to build the same codec (:class:`Model`, picklable),
 and the weights' identity recorded in ``.MANIFEST.json`` (sha256 of the files, or the Hub
 commit, or the seed), with which a resumed job is checked to use the same model."""
 
@@ -12,11 +12,13 @@ from typing import Any, Literal, NamedTuple
 
 from .._core import CodecConfig, MimiCodec, get_float32_matmul_precision
 from ..errors import ConfigError
-from ..hub import HF_CONFIG, HF_FILES, _snapshot, _snapshot_commit, load_codec, parse_weights_spec
+from ..hub import HF_CONFIG, HF_FILES, load_codec, parse_weights_spec, snapshot, snapshot_commit
 from ..options import PRECISIONS
 
+__all__: list[str] = []  # all shared inside mimi_py.data only
 
-class _Model(NamedTuple):
+
+class Model(NamedTuple):
     """What an actor needs to build its codec; picklable."""
 
     weights: str | None  # absolute path, pinned hf: spec, or None (seeded)
@@ -55,14 +57,14 @@ def _config_dict(config: CodecConfig | Mapping[str, Any] | None) -> dict[str, An
     return CodecConfig(**dict(config)).to_dict()
 
 
-def _model(
+def make_model(
     weights: str | os.PathLike[str] | None,
     config: CodecConfig | Mapping[str, Any] | None,
     num_codebooks: int | None,
     seed: int,
     weights_dtype: Literal["float32", "bfloat16"] | None = None,
     precision: Literal["highest", "high", "medium"] | None = None,
-) -> _Model:
+) -> Model:
     """The model every actor builds. Neither ``weights_dtype`` nor ``precision`` given: the
     driver's :func:`mimi_py.get_float32_matmul_precision`, pinned here (actors are other
     processes)."""
@@ -73,7 +75,7 @@ def _model(
             spec = os.path.abspath(spec)
     if weights_dtype is None and precision is None:
         precision = get_float32_matmul_precision()
-    return _Model(spec, _config_dict(config), num_codebooks, seed, weights_dtype, precision)
+    return Model(spec, _config_dict(config), num_codebooks, seed, weights_dtype, precision)
 
 
 def _sha256(path: str | os.PathLike[str]) -> str:
@@ -84,14 +86,14 @@ def _sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def _pin_hf(model: _Model) -> tuple[_Model, dict[str, Any]]:
+def _pin_hf(model: Model) -> tuple[Model, dict[str, Any]]:
     """``hf:`` weights pinned to the commit the driver sees, so that every node loads the same
     files, and their identity (repo, revision, commit, sha256 of each file)."""
     assert model.weights is not None
     spec = parse_weights_spec(model.weights)
     names = [spec.filename] if spec.filename else list(HF_FILES)
-    folder = _snapshot(spec.repo_id, names, spec.revision)
-    commit = _snapshot_commit(spec.repo_id, folder)
+    folder = snapshot(spec.repo_id, names, spec.revision)
+    commit = snapshot_commit(spec.repo_id, folder)
     pinned = f"hf:{spec.repo_id}@{commit}" + (f":{spec.filename}" if spec.filename else "")
     ident = {
         "kind": "hf",
@@ -104,7 +106,7 @@ def _pin_hf(model: _Model) -> tuple[_Model, dict[str, Any]]:
     return model._replace(weights=pinned), ident
 
 
-def _resolve_weights(model: _Model) -> tuple[_Model, dict[str, Any]]:
+def resolve_weights(model: Model) -> tuple[Model, dict[str, Any]]:
     """Pin ``hf:`` weights to the commit the driver sees (so every node loads the same files)
     and describe the weights: file names and sha256, or repo and commit, or the seed."""
     w = model.weights
@@ -126,7 +128,7 @@ def _weight_hashes(ident: Mapping[str, Any]) -> list[str]:
     return sorted(h for name, h in (ident.get("files") or {}).items() if PurePath(name).name != HF_CONFIG)
 
 
-def _same_model(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+def same_model(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     """Why two manifests' models differ (None if they do not)."""
     ow, nw = old.get("weights", {}), new["weights"]
 
@@ -139,14 +141,14 @@ def _same_model(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     elif _weight_hashes(ow) != _weight_hashes(nw):
         return f"{name(ow)} then {name(nw)} (different sha256)"
     oc, nc = old.get("config", {}), new["config"]
-    oc = dict(oc, precision=_recorded_precision(oc))
+    oc = dict(oc, precision=recorded_precision(oc))
     for key, default in (("num_codebooks", None), ("precision", "highest"), ("codec", None)):
         if oc.get(key, default) != nc.get(key, default):
             return f"{key} {oc.get(key, default)!r} then {nc.get(key, default)!r}"
     return None
 
 
-def _recorded_precision(config: Mapping[str, Any]) -> Literal["highest", "high", "medium"]:
+def recorded_precision(config: Mapping[str, Any]) -> Literal["highest", "high", "medium"]:
     """The precision a manifest's ``config`` records; manifests before it was recorded have
     their ``weights_dtype`` (bfloat16: "high"), or neither (float32: "highest")."""
     recorded = config.get("precision")

@@ -1,6 +1,6 @@
-"""The output folder of a job: part files written atomically (:class:`_Output`,
-:class:`_PartWriter`), ``.MANIFEST.json`` (:func:`_new_manifest`, :func:`_open_output`,
-:func:`_counts`) and :func:`read_codes`, which reads the rows back."""
+"""The output folder of a job: part files written atomically (:class:`Output`,
+:class:`PartWriter`), ``.MANIFEST.json`` (:func:`new_manifest`, :func:`open_output`,
+:func:`manifest_counts`) and :func:`read_codes`, which reads the rows back."""
 
 from __future__ import annotations
 
@@ -16,18 +16,17 @@ from typing import TYPE_CHECKING, Any
 from .._core import __version__, candle_version
 from ..errors import ConfigError
 from .common import (
-    _FORMAT,
-    _LEGACY_MANIFEST_NAME,
-    _PART,
+    LEGACY_MANIFEST_NAME,
+    MANIFEST_FORMAT,
     MANIFEST_NAME,
+    PART_NAME,
     Progress,
-    _check_cardinality,
-    _need,
-    _now,
-    _pa,
+    check_cardinality,
+    need,
     output_schema,
+    timestamp,
 )
-from .model import _Model, _same_model
+from .model import Model, same_model
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
     import pyarrow as pa
@@ -35,11 +34,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
 __all__ = ["read_codes"]
 
 
-class _Output:
+class Output:
     """OUTPUT_DIR through a pyarrow filesystem (local path, or s3:// gs:// ... URI)."""
 
     def __init__(self, output_dir: str | os.PathLike[str]) -> None:
-        fs_mod = _need("pyarrow.fs")
+        fs_mod = need("pyarrow.fs")
         s = os.fspath(output_dir)
         if "://" in s:
             self.fs, self.base = fs_mod.FileSystem.from_uri(s)
@@ -52,12 +51,12 @@ class _Output:
         return f"{self.base}/{name}"
 
     def listing(self) -> list[str]:
-        fs_mod = _need("pyarrow.fs")
+        fs_mod = need("pyarrow.fs")
         infos = self.fs.get_file_info(fs_mod.FileSelector(self.base, allow_not_found=True))
         return sorted(i.base_name for i in infos if i.type == fs_mod.FileType.File)
 
     def parts(self) -> list[str]:
-        return [self.path(n) for n in self.listing() if _PART.fullmatch(n)]
+        return [self.path(n) for n in self.listing() if PART_NAME.fullmatch(n)]
 
     def mkdir(self) -> None:
         self.fs.create_dir(self.base, recursive=True)
@@ -74,7 +73,7 @@ class _Output:
         self.fs.move(tmp, self.path(name))
 
     def write_table(self, name: str, table: pa.Table) -> None:
-        pq = _need("pyarrow.parquet")
+        pq = need("pyarrow.parquet")
         self._atomic(name, lambda p: pq.write_table(table, p, filesystem=self.fs))
 
     def write_json(self, name: str, obj: Any) -> None:
@@ -87,14 +86,14 @@ class _Output:
         self._atomic(name, write)
 
     def read_json(self, name: str) -> dict[str, Any] | None:
-        fs_mod = _need("pyarrow.fs")
+        fs_mod = need("pyarrow.fs")
         if self.fs.get_file_info(self.path(name)).type == fs_mod.FileType.NotFound:
             return None
         with self.fs.open_input_stream(self.path(name)) as f:
             return json.loads(f.read().decode())
 
     def read(self, columns: list[str] | None = None) -> pa.Table:
-        pa, pq = _pa(), _need("pyarrow.parquet")
+        pa, pq = need("pyarrow"), need("pyarrow.parquet")
         tables = [pq.read_table(p, columns=columns, filesystem=self.fs) for p in self.parts()]
         if not tables:
             schema = output_schema()
@@ -109,10 +108,10 @@ def read_codes(output_dir: str | os.PathLike[str], columns: list[str] | None = N
     files) as one pyarrow Table; ``columns`` selects columns. ``ray.data.read_parquet(output_dir)``,
     ``pyarrow.parquet.read_table(output_dir)``, pandas and HF ``datasets`` read the same files
     (they skip the hidden ``.MANIFEST.json``: :data:`~mimi_py.data.common.MANIFEST_NAME`)."""
-    return _Output(output_dir).read(columns)
+    return Output(output_dir).read(columns)
 
 
-def _counts(out: _Output, inputs: Sequence[str]) -> dict[str, Any]:
+def manifest_counts(out: Output, inputs: Sequence[str]) -> dict[str, Any]:
     """The rows in ``out`` against the ``inputs``: for ``.MANIFEST.json``'s ``counts``."""
     t = out.read(["path", "duration_s", "num_frames", "error"])
     paths = t.column("path").to_pylist()
@@ -135,18 +134,18 @@ def _counts(out: _Output, inputs: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _new_manifest(
-    input: Any, inputs: Sequence[str], model: _Model, ident: dict[str, Any], settings: dict[str, Any]
+def new_manifest(
+    input: Any, inputs: Sequence[str], model: Model, ident: dict[str, Any], settings: dict[str, Any]
 ) -> dict[str, Any]:
     """A fresh ``.MANIFEST.json`` for a job; loads the model once, so that a bad checkpoint fails
     here rather than in every actor."""
     codec = model.load()
-    _check_cardinality(codec)
+    check_cardinality(codec)
     described = os.fspath(input) if isinstance(input, (str, os.PathLike)) else f"{len(inputs)} paths"
     return {
-        "format": _FORMAT,
+        "format": MANIFEST_FORMAT,
         "status": "running",
-        "updated": _now(),
+        "updated": timestamp(),
         "config": {
             "input": described,
             "num_codebooks": codec.num_codebooks,
@@ -167,20 +166,20 @@ def _new_manifest(
     }
 
 
-def read_manifest(out: _Output) -> dict[str, Any] | None:
+def read_manifest(out: Output) -> dict[str, Any] | None:
     """``out``'s manifest, under its name or the one earlier versions wrote (which no Parquet
     reader skips: it is removed once the new one is written)."""
-    return out.read_json(MANIFEST_NAME) or out.read_json(_LEGACY_MANIFEST_NAME)
+    return out.read_json(MANIFEST_NAME) or out.read_json(LEGACY_MANIFEST_NAME)
 
 
-def write_manifest(out: _Output, manifest: dict[str, Any]) -> None:
+def write_manifest(out: Output, manifest: dict[str, Any]) -> None:
     """Writes ``out``'s manifest (atomically), dropping a legacy-named one."""
     out.write_json(MANIFEST_NAME, manifest)
-    if out.read_json(_LEGACY_MANIFEST_NAME) is not None:
-        out.fs.delete_file(out.path(_LEGACY_MANIFEST_NAME))
+    if out.read_json(LEGACY_MANIFEST_NAME) is not None:
+        out.fs.delete_file(out.path(LEGACY_MANIFEST_NAME))
 
 
-def _open_output(out: _Output, manifest: dict[str, Any], resume: bool) -> set[str]:
+def open_output(out: Output, manifest: dict[str, Any], resume: bool) -> set[str]:
     """Creates ``out`` or checks it can be resumed (same model); returns the paths done."""
     out.mkdir()
     old = read_manifest(out)
@@ -193,7 +192,7 @@ def _open_output(out: _Output, manifest: dict[str, Any], resume: bool) -> set[st
     done: set[str] = set()
     if resume:
         if old is not None:
-            why = _same_model(old, manifest)
+            why = same_model(old, manifest)
             if why:
                 raise ConfigError(f"{out.uri} was tokenized with another model, cannot resume: {why}")
             manifest["runs"] = list(old.get("runs", []))
@@ -202,13 +201,13 @@ def _open_output(out: _Output, manifest: dict[str, Any], resume: bool) -> set[st
     return done
 
 
-class _PartWriter:
+class PartWriter:
     """Collects result rows and writes them as part files (``rows_per_file`` rows or
     ``flush_seconds`` at most each); counts and reports progress."""
 
     def __init__(
         self,
-        out: _Output,
+        out: Output,
         total: int,
         t_start: float,
         rows_per_file: int,
@@ -256,7 +255,7 @@ class _PartWriter:
         self.last_flush = time.perf_counter()
         if not self.pending:
             return
-        table = _pa().concat_tables(self.pending)
+        table = need("pyarrow").concat_tables(self.pending)
         self.out.write_table(f"part-{self.run_id}-{self.parts:05d}.parquet", table)
         self.parts += 1
         self.files += table.num_rows

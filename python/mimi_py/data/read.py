@@ -15,7 +15,7 @@ import numpy as np
 
 from ..audio import CHUNK_SECONDS, MIMI_SAMPLE_RATE, AudioInfo, AudioReader
 from ..errors import InvalidInputError
-from .common import _MAX_INLINE_SECONDS, _column, _error_text, _list_column, _pa
+from .common import MAX_INLINE_SECONDS, batch_column, error_text, list_column, need
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; an optional dependency
     import pyarrow as pa
@@ -109,7 +109,7 @@ def find_audio(input: str | os.PathLike[str] | Sequence[str]) -> list[tuple[str,
 
 def _audio_schema() -> pa.Schema:
     """The rows between the two stages: :func:`read_audio_batch` output."""
-    pa = _pa()
+    pa = need("pyarrow")
     return pa.schema(
         [
             pa.field("path", pa.string(), nullable=False),
@@ -122,7 +122,7 @@ def _audio_schema() -> pa.Schema:
     )
 
 
-def _audio_column(batch: Any, n: int) -> list[np.ndarray | None]:
+def audio_column(batch: Any, n: int) -> list[np.ndarray | None]:
     """The ``audio`` column as float32 arrays (None where null or absent)."""
     if hasattr(batch, "column_names"):
         if "audio" not in batch.column_names:
@@ -142,7 +142,7 @@ def read_audio_batch(
     batch: Any,
     *,
     sample_rate: int = MIMI_SAMPLE_RATE,
-    max_inline_seconds: float = _MAX_INLINE_SECONDS,
+    max_inline_seconds: float = MAX_INLINE_SECONDS,
     block_seconds: float = CHUNK_SECONDS,
 ) -> pa.Table:
     """The decoding stage (``ds.map_batches(read_audio_batch, batch_format="pyarrow")``).
@@ -154,9 +154,9 @@ def read_audio_batch(
     disk itself) and ``error`` (why the file could not be read, else null). Never raises for a
     bad file.
     """
-    pa = _pa()
-    paths = _column(batch, "path") or []
-    sources = _column(batch, "source") or paths
+    pa = need("pyarrow")
+    paths = batch_column(batch, "path") or []
+    sources = batch_column(batch, "source") or paths
     rows: dict[str, list[Any]] = {k: [] for k in ("path", "source", "sample_rate", "duration_s", "error")}
     audio: list[np.ndarray | None] = []
     for path, source in zip(paths, sources):
@@ -168,7 +168,7 @@ def read_audio_batch(
                 if dur <= max_inline_seconds:
                     pcm = r.read()
         except Exception as e:  # every failure of one file becomes its error row
-            err, pcm = _error_text(e), None
+            err, pcm = error_text(e), None
         for k, v in zip(rows, (path, source, sr, dur, err)):
             rows[k].append(v)
         audio.append(pcm)
@@ -178,7 +178,7 @@ def read_audio_batch(
             pa.array(rows["source"], pa.string()),
             pa.array(rows["sample_rate"], pa.int32()),
             pa.array(rows["duration_s"], pa.float64()),
-            _list_column(audio, pa.float32(), np.float32, large=True),
+            list_column(audio, pa.float32(), np.float32, large=True),
             pa.array(rows["error"], pa.string()),
         ],
         schema=_audio_schema(),

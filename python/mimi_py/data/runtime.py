@@ -3,8 +3,8 @@ actor pool, and the thread count of each actor, set one way for every path.
 
 mimi_py's pool (rayon) reads ``RAYON_NUM_THREADS`` when it first computes, so the count has to
 be in the process environment before that: :func:`_thread_vars` is the one description of it,
-put in the actors' ``runtime_env`` by :func:`_ray_stage_args` and into ``os.environ`` by
-:func:`_threads_env` (for a stage built outside Ray, or an actor started without that env).
+put in the actors' ``runtime_env`` by :func:`ray_stage_args` and into ``os.environ`` by
+:func:`threads_env` (for a stage built outside Ray, or an actor started without that env).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from .common import _need
+from .common import need
+
+__all__: list[str] = []  # all shared inside mimi_py.data only
 
 _THREAD_VARS = ("RAYON_NUM_THREADS", "OMP_NUM_THREADS")
 
@@ -26,16 +28,16 @@ def _thread_vars(threads: int) -> dict[str, str]:
     return {name: str(int(threads)) for name in _THREAD_VARS}
 
 
-def _threads_env(threads: int | None) -> None:
+def threads_env(threads: int | None) -> None:
     """Set :func:`_thread_vars` in this process; only effective before mimi_py's first use."""
     if threads is not None:
         os.environ.update(_thread_vars(threads))
 
 
-def _ray_stage_args(workers: int, threads: int, cluster_cpus: float | None) -> dict[str, Any]:
+def ray_stage_args(workers: int, threads: int, cluster_cpus: float | None) -> dict[str, Any]:
     """``map_batches`` arguments of a codec stage: ``workers`` actors of ``threads`` CPUs, with
     :func:`_thread_vars` in their environment."""
-    ray_data = _need("ray.data")
+    ray_data = need("ray.data")
     if cluster_cpus is not None and workers * threads > cluster_cpus:
         # More than the cluster has now: start what fits and let the pool grow (autoscaling).
         compute = ray_data.ActorPoolStrategy(min_size=1, max_size=workers)
@@ -59,7 +61,7 @@ def _quiet_ray() -> None:
 
 def _init_ray(address: str | None) -> bool:
     """Connect to (or start) Ray; True when this call started it (and should shut it down)."""
-    ray = _need("ray")
+    ray = need("ray")
     if ray.is_initialized():
         return False
     _quiet_ray()
@@ -71,13 +73,13 @@ def _init_ray(address: str | None) -> bool:
 
 
 @contextlib.contextmanager
-def _ray_session(address: str | None, quiet_bars: bool) -> Iterator[float]:
+def ray_session(address: str | None, quiet_bars: bool) -> Iterator[float]:
     """Ray for one job, yielding the cluster's CPU count: an existing connection, else
     ``address`` / ``RAY_ADDRESS``, else a local instance that is shut down at the end. With
     ``quiet_bars`` Ray Data's progress bars are off meanwhile (the job prints its own lines)."""
     started = _init_ray(address)
     try:
-        ray, ray_data = _need("ray"), _need("ray.data")
+        ray, ray_data = need("ray"), need("ray.data")
         ctx = ray_data.DataContext.get_current()
         bars, banner = ctx.enable_progress_bars, ctx.print_on_execution_start
         if quiet_bars:
@@ -88,4 +90,4 @@ def _ray_session(address: str | None, quiet_bars: bool) -> Iterator[float]:
             ctx.enable_progress_bars, ctx.print_on_execution_start = bars, banner
     finally:
         if started:
-            _need("ray").shutdown()
+            need("ray").shutdown()

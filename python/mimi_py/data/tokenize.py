@@ -2,7 +2,7 @@
 
 :func:`tokenize` lists the inputs (:func:`~mimi_py.data.find_audio`), pins and records the model
 (``.MANIFEST.json``), runs the two stages of :func:`~mimi_py.data.encode_batches` on Ray Data and
-writes the result rows from the driver as part files (:class:`~mimi_py.data.output._PartWriter`).
+writes the result rows from the driver as part files (:class:`~mimi_py.data.output.PartWriter`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any, Literal, NamedTuple
 
 from .._core import CodecConfig
 from ..audio import CHUNK_SECONDS
-from .common import _MAX_INLINE_SECONDS, Progress, _check_positive, _error_text, _need, _now
+from .common import MAX_INLINE_SECONDS, Progress, check_positive, error_text, need, timestamp
 from .encode import encode_batches
-from .model import _Model, _model, _resolve_weights
-from .output import _counts, _new_manifest, _open_output, _Output, _PartWriter, write_manifest
+from .model import Model, make_model, resolve_weights
+from .output import Output, PartWriter, manifest_counts, new_manifest, open_output, write_manifest
 from .read import find_audio
-from .runtime import _ray_session
+from .runtime import ray_session
 
 __all__ = ["tokenize"]
 
@@ -30,10 +30,10 @@ _MODULES = ("pyarrow", "pyarrow.parquet", "ray", "ray.data", "soundfile", "soxr"
 class _Job(NamedTuple):
     """One run of :func:`tokenize`: its output folder, inputs, what is left, and the records."""
 
-    out: _Output
+    out: Output
     inputs: list[str]
     todo: list[tuple[str, str]]
-    model: _Model
+    model: Model
     manifest: dict[str, Any]
     run: dict[str, Any]
 
@@ -41,7 +41,7 @@ class _Job(NamedTuple):
 def _start_job(
     input: str | os.PathLike[str] | Sequence[str],
     output_dir: str | os.PathLike[str],
-    model: _Model,
+    model: Model,
     settings: dict[str, Any],
     resume: bool,
 ) -> _Job:
@@ -49,23 +49,23 @@ def _start_job(
     new run in ``.MANIFEST.json``."""
     pairs = find_audio(input)
     inputs = [p for p, _ in pairs]
-    out = _Output(output_dir)
-    model, ident = _resolve_weights(model)
-    manifest = _new_manifest(input, inputs, model, ident, settings)
-    done = _open_output(out, manifest, resume)
+    out = Output(output_dir)
+    model, ident = resolve_weights(model)
+    manifest = new_manifest(input, inputs, model, ident, settings)
+    done = open_output(out, manifest, resume)
     todo = [(p, s) for p, s in pairs if p not in done]
-    run: dict[str, Any] = {"started": _now(), "resumed": bool(resume), "skipped": len(pairs) - len(todo)}
+    run: dict[str, Any] = {"started": timestamp(), "resumed": bool(resume), "skipped": len(pairs) - len(todo)}
     manifest["runs"].append(run)
-    manifest["counts"] = _counts(out, inputs)
+    manifest["counts"] = manifest_counts(out, inputs)
     write_manifest(out, manifest)
     return _Job(out, inputs, todo, model, manifest, run)
 
 
-def _run_pipeline(job: _Job, stage: dict[str, Any], address: str | None, writer: _PartWriter) -> None:
+def _run_pipeline(job: _Job, stage: dict[str, Any], address: str | None, writer: PartWriter) -> None:
     """Runs the Ray Data pipeline over ``job.todo`` ((path, source) pairs), handing the result
     rows to ``writer``; starts (and then stops) a local Ray unless one is up or ``address`` is set."""
-    with _ray_session(address, quiet_bars=writer.progress_every is not None) as cpus:
-        ray_data = _need("ray.data")
+    with ray_session(address, quiet_bars=writer.progress_every is not None) as cpus:
+        ray_data = need("ray.data")
         n_workers = stage["workers"] or max(1, int(cpus // stage["threads_per_worker"]))
         job.run.update(workers=n_workers, ray_cpus=cpus)
         job.manifest["config"]["workers"] = n_workers
@@ -81,22 +81,22 @@ def _run_pipeline(job: _Job, stage: dict[str, Any], address: str | None, writer:
         writer.flush()
 
 
-def _record_interruption(job: _Job, writer: _PartWriter, e: BaseException) -> None:
+def _record_interruption(job: _Job, writer: PartWriter, e: BaseException) -> None:
     """Ctrl-C or a Ray failure: keep the rows already computed and say so in ``.MANIFEST.json``."""
     with contextlib.suppress(Exception):
         writer.flush()
-        job.run.update(interrupted=_now(), why=_error_text(e), files=writer.files, parts=writer.parts)
+        job.run.update(interrupted=timestamp(), why=error_text(e), files=writer.files, parts=writer.parts)
         job.manifest["status"] = "interrupted"
-        job.manifest["counts"] = _counts(job.out, job.inputs)
+        job.manifest["counts"] = manifest_counts(job.out, job.inputs)
         write_manifest(job.out, job.manifest)
 
 
-def _finish(job: _Job, writer: _PartWriter) -> dict[str, Any]:
+def _finish(job: _Job, writer: PartWriter) -> dict[str, Any]:
     """Records the run and the final counts in ``.MANIFEST.json``; returns it."""
     final = writer.progress()
     writer.say(final.line())
     job.run.update(
-        finished=_now(),
+        finished=timestamp(),
         files=final.files,
         errors=final.errors,
         audio_hours=round(final.audio_seconds / 3600, 6),
@@ -104,9 +104,9 @@ def _finish(job: _Job, writer: _PartWriter) -> dict[str, Any]:
         parts=final.parts,
     )
     manifest = job.manifest
-    manifest["counts"] = c = _counts(job.out, job.inputs)
+    manifest["counts"] = c = manifest_counts(job.out, job.inputs)
     manifest["status"] = "complete" if c["missing"] == 0 and c["duplicates"] == 0 else "incomplete"
-    manifest["updated"] = _now()
+    manifest["updated"] = timestamp()
     write_manifest(job.out, manifest)
     return manifest
 
@@ -126,7 +126,7 @@ def tokenize(
     resume: bool = False,
     rows_per_file: int = 4096,
     flush_seconds: float = 60.0,
-    max_inline_seconds: float = _MAX_INLINE_SECONDS,
+    max_inline_seconds: float = MAX_INLINE_SECONDS,
     progress_every: float | None = 5.0,
     on_part: Callable[[Progress], None] | None = None,
     weights_dtype: Literal["float32", "bfloat16"] | None = None,
@@ -156,7 +156,7 @@ def tokenize(
 
     Returns the ``.MANIFEST.json`` content: config, weights identity, versions, counts.
     """
-    _check_positive(
+    check_positive(
         threads_per_worker=threads_per_worker,
         batch_seconds=batch_seconds,
         workers=workers,
@@ -166,16 +166,16 @@ def tokenize(
         num_codebooks=num_codebooks,
     )
     for module in _MODULES:
-        _need(module)  # before anything is written
+        need(module)  # before anything is written
     t_start = time.perf_counter()
     settings = {
         "batch_seconds": batch_seconds,
         "threads_per_worker": threads_per_worker,
         "max_inline_seconds": max_inline_seconds,
     }
-    model = _model(weights, config, num_codebooks, seed, weights_dtype, precision)
+    model = make_model(weights, config, num_codebooks, seed, weights_dtype, precision)
     job = _start_job(input, output_dir, model, settings, resume)
-    writer = _PartWriter(
+    writer = PartWriter(
         job.out, len(job.todo), t_start, rows_per_file, flush_seconds, progress_every, on_part
     )
     if job.todo:
