@@ -7,7 +7,9 @@
 - no module of python/mimi_py imports a name with a leading `_` from another module of the
   package (`from .common import _need`): a helper two modules share has a plain name, and a
   module's `__all__` says what users may use. Modules themselves may be private
-  (`from . import _core`), and dunder names (`__version__`) are fine.
+  (`from . import _core`), and dunder names (`__version__`) are fine;
+- no two Rust files of crates/mimi-core import each other, directly or in a loop
+  (scripts/import_cycles.py).
 
 `--report N` also lists the functions longer than N lines (default: none listed).
 """
@@ -19,6 +21,8 @@ import ast
 import re
 import sys
 from pathlib import Path
+
+import import_cycles
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FILE, MAX_FN = 900, 90
@@ -149,6 +153,7 @@ def main() -> int:
     arch = (ROOT / "ARCHITECTURE.md").read_text()
     problems += [f"ARCHITECTURE.md does not name module `{m}`" for m in module_names() if m not in arch]
     problems += private_imports()
+    problems += import_cycles.problems(ROOT)
     if args.report:
         for n, where in sorted(long, reverse=True):
             if n > args.report:
