@@ -376,6 +376,17 @@ impl Quantizer {
         self.parts[1].encode_rows(xs, rows, &mut codes[1..], n_q)
     }
 
+    /// [`Self::encode_tokens`] of any number of tokens, in chunks of [`GEMV_MAX_ROWS`]: a
+    /// token's codes depend on it alone, so they are the same bits in any chunk.
+    pub fn encode_token_chunks(&self, xs: &[f32], rows: usize, codes: &mut [u32]) -> Result<()> {
+        let (n_q, dim) = (self.n_q(), xs.len() / rows.max(1));
+        let chunks = xs.chunks(GEMV_MAX_ROWS * dim.max(1));
+        for (x, c) in chunks.zip(codes.chunks_mut(GEMV_MAX_ROWS * n_q)) {
+            self.encode_tokens(x, x.len() / dim.max(1), c)?;
+        }
+        Ok(())
+    }
+
     /// The reconstruction of codes `(rows, k, frames)` (C order; the first `n_q` of the `k`
     /// read) on slices: the latents' tokens (rows × frames, input_dim) into `y`, the bits of
     /// [`Self::decode`] on the CPU in f32. Once warm, it allocates nothing.

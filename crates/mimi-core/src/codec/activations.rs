@@ -49,6 +49,14 @@ impl Activations {
         Self::Frames(RowList::from_elem(Frames::empty(channels), rows))
     }
 
+    /// The rows it holds.
+    pub(crate) fn rows(&self) -> Result<usize> {
+        match self {
+            Self::Frames(xs) => Ok(xs.len()),
+            Self::Tensor(t) => Ok(t.dim(0)?),
+        }
+    }
+
     /// Frames per row.
     pub(crate) fn len(&self) -> Result<usize> {
         match self {

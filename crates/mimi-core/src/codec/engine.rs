@@ -12,7 +12,7 @@ use crate::config::CodecConfig;
 use crate::error::{Cancel, Result};
 use crate::rows::Rows;
 use crate::transformer::Transformer;
-use candle::{DType, Device, Tensor};
+use candle::{DType, Device};
 use std::sync::Arc;
 
 /// Which implementation computes the convolutional parts.
@@ -57,7 +57,7 @@ pub(crate) trait Engine: Send + Sync {
     fn encode_blocks<'a>(
         &'a self,
         p: &'a Parts,
-        pcm: &Tensor,
+        pcm: Activations,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn EncodeBlocks + 'a>>;
     /// An offline decode's convolution stages over the quantizer's latents (B, dimension,
@@ -65,7 +65,7 @@ pub(crate) trait Engine: Send + Sync {
     fn decode_blocks<'a>(
         &'a self,
         p: &'a Parts,
-        latents: &Tensor,
+        latents: Activations,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn DecodeBlocks + 'a>>;
     /// Samples of one batch item whose activations are in flight at once in an offline call
@@ -99,7 +99,7 @@ pub(crate) trait EncodeBlocks {
     /// The downsampling of the transformer's output; `None` when no frame comes out.
     fn downsample(&mut self, x: Activations, last: bool) -> Result<Option<Activations>>;
     /// The latents (B, dimension, frames): the blocks' outputs along time.
-    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor>;
+    fn finish(&self, parts: Vec<Activations>) -> Result<Activations>;
 }
 
 /// An offline decode's stages around the transformer, on fresh private state: each block's
@@ -112,7 +112,7 @@ pub(crate) trait DecodeBlocks {
     /// The SEANet decoder over the transformer's output: the block's audio.
     fn seanet(&mut self, x: Activations) -> Result<Activations>;
     /// The audio (B, C, samples): the blocks' outputs along time.
-    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor>;
+    fn finish(&self, parts: Vec<Activations>) -> Result<Activations>;
 }
 
 /// An encoder stream's convolution states, by phase around the transformer. Each phase

@@ -39,6 +39,18 @@ impl Codec {
         Ok(Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?)
     }
 
+    /// Audio `(B, C, S)` in the engine's form (the native engine's: no tensor).
+    fn host_activations(&self, a: HostArray<f32>) -> Result<Activations> {
+        let shape = (a.shape[0], a.shape[1], a.shape[2]);
+        (self.engine).activations(a.data, shape, (self.device(), self.dtype()))
+    }
+
+    /// The quantizer's reconstruction of codes, on the host (f32).
+    fn dequantize_host(&self, codes: HostArray<u32>) -> Result<HostArray<f32>> {
+        let latents = self.dequantize(Codes::Host(codes))?;
+        latents.into_host()
+    }
+
     /// Audio `(B, C, S)` (or `(S,)`, mono) to codes `(B, n_q, ceil(S / frame_size))`. With
     /// `lengths` (samples per item), item `i` gets exactly the codes of its first
     /// `lengths[i]` samples alone, then zeros up to the longest item.
@@ -49,11 +61,9 @@ impl Codec {
         cancel: Cancel,
     ) -> Result<HostArray<u32>> {
         let n_q = self.config().quantizer_n_q;
-        self.offline_encode_host(pcm, lengths, n_q, |x, l| {
-            host_u32(&match l {
-                None => self.encode(x, cancel)?,
-                Some(l) => self.encode_lengths(x, l, cancel)?,
-            })
+        self.offline_encode_host(pcm, lengths, n_q, |x, l| match l {
+            None => self.codes_of(self.host_activations(x)?, cancel)?.into_host(),
+            Some(l) => host_u32(&self.encode_lengths(&self.tensor(x)?, l, cancel)?),
         })
     }
 
@@ -65,11 +75,9 @@ impl Codec {
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
         let dimension = self.config().seanet.dimension;
-        self.offline_encode_host(pcm, lengths, dimension, |x, l| {
-            host_f32(&match l {
-                None => self.encode_latents(x, cancel)?,
-                Some(l) => self.encode_latents_lengths(x, l, cancel)?,
-            })
+        self.offline_encode_host(pcm, lengths, dimension, |x, l| match l {
+            None => self.latents_of(self.host_activations(x)?, cancel)?.into_host(),
+            Some(l) => host_f32(&self.encode_latents_lengths(&self.tensor(x)?, l, cancel)?),
         })
     }
 
@@ -82,11 +90,9 @@ impl Codec {
     ) -> Result<HostArray<f32>> {
         self.check_codes(&codes, None, false)?;
         let dimension = self.config().seanet.dimension;
-        self.offline_decode_host(codes, lengths, dimension, |c, l| {
-            host_f32(&match l {
-                None => self.decode_latents(c)?,
-                Some(l) => self.decode_latents_lengths(c, l)?,
-            })
+        self.offline_decode_host(codes, lengths, dimension, |c, l| match l {
+            None => self.dequantize_host(c),
+            Some(l) => host_f32(&self.decode_latents_lengths(&self.codes_tensor(c)?, l)?),
         })
     }
 
@@ -102,11 +108,9 @@ impl Codec {
     ) -> Result<HostArray<f32>> {
         self.check_codes(&codes, None, true)?;
         let channels = self.config().channels;
-        self.offline_decode_host(codes, lengths, channels, |c, l| {
-            host_f32(&match l {
-                None => self.decode(c, cancel)?,
-                Some(l) => self.decode_lengths(c, l, cancel)?,
-            })
+        self.offline_decode_host(codes, lengths, channels, |c, l| match l {
+            None => self.audio_of(Codes::Host(c), cancel)?.into_host(),
+            Some(l) => host_f32(&self.decode_lengths(&self.codes_tensor(c)?, l, cancel)?),
         })
     }
 
@@ -118,7 +122,7 @@ impl Codec {
         pcm: HostArray<f32>,
         lengths: Option<&[usize]>,
         channels: usize,
-        call: impl FnOnce(&Tensor, Option<&[usize]>) -> Result<HostArray<T>>,
+        call: impl FnOnce(HostArray<f32>, Option<&[usize]>) -> Result<HostArray<T>>,
     ) -> Result<HostArray<T>> {
         let (pcm, _) = self.check_pcm(pcm, None)?;
         let (b, s) = (pcm.shape[0], pcm.shape[2]);
@@ -128,7 +132,7 @@ impl Codec {
         if s == 0 {
             return Ok(HostArray::new(vec![], vec![b, channels, 0]));
         }
-        call(&self.tensor(pcm)?, lengths)
+        call(pcm, lengths)
     }
 
     /// An offline call on codes the caller checked (with or without the audio they decode
@@ -139,7 +143,7 @@ impl Codec {
         codes: HostArray<u32>,
         lengths: Option<&[usize]>,
         channels: usize,
-        call: impl FnOnce(&Tensor, Option<&[usize]>) -> Result<HostArray<T>>,
+        call: impl FnOnce(HostArray<u32>, Option<&[usize]>) -> Result<HostArray<T>>,
     ) -> Result<HostArray<T>> {
         let (b, t) = (codes.shape[0], codes.shape[2]);
         if let Some(l) = lengths {
@@ -148,7 +152,7 @@ impl Codec {
         if t == 0 {
             return Ok(HostArray::new(vec![], vec![b, channels, 0]));
         }
-        call(&self.codes_tensor(codes)?, lengths)
+        call(codes, lengths)
     }
 
     /// One encoder step of `pcm` `(B, C, n)`: the codes `(B, n_q, frames)` of the frames it

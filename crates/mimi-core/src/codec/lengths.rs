@@ -3,10 +3,11 @@
 //! the batch runs its items in parallel (each item's segments too), and the output is padded
 //! with zeros to the longest item.
 
+use super::activations::Codes;
 use super::model::Codec;
 use super::offline::offline_call;
 use crate::error::{Cancel, Error, Result};
-use crate::runtime::device::{cast, zeros_on};
+use crate::runtime::device::zeros_on;
 use candle::{DType, Tensor};
 use rayon::prelude::*;
 
@@ -91,7 +92,10 @@ impl Codec {
         let p = &self.parts;
         let spec = (p.cfg.seanet.dimension, p.dtype);
         offline_call(&self.parts.device, || {
-            let f = |x: &Tensor| super::offline::encode(&*self.engine, p, x, cancel);
+            let f = |x: &Tensor| {
+                let x = super::offline::encode(&*self.engine, p, self.activations_of(x)?, cancel)?;
+                x.into_tensor(&p.device)
+            };
             per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
         })
     }
@@ -109,8 +113,8 @@ impl Codec {
         let spec = (p.cfg.quantizer_n_q, DType::U32);
         offline_call(&self.parts.device, || {
             let f = |x: &Tensor| {
-                let latents = super::offline::encode(&*self.engine, p, x, cancel)?;
-                self.quantizer.encode(&cast(&latents, DType::F32)?)
+                let latents = super::offline::encode(&*self.engine, p, self.activations_of(x)?, cancel)?;
+                self.quantize(latents)?.into_tensor(&p.device)
             };
             per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
         })
@@ -141,8 +145,8 @@ impl Codec {
         let fs = p.cfg.frame_size();
         offline_call(&self.parts.device, || {
             let f = |c: &Tensor| {
-                let x = cast(&self.decode_latents(c)?, p.dtype)?;
-                super::offline::decode(&*self.engine, p, &x, cancel)
+                let latents = self.dequantize(Codes::Tensor(c.clone()))?;
+                super::offline::decode(&*self.engine, p, latents, cancel)?.into_tensor(&p.device)
             };
             per_item_padded(codes, frames, spec, |f| f * fs, f)
         })

@@ -24,6 +24,7 @@ pub mod model;
 pub mod native;
 mod offline;
 pub mod open;
+mod quantize;
 pub mod step;
 pub mod stream;
 mod tensors;

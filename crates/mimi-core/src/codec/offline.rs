@@ -4,13 +4,14 @@
 //! working-memory policy. How the native engine cuts a call is its own
 //! ([`super::native::cut`]).
 
+use super::activations::{Activations, Codes};
 use super::engine::{Engine, Parts};
+use super::model::Codec;
 use super::transform::transform_step;
 use crate::conv;
 use crate::error::{check_cancel, Cancel, Result};
 use crate::rows::Rows;
 use crate::transformer::State;
-use candle::Tensor;
 
 /// Runs an offline call inside the rayon pool (on the CPU: `kernels::in_pool_on`), then frees
 /// the recycled buffers it left, and applies the working-memory policy
@@ -29,10 +30,10 @@ pub(crate) fn offline_call<R: Send>(dev: &candle::Device, f: impl FnOnce() -> R 
 pub(crate) fn encode(
     engine: &dyn Engine,
     p: &Parts,
-    pcm: &Tensor,
+    pcm: Activations,
     cancel: Cancel,
-) -> Result<Tensor> {
-    let b = pcm.dim(0)?;
+) -> Result<Activations> {
+    let b = pcm.rows()?;
     let mut job = engine.encode_blocks(p, pcm, cancel)?;
     let (mut tr, all) = (State::default(), Rows::all(b));
     let blocks = job.blocks();
@@ -60,10 +61,10 @@ pub(crate) fn encode(
 pub(crate) fn decode(
     engine: &dyn Engine,
     p: &Parts,
-    latents: &Tensor,
+    latents: Activations,
     cancel: Cancel,
-) -> Result<Tensor> {
-    let all = Rows::all(latents.dim(0)?);
+) -> Result<Activations> {
+    let all = Rows::all(latents.rows()?);
     let mut job = engine.decode_blocks(p, latents, cancel)?;
     let mut tr = State::default();
     let mut parts = Vec::new();
@@ -77,4 +78,30 @@ pub(crate) fn decode(
         parts.push(job.seanet(x)?);
     }
     job.finish(parts)
+}
+
+impl Codec {
+    /// The offline latents of audio `(B, C, S)` in the engine's form, on fresh private state.
+    pub(crate) fn latents_of(&self, pcm: Activations, cancel: Cancel) -> Result<Activations> {
+        offline_call(&self.parts.device, || {
+            encode(&*self.engine, &self.parts, pcm, cancel)
+        })
+    }
+
+    /// The offline codes of audio `(B, C, S)`: `(B, n_q, ceil(S / frame_size))`. The last
+    /// partial frame is padded, as in candle and transformers.
+    pub(crate) fn codes_of(&self, pcm: Activations, cancel: Cancel) -> Result<Codes> {
+        offline_call(&self.parts.device, || {
+            let latents = encode(&*self.engine, &self.parts, pcm, cancel)?;
+            self.quantize(latents)
+        })
+    }
+
+    /// The offline audio of codes `(B, n_q, T)`: `(B, C, T * frame_size)`.
+    pub(crate) fn audio_of(&self, codes: Codes, cancel: Cancel) -> Result<Activations> {
+        offline_call(&self.parts.device, || {
+            let latents = self.dequantize(codes)?;
+            decode(&*self.engine, &self.parts, latents, cancel)
+        })
+    }
 }

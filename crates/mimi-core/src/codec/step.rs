@@ -10,17 +10,11 @@
 //! through one tensor round trip at that stage.
 
 use super::activations::{Activations, Codes};
-use super::bridge::{from_tokens, tokens};
-use super::engine::EngineKind;
 use super::model::Codec;
 use super::stream::{DecodeStream, EncodeStream, Stream};
 use super::transform::transform_step;
-use crate::conv::Frames;
 use crate::error::{Error, Result};
-use crate::host::HostArray;
-use crate::quantizer::Quantizer;
 use crate::rows::Rows;
-use crate::runtime::device::cast;
 use crate::runtime::profile::time;
 use candle::DType;
 
@@ -115,45 +109,6 @@ impl Codec {
         time(|| "downsample".into(), || s.convs.downsample(rows, x, last))
     }
 
-    /// The codes of latents: the native engine's frames on the quantizer's slice path
-    /// (up to [`crate::kernels::GEMV_MAX_ROWS`] frames in all, on the CPU), the rest on its
-    /// tensor path (the bits of an offline call).
-    fn quantize(&self, x: Activations) -> Result<Codes> {
-        let xs = match x {
-            Activations::Frames(xs) if self.parts.device.is_cpu() => xs,
-            x => {
-                let x = x.into_tensor(&self.parts.device)?;
-                return Ok(Codes::Tensor(
-                    self.quantizer.encode(&cast(&x, DType::F32)?)?,
-                ));
-            }
-        };
-        let (b, t) = (xs.len(), xs.first().map_or(0, |f| f.len));
-        if !Quantizer::takes_tokens(b * t) {
-            let x = Activations::Frames(xs).into_tensor(&self.parts.device)?;
-            return Ok(Codes::Tensor(self.quantizer.encode(&x)?));
-        }
-        // The codes by token `(b * t, n_q)`, then as the output `(b, n_q, t)`: the same
-        // layout when each row has one frame.
-        let n_q = self.quantizer.n_q();
-        let mut codes = vec![0u32; b * t * n_q];
-        if t == 1 {
-            self.quantizer
-                .encode_tokens(&tokens(&xs).data, b, &mut codes)?;
-        } else {
-            let mut by_token = vec![0u32; b * t * n_q];
-            self.quantizer
-                .encode_tokens(&tokens(&xs).data, b * t, &mut by_token)?;
-            for (i, c) in by_token.chunks_exact(n_q).enumerate() {
-                let (row, frame) = (i / t, i % t);
-                for (j, &code) in c.iter().enumerate() {
-                    codes[(row * n_q + j) * t + frame] = code;
-                }
-            }
-        }
-        Ok(Codes::Host(HostArray::new(codes, vec![b, n_q, t])))
-    }
-
     /// [`Self::decode_step_rows`] on codes `(rows, n_q, T)` in either form: the stages in
     /// the pool, then the rows' counters.
     pub(crate) fn step_decode(
@@ -182,27 +137,6 @@ impl Codec {
         })?;
         s.advance(&rows.indices(), t);
         Ok(out)
-    }
-
-    /// The latents of codes in the engine's form: the native engine's rows' frames from the
-    /// quantizer's slice path (on the CPU), the candle engine's tensor in the codec's dtype.
-    fn dequantize(&self, codes: Codes) -> Result<Activations> {
-        let p = &self.parts;
-        if self.engine.kind() == EngineKind::Native && p.device.is_cpu() {
-            let c = codes.into_host()?;
-            let (b, k, t) = (c.shape[0], c.shape[1], c.shape[2]);
-            let dim = p.cfg.seanet.dimension;
-            let mut x = Frames::uninit(b * t, dim);
-            self.quantizer
-                .decode_tokens(&c.data, (b, k, t), &mut x.data)?;
-            return Ok(Activations::Frames(from_tokens(&x.data, b, dim)));
-        }
-        let x = self.decode_latents(&codes.into_tensor(&p.device)?)?;
-        let x = Activations::Tensor(cast(&x, p.dtype)?);
-        match self.engine.kind() {
-            EngineKind::Native => Ok(Activations::Frames(x.into_frames()?)),
-            EngineKind::Candle => Ok(x),
-        }
     }
 
     /// A fresh encoder stream.

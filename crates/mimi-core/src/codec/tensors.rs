@@ -1,33 +1,30 @@
-//! The codec's calls on candle tensors, crate-private: the host calls ([`super::host_calls`])
-//! run the offline ones on the tensors they build, and the tests step streams with them.
+//! The codec's calls on candle tensors, crate-private: `lengths=` runs its items with them
+//! (its tensors are on the way out), and the tests call them. The host calls build none on
+//! the native engine.
 //! Users call the host calls (`Codec::encode_host` and the rest).
 
+use super::activations::Activations;
+use super::bridge::host_f32;
 use super::model::Codec;
-use super::offline::{self, offline_call};
-use crate::error::{Cancel, Result};
-use crate::runtime::device::cast;
-use candle::{DType, Tensor};
+use crate::error::Result;
+use candle::Tensor;
 #[cfg(test)]
 use {
     super::activations::Codes,
+    crate::error::Cancel,
+    crate::runtime::device::cast,
+    candle::DType,
     super::stream::{DecodeStream, EncodeStream},
     crate::error::Error,
     crate::rows::Rows,
 };
 
 impl Codec {
-    /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
-    pub(crate) fn encode_latents(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        offline_call(&self.parts.device, || {
-            offline::encode(&*self.engine, &self.parts, pcm, cancel)
-        })
-    }
-
-    /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
-    /// padded, as in candle and transformers.
-    pub(crate) fn encode(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        let latents = self.encode_latents(pcm, cancel)?;
-        self.quantizer.encode(&cast(&latents, DType::F32)?)
+    /// `pcm` (rows, C, n) in the engine's form (through the host, as the host calls take it).
+    pub(crate) fn activations_of(&self, pcm: &Tensor) -> Result<Activations> {
+        let shape = pcm.dims3()?;
+        let data = host_f32(pcm)?.data;
+        (self.engine).activations(data, shape, (self.device(), self.dtype()))
     }
 
     /// The quantizer's reconstruction of codes: (B, n_q, T) -> (B, dimension, T).
@@ -35,22 +32,27 @@ impl Codec {
         self.quantizer.decode(codes)
     }
 
-    /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
-    pub(crate) fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        offline_call(&self.parts.device, || {
-            let x = cast(&self.decode_latents(codes)?, self.parts.dtype)?;
-            offline::decode(&*self.engine, &self.parts, &x, cancel)
-        })
-    }
 }
 
 #[cfg(test)]
 impl Codec {
-    /// `pcm` (rows, C, n) in the engine's form (through the host, as the host calls take it).
-    fn activations_of(&self, pcm: &Tensor) -> Result<super::activations::Activations> {
-        let shape = pcm.dims3()?;
-        let data = super::bridge::host_f32(pcm)?.data;
-        (self.engine).activations(data, shape, (self.device(), self.dtype()))
+    /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
+    pub(crate) fn encode_latents(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let x = self.activations_of(pcm)?;
+        self.latents_of(x, cancel)?.into_tensor(self.device())
+    }
+
+    /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
+    /// padded, as in candle and transformers.
+    pub(crate) fn encode(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let x = self.activations_of(pcm)?;
+        self.codes_of(x, cancel)?.into_tensor(self.device())
+    }
+
+    /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
+    pub(crate) fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
+        let audio = self.audio_of(Codes::Tensor(codes.clone()), cancel)?;
+        audio.into_tensor(self.device())
     }
 
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame

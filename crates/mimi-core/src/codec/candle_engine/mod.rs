@@ -74,14 +74,15 @@ impl Engine for Candle {
     fn encode_blocks<'a>(
         &'a self,
         p: &'a Parts,
-        pcm: &Tensor,
+        pcm: Activations,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn EncodeBlocks + 'a>> {
+        let pcm = pcm.expect_tensor()?;
         Ok(Box::new(CandleEncodeBlocks {
             engine: self,
             p,
             rows: StepRows::new(&Rows::all(pcm.dim(0)?), pcm.device())?,
-            pcm: pcm.clone(),
+            pcm,
             seanet: States::new(),
             downsample: LayerState::default(),
             cancel,
@@ -92,14 +93,15 @@ impl Engine for Candle {
     fn decode_blocks<'a>(
         &'a self,
         p: &'a Parts,
-        latents: &Tensor,
+        latents: Activations,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn DecodeBlocks + 'a>> {
+        let latents = latents.expect_tensor()?;
         Ok(Box::new(CandleDecodeBlocks {
             engine: self,
             p,
             rows: StepRows::new(&Rows::all(latents.dim(0)?), latents.device())?,
-            latents: latents.clone(),
+            latents,
             upsample: LayerState::default(),
             seanet: States::new(),
             cancel,
@@ -184,9 +186,9 @@ impl EncodeBlocks for CandleEncodeBlocks<'_> {
         nonempty(down.step(&mut self.downsample, &self.rows, &x, last)?)
     }
 
-    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
+    fn finish(&self, parts: Vec<Activations>) -> Result<Activations> {
         let shape = (self.rows.batch, self.p.cfg.seanet.dimension);
-        only_block(parts, self.p, shape)
+        Ok(Activations::Tensor(only_block(parts, self.p, shape)?))
     }
 }
 
@@ -222,8 +224,9 @@ impl DecodeBlocks for CandleDecodeBlocks<'_> {
         Ok(Activations::Tensor(y))
     }
 
-    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
-        only_block(parts, self.p, (self.rows.batch, self.p.cfg.channels))
+    fn finish(&self, parts: Vec<Activations>) -> Result<Activations> {
+        let shape = (self.rows.batch, self.p.cfg.channels);
+        Ok(Activations::Tensor(only_block(parts, self.p, shape)?))
     }
 }
 

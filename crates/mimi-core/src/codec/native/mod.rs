@@ -8,7 +8,7 @@
 pub(crate) mod cut;
 
 use super::activations::Activations;
-use super::bridge::{from_frames, select_mut, to_frames};
+use super::bridge::select_mut;
 use super::engine::{
     DecodeBlocks, DecodeConvs, EncodeBlocks, EncodeConvs, Engine, EngineKind, Parts,
 };
@@ -18,7 +18,7 @@ use crate::error::{locked, Cancel, Error, Result};
 use crate::rows::{RowList, Rows};
 use crate::runtime::precision::{MediumLayers, Precision};
 use crate::seanet;
-use candle::{DType, Device, Tensor};
+use candle::{DType, Device};
 use candle_nn::VarBuilder;
 use cut::{empty, segments, split, stream_window};
 use std::sync::{Arc, Mutex};
@@ -160,10 +160,10 @@ impl Engine for Native {
     fn encode_blocks<'a>(
         &'a self,
         p: &'a Parts,
-        pcm: &Tensor,
+        pcm: Activations,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn EncodeBlocks + 'a>> {
-        let audio = to_frames(pcm)?.into_vec();
+        let audio = pcm.into_frames()?.into_vec();
         Ok(Box::new(NativeEncodeBlocks {
             engine: self,
             p,
@@ -180,10 +180,10 @@ impl Engine for Native {
     fn decode_blocks<'a>(
         &'a self,
         p: &'a Parts,
-        latents: &Tensor,
+        latents: Activations,
         cancel: Cancel<'a>,
     ) -> Result<Box<dyn DecodeBlocks + 'a>> {
-        let latents = to_frames(latents)?.into_vec();
+        let latents = latents.into_frames()?.into_vec();
         let b = latents.len();
         Ok(Box::new(NativeDecodeBlocks {
             engine: self,
@@ -277,10 +277,10 @@ impl EncodeBlocks for NativeEncodeBlocks<'_> {
         Activations::Frames(ys).nonempty()
     }
 
-    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
+    fn finish(&self, parts: Vec<Activations>) -> Result<Activations> {
         let dim = self.p.cfg.seanet.dimension;
         let latents = join_blocks(parts, self.items.len(), dim)?;
-        from_frames(latents.into(), &self.p.device)?.ok_or_else(empty)
+        Activations::Frames(latents.into()).nonempty()?.ok_or_else(empty)
     }
 }
 
@@ -327,9 +327,9 @@ impl DecodeBlocks for NativeDecodeBlocks<'_> {
         Ok(Activations::Frames(audio.into()))
     }
 
-    fn finish(&self, parts: Vec<Activations>) -> Result<Tensor> {
+    fn finish(&self, parts: Vec<Activations>) -> Result<Activations> {
         let audio = join_blocks(parts, self.items.len(), self.p.cfg.seanet.channels)?;
-        from_frames(audio.into(), &self.p.device)?.ok_or_else(empty)
+        Activations::Frames(audio.into()).nonempty()?.ok_or_else(empty)
     }
 }
 
