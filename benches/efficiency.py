@@ -2,7 +2,7 @@
 worker.py; runner/efficiency.py derives the figures, runner/report.py renders them): how a batched
 streaming frame compares with what the machine and the offline path allow.
 
-In one process, at the thread count the environment sets, for one weight type: first the read
+In one process, at the thread count the environment sets, for one precision: first the read
 bandwidth of that many threads (numpy sums over one float32 array split between Python threads;
 numpy releases the GIL in reductions), before the codec exists so no codec thread competes; then
 for each B the streaming frames (one `encode_step` of B rows of 1920 samples, no mask, then one
@@ -102,7 +102,7 @@ def _codec(spec, make_engine):
     import mimi_py
 
     t0 = time.perf_counter()
-    codec = mimi_py.MimiCodec(seed=0, weights_dtype=spec["weights_dtype"])
+    codec = mimi_py.MimiCodec(seed=0, precision=spec["precision"])
     return codec, time.perf_counter() - t0
 
 
@@ -115,7 +115,9 @@ def task_efficiency(spec, make_engine):
     return {
         "engine": "mimi_py",
         "weights": "seeded (seed 0)" if not spec.get("weights") else spec["weights"],
-        "weights_dtype": codec.weights_dtype,
+        "precision": codec.precision,
+        "kernel_isa": getattr(codec, "kernel_isa", None),
+        "weights_dtype": codec.weights_dtype,  # as stored: "high" and "medium" keep bfloat16
         "num_codebooks": codec.num_codebooks,
         "load_s": round(load_s, 3),
         "weights_nbytes": getattr(codec, "weights_nbytes", None),  # None: a build without it

@@ -5,12 +5,15 @@
                                    layers,efficiency]
                           [--repeats N] [--efficiency-batches 1,2,4]
                           [--threads 1,2] [--engines mimi_py,rustymimi,moshi,transformers]
-                          [--tiny] [--out DIR]
+                          [--precisions highest,high,medium] [--tiny] [--out DIR]
 
 Writes DIR/results.json and the markdown tables into DIR/README.md between the markers
 `<!-- results:start -->` / `<!-- results:end -->` (DIR defaults to benches/). Every
 (engine, threads) measurement runs in a fresh process, with RAYON_NUM_THREADS / OMP_NUM_THREADS
-set before it starts. See benches/README.md for what each suite measures.
+set before it starts. The offline, streaming, serving, server, layers and efficiency suites run
+mimi_py once per precision of --precisions, and moshi in float32 and (when --precisions has
+medium) in torch's own bf16 mode (benches/precisions.py). See benches/README.md for what each
+suite measures.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 import common  # noqa: E402
+from mimi_py import options as _options  # noqa: E402
+from precisions import torch_modes  # noqa: E402
 from runner import log  # noqa: E402
 from runner.corpus import suite_corpus  # noqa: E402
 from runner.efficiency import EFFICIENCY_BATCHES, TINY_BATCHES, suite_efficiency  # noqa: E402
@@ -56,6 +61,8 @@ ALL_SUITES = [
     "efficiency",
 ]
 ALL_ENGINES = ["mimi_py", "rustymimi", "moshi", "transformers"]
+# mimi_py's precisions, named once in the package (MimiCodec(precision=...)).
+PRECISIONS = list(_options.PRECISIONS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,6 +92,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--engines", default=",".join(ALL_ENGINES), help="codec engines to run, of: " + ",".join(ALL_ENGINES)
     )
+    p.add_argument(
+        "--precisions",
+        default=",".join(PRECISIONS),
+        help="mimi_py's precisions (MimiCodec(precision=...)), one row each in the offline, streaming, "
+        "serving, server, layers and efficiency suites, of: " + ",".join(PRECISIONS) + " (default: all). "
+        "moshi runs in float32, and in torch's bf16 mode too when medium is listed",
+    )
+    _size_options(p)
+    return p
+
+
+def _size_options(p: argparse.ArgumentParser) -> None:
+    """Sizes, outputs and the native binaries."""
     p.add_argument(
         "--tiny",
         action="store_true",
@@ -127,7 +147,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=None, help="seconds per child process (default 1800; tiny 120)"
     )
-    return p
 
 
 def parse_args(argv=None):
@@ -141,6 +160,10 @@ def parse_args(argv=None):
     bad = [e for e in a.engines if e not in ALL_ENGINES]
     if bad:
         p.error(f"unknown engine(s) {bad}; choose from {ALL_ENGINES}")
+    a.precisions = list(dict.fromkeys(x.strip() for x in a.precisions.split(",") if x.strip()))
+    bad = [x for x in a.precisions if x not in PRECISIONS]
+    if bad or not a.precisions:
+        p.error(f"--precisions {bad or 'empty'}; choose from {list(PRECISIONS)}")
     tiny = a.tiny
     a.repeats = a.repeats if a.repeats is not None else (1 if tiny else 3)
     a.threads = [int(t) for t in (a.threads or ("1" if tiny else "1,2")).split(",") if t.strip()]
@@ -202,8 +225,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     log(
-        f"suites {args.suites}, threads {args.threads}, engines {args.engines}, "
-        f"{'tiny' if args.tiny else 'full'} sizes, out {args.out}"
+        f"suites {args.suites}, threads {args.threads}, engines {args.engines}, precisions "
+        f"{args.precisions}, {'tiny' if args.tiny else 'full'} sizes, out {args.out}"
     )
     machine = machine_info(args)
     cpu0 = common.cpu_times()
@@ -223,6 +246,8 @@ def main(argv=None) -> int:
             "repeats": args.repeats,
             "threads": args.threads,
             "engines": args.engines,
+            "precisions": args.precisions,
+            "torch_modes": torch_modes(args.precisions),
             "tiny": args.tiny,
             "steps": args.steps,
             "frames": args.frames,

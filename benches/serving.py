@@ -56,6 +56,7 @@ def task_serving(spec, make_engine):
     return {
         "engine": "mimi_py",
         "version": eng.version(),
+        **eng.describe(),
         "load_s": round(load_s, 3),
         "frames": frames,
         "warmup": warmup,

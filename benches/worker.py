@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 import efficiency  # noqa: E402
+import precisions  # noqa: E402
 import serving  # noqa: E402
 
 RESULT_MARK = "@@RESULT "
@@ -60,6 +61,10 @@ class Engine:
     def sync(self) -> None:
         """Wait for the device (torch on CUDA); the numpy-returning engines are synchronous."""
 
+    def describe(self) -> dict:
+        """How this engine computes, for its results: mimi_py's precision, moshi's torch mode."""
+        return {}
+
 
 class MimiPyEngine(Engine):
     name = "mimi_py"
@@ -78,11 +83,16 @@ class MimiPyEngine(Engine):
             num_codebooks=spec["num_codebooks"],
             device=spec.get("device", "cpu"),
             dtype=spec.get("dtype", "float32"),
-            weights_dtype=spec.get("weights_dtype", "float32"),
+            precision=spec.get("precision"),
+            weights_dtype=spec.get("weights_dtype"),
         )
 
     def version(self):
         return f"{self.m.__version__} (candle {self.m.candle_version})"
+
+    def describe(self):
+        c = self.codec
+        return {"precision": c.precision, "kernel_isa": getattr(c, "kernel_isa", None)}
 
     def encode(self, pcm):
         return self.codec.encode(pcm)
@@ -144,7 +154,9 @@ class MoshiEngine(Engine):
     streaming mode (`MimiModel.streaming(batch_size)`, an ExitStack). `reset` enters that mode
     (or resets the state if it is already in it); `encode`/`decode` outside streaming mode are
     the offline calls. spec may give "device" ("cpu", "cuda", ...) and "dtype" ("float32",
-    "bfloat16", "float16"), for benches/gpu.py."""
+    "bfloat16", "float16"), for benches/gpu.py, and "torch_mode" ("float32": torch's defaults;
+    "bf16": oneDNN's float32 products in bfloat16, set before the model loads, see
+    benches/precisions.py)."""
 
     name = "moshi"
 
@@ -157,6 +169,7 @@ class MoshiEngine(Engine):
         self.torch = torch
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         torch.set_grad_enabled(False)
+        self.torch_precision = precisions.torch_switch(torch, spec.get("torch_mode", "float32"))
         self.device = torch.device(spec.get("device", "cpu"))
         self.dtype = getattr(torch, spec.get("dtype", "float32"))
         self.model = loaders.get_mimi(spec["weights"], device=self.device)
@@ -171,6 +184,9 @@ class MoshiEngine(Engine):
         from importlib.metadata import version
 
         return f"moshi {version('moshi')}, torch {self.torch.__version__}"
+
+    def describe(self):
+        return {"torch_mode": self.torch_precision["mode"], "torch_precision": self.torch_precision}
 
     def _audio_in(self, pcm):
         return self.torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32)).to(self.device, self.dtype)
@@ -325,6 +341,13 @@ def task_transformer(spec):
     }
 
 
+def saved_stem(spec) -> str:
+    """The file name stem of an offline run's saved codes and audio: its label and threads."""
+    import re
+
+    return re.sub(r"[^\w+.-]+", "_", spec.get("label") or spec["engine"]) + f"-t{spec['threads']}"
+
+
 def task_codec_offline(spec):
     eng, load_s = make_engine(spec)
     sr = common.SAMPLE_RATE
@@ -346,12 +369,13 @@ def task_codec_offline(spec):
     audio_s = n / sr
     enc_m, dec_m = common.median(enc), common.median(dec)
     if spec.get("save_dir"):
-        d = Path(spec["save_dir"])
-        np.save(d / f"{spec['engine']}-t{spec['threads']}-codes.npy", np.asarray(codes))
-        np.save(d / f"{spec['engine']}-t{spec['threads']}-audio.npy", np.asarray(audio))
+        stem = Path(spec["save_dir"]) / saved_stem(spec)
+        np.save(f"{stem}-codes.npy", np.asarray(codes))
+        np.save(f"{stem}-audio.npy", np.asarray(audio))
     return {
         "engine": spec["engine"],
         "version": eng.version(),
+        **eng.describe(),
         "audio_seconds": audio_s,
         "load_s": round(load_s, 3),
         "repeats": spec["repeats"],
@@ -448,6 +472,7 @@ def task_codec_streaming(spec):
     return {
         "engine": spec["engine"],
         "version": eng.version(),
+        **eng.describe(),
         "frame_size": fs,
         "frames": frames,
         "warmup": warm,

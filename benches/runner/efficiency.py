@@ -1,6 +1,6 @@
 """The `efficiency` suite of benches/run.py (issue 32, item 6): how far a batched streaming frame
-is from the offline path and from the memory floor, per batch size and weight type. Each
-(threads, weights type) runs in a fresh child (benches/efficiency.py through worker.py); the
+is from the offline path and from the memory floor, per batch size and precision. Each
+(threads, precision) runs in a fresh child (benches/efficiency.py through worker.py); the
 figures are derived here from its raw times (report.py renders them)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from serving import REAL_TIME_US
 from . import log, ratio
 from .children import run_child
 from .native import PROFILE_BIN, ensure_native, run_overhead
-from .suites import SERVING_WEIGHTS, codec_spec
+from .suites import codec_spec
 
 EFFICIENCY_BATCHES = [1, 2, 4, 8, 16, 32]
 TINY_BATCHES = [1, 2]
@@ -21,7 +21,7 @@ NO_WEIGHTS_NBYTES = "this build of mimi_py has no MimiCodec.weights_nbytes"
 
 
 def _spec(args, weights) -> dict:
-    """A child's measurement but the weight type: the small codec's file (tiny) or real-size
+    """A child's measurement but the precision: the small codec's file (tiny) or real-size
     seeded weights."""
     tiny = args.tiny
     return dict(
@@ -38,7 +38,7 @@ def _spec(args, weights) -> dict:
     )
 
 
-def plan_overhead(args, threads: int, weights_dtype: str) -> dict:
+def plan_overhead(args, threads: int, precision: str) -> dict:
     """The plan's overhead: a B = 1 frame with the products skipped (mimi_step_profile's
     `overhead` mode, real-size seeded weights), its median and its share of a whole frame."""
     if args.tiny:
@@ -46,23 +46,25 @@ def plan_overhead(args, threads: int, weights_dtype: str) -> dict:
     binary = ensure_native(args, PROFILE_BIN)
     if "path" not in binary:
         return {"ok": False, "error": binary["skipped"]}
-    log(f"efficiency: plan overhead, {weights_dtype} weights, {threads} thread(s)")
-    return run_overhead(OVERHEAD_FRAMES, weights_dtype, threads, args.timeout)
+    log(f"efficiency: plan overhead, {precision}, {threads} thread(s)")
+    return run_overhead(OVERHEAD_FRAMES, precision, threads, args.timeout)
 
 
 def suite_efficiency(args, weights) -> dict:
-    """One child per thread count and weight type, each running every batch size, and the
+    """One child per thread count and precision, each running every batch size, and the
     plan's overhead from the profile binary."""
     spec = _spec(args, weights)
     runs = []
     for th in args.threads:
-        for wd in SERVING_WEIGHTS:
-            log(f"efficiency: {wd} weights, batches {args.efficiency_batches}, {th} thread(s)")
-            res = run_child(dict(spec, weights_dtype=wd), th, args.timeout)
+        for p in args.precisions:
+            log(f"efficiency: mimi_py {p}, batches {args.efficiency_batches}, {th} thread(s)")
+            res = run_child(dict(spec, precision=p), th, args.timeout)
             res.setdefault("engine", "mimi_py")
-            res["weights_dtype"] = wd
+            if res.get("precision", p) != p:  # the codec's own, as against what was asked
+                res["precision_ran"] = res["precision"]
+            res.update(precision=p, label=f"mimi_py {p}")
             if res.get("ok"):
-                res.update(efficiency_figures(res, plan_overhead(args, th, wd)))
+                res.update(efficiency_figures(res, plan_overhead(args, th, p)))
             runs.append(res)
     return {
         "batches": args.efficiency_batches,

@@ -11,6 +11,8 @@ from pathlib import Path
 import common
 
 REPO = common.REPO
+# The CPU features behind the precisions' kernels (mimi_py's and oneDNN's), from /proc/cpuinfo.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def pkg_version(name: str) -> str | None:
@@ -51,6 +53,7 @@ def machine_info(args) -> dict:
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "cpu_model": common.cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpu_cores": common.cpu_count(),
         "cpu_cores_available": common.cpu_count_available(),
         "memory_total_bytes": common.memory_total_bytes(),
@@ -76,6 +79,17 @@ def machine_info(args) -> dict:
         else None,
         "git": git,
     }
+
+
+def cpu_flags() -> dict:
+    """Which of CPU_FLAGS the CPU has ({} where /proc/cpuinfo cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    have = set(line.split(":", 1)[-1].split())
+    return {f: f in have for f in CPU_FLAGS}
 
 
 def machine_name(m: dict) -> str:

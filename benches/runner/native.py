@@ -84,13 +84,14 @@ def run_native(binary: Path, steps: int, threads: int, timeout: float) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_overhead(frames: int, weights_dtype: str, threads: int, timeout: float) -> dict:
+def run_overhead(frames: int, precision: str, threads: int, timeout: float) -> dict:
     """The profile binary's `overhead` mode: B = 1 frames with every matrix product skipped
     against whole frames, alternating in one process (`{"ok", "frame_median_ms",
-    "no_products_median_ms", "ratio"}`)."""
+    "no_products_median_ms", "ratio"}`). The binary takes a precision name (or the older
+    float32 / bfloat16)."""
     env = os.environ.copy()
     env.update(thread_env(threads))
-    cmd = [str(PROFILE_BIN), "1", str(frames), weights_dtype, "overhead"]
+    cmd = [str(PROFILE_BIN), "1", str(frames), precision, "overhead"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO))
     except subprocess.TimeoutExpired:
@@ -101,11 +102,11 @@ def run_overhead(frames: int, weights_dtype: str, threads: int, timeout: float) 
     return dict(lines[-1]["overhead"], ok=True)
 
 
-def run_profile(batches: list, frames: int, weights_dtype: str, threads: int, timeout: float) -> dict:
+def run_profile(batches: list, frames: int, precision: str, threads: int, timeout: float) -> dict:
     """The per-layer profile binary's lines (one per batch size): frame median and layer ms."""
     env = os.environ.copy()
     env.update(thread_env(threads))
-    cmd = [str(PROFILE_BIN), ",".join(map(str, batches)), str(frames), weights_dtype]
+    cmd = [str(PROFILE_BIN), ",".join(map(str, batches)), str(frames), precision]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO))
     except subprocess.TimeoutExpired:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from precisions import precision_of, row_label
+
 from .machine import machine_name
 from .server import render_server
 
@@ -86,6 +88,7 @@ def _render_header(L: list, res) -> None:
     L.append(
         f"- threads: {', '.join(map(str, m['threads']))} (streaming, RSS and targets at {m['main_threads']})"
     )
+    _render_precisions(L, res)
     la0, la1 = m.get("loadavg_start"), m.get("loadavg_end")
     if la0 and la1:
         L.append(
@@ -117,6 +120,64 @@ def _render_header(L: list, res) -> None:
     )
     L.append(f"- command: `{res['command']}`")
     L.append("")
+
+
+def _yes(v) -> str:
+    return "?" if v is None else ("yes" if v else "no")
+
+
+def _render_precisions(L: list, res) -> None:
+    """The precisions run (a file from before --precisions has none) and the CPU's features."""
+    args, flags = res["args"], res["machine"].get("cpu_flags")
+    if args.get("precisions"):
+        modes = " and ".join(args.get("torch_modes", ["float32"]))
+        L.append(
+            f"- precisions: mimi_py {', '.join(args['precisions'])} (targets, aggregate, RSS and transformer "
+            "at highest)" + (f"; moshi {modes} (torch's own switch)" if "moshi" in args["engines"] else "")
+        )
+    if flags:
+        L.append("- CPU features: " + ", ".join(f"{k} {_yes(v)}" for k, v in flags.items()))
+
+
+def precision_notes(runs: list) -> list[str]:
+    """What each precision ran on: mimi_py's kernels, and what torch's bf16 mode set."""
+    out = []
+    isa = {precision_of(r): r["kernel_isa"] for r in runs if r.get("ok") and r.get("kernel_isa")}
+    if isa:
+        out.append("mimi_py's kernels by precision: " + ", ".join(f"{k} {v}" for k, v in isa.items()) + ".")
+    r = next(
+        (r for r in runs if r.get("ok") and (r.get("torch_precision") or {}).get("mode") == "bf16"), None
+    )
+    if r is not None:
+        t = r["torch_precision"]
+        cpu, seen = t.get("cpu") or {}, t.get("takes_effect") or {}
+        out.append(
+            f"{row_label(r)}: `{t['switch']}` ({r.get('version')}); oneDNN bfloat16 on this CPU: "
+            f"{_yes(cpu.get('mkldnn_bf16_supported'))} (torch's CPU capability {cpu.get('cpu_capability')}, "
+            f"AVX-512 BF16 {_yes(cpu.get('avx512_bf16'))}, AMX {_yes(cpu.get('amx_tile'))}); bfloat16 "
+            "rounding seen on a test call: " + ", ".join(f"{k} {_yes(v)}" for k, v in seen.items()) + "."
+        )
+    return out
+
+
+def ratio_table(L: list, ratios: list, fields: dict, by_threads: bool) -> None:
+    """One row per peer (and thread count), one column per (figure, mimi_py precision); the
+    like-for-like cells (highest and float32, medium and torch bf16) in bold."""
+    precs = list(dict.fromkeys(precision_of(q) for q in ratios))
+    keys = list(dict.fromkeys((q["peer"], q.get("threads")) for q in ratios))
+    at = {(q["peer"], q.get("threads"), precision_of(q)): q for q in ratios}
+    head = ["mimi_py vs"] + (["threads"] if by_threads else [])
+    head += [f"{name}, {p}" for name in fields.values() for p in precs]
+    L += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for peer, th in keys:
+        cells = [peer] + ([str(th)] if by_threads else [])
+        for f in fields:
+            for p in precs:
+                q = at.get((peer, th, p))
+                v = fmt_x(q[f]) if q else "—"
+                cells.append(f"**{v}**" if q and q.get("like_for_like") else v)
+        L.append("| " + " | ".join(cells) + " |")
+    L += ["", "(> 1×: mimi_py is faster; bold: the pair computes alike.)"]
 
 
 def _render_targets(L: list, res) -> None:
@@ -238,43 +299,49 @@ def _render_codec(L: list, c: dict, args: dict) -> None:
         L.append("| engine | threads | encode | encode RTF | decode | decode RTF | CPU÷wall enc/dec | load |")
         L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
         starved = []
-        for r in c["runs"]:
-            if r.get("ok"):
-                flag = ""
-                if torch_starved(r):
-                    flag = " ⚠"
-                    starved.append(f"{r['engine']} at {r['threads']} threads")
-                L.append(
-                    f"| {r['engine']} | {r['threads']} | {r['encode_s']:.3f} s | {r['encode_rtf']:.2f} | "
-                    f"{r['decode_s']:.3f} s | {r['decode_rtf']:.2f} | {r['encode_cpu_per_wall']:.2f} / "
-                    f"{r['decode_cpu_per_wall']:.2f}{flag} | {r['load_s']:.2f} s |"
-                )
-            else:
-                L.append(f"| {r['engine']} | {r['threads']} | error: {fmt_err(r)} | | | | | |")
-        for eng, why in c.get("skipped", {}).items():
-            L.append(f"| {eng} | — | {why} | | | | | |")
+        starved = _codec_rows(L, c)
         if starved:
             L.append("")
             L.append("⚠ " + ", ".join(starved) + STARVED_NOTE)
         if c.get("speed_ratios"):
             L.append("")
-            L.append("| mimi_py vs | threads | encode speed ratio | decode speed ratio |")
-            L.append("| --- | --- | --- | --- |")
-            for q in c["speed_ratios"]:
-                L.append(
-                    f"| {q['peer']} | {q['threads']} | {fmt_x(q['encode_speed_ratio'])} | {fmt_x(q['decode_speed_ratio'])} |"
-                )
-            L.append("")
-            L.append("(> 1×: mimi_py is faster.)")
+            fields = {"encode_speed_ratio": "encode", "decode_speed_ratio": "decode"}
+            ratio_table(L, c["speed_ratios"], fields, by_threads=True)
+        notes = precision_notes(c["runs"])
+        if notes:
+            L += [""] + notes
         if c.get("parity"):
             L.append("")
             for p in c["parity"]:
                 L.append(
-                    f"Same weights, same work: {p['engine']}'s codes equal mimi_py's for "
-                    f"{100 * (p['codes_equal_fraction'] or 0):.1f}% of entries; decoded audio max abs diff "
+                    f"Same weights: {p.get('label', p['engine'])}'s codes equal "
+                    f"{p.get('reference', 'mimi_py')}'s for {100 * (p['codes_equal_fraction'] or 0):.1f}% of "
+                    "entries; decoded audio max abs diff "
                     f"{fmt_num(p['audio_max_abs_diff'], 7) if p['audio_max_abs_diff'] is not None else '—'}."
                 )
     L.append("")
+
+
+def _codec_rows(L: list, c: dict) -> list:
+    """The offline table's rows, one per (label, threads); returns the starved torch rows."""
+    starved = []
+    for r in c["runs"]:
+        name = row_label(r)
+        if not r.get("ok"):
+            L.append(f"| {name} | {r['threads']} | error: {fmt_err(r)} | | | | | |")
+            continue
+        flag = ""
+        if torch_starved(r):
+            flag = " ⚠"
+            starved.append(f"{name} at {r['threads']} threads")
+        L.append(
+            f"| {name} | {r['threads']} | {r['encode_s']:.3f} s | {r['encode_rtf']:.2f} | "
+            f"{r['decode_s']:.3f} s | {r['decode_rtf']:.2f} | {r['encode_cpu_per_wall']:.2f} / "
+            f"{r['decode_cpu_per_wall']:.2f}{flag} | {r['load_s']:.2f} s |"
+        )
+    for eng, why in c.get("skipped", {}).items():
+        L.append(f"| {eng} | — | {why} | | | | | |")
+    return starved
 
 
 def _render_streaming(L: list, st: dict, args: dict) -> None:
@@ -293,38 +360,42 @@ def _render_streaming(L: list, st: dict, args: dict) -> None:
             "| context switches per frame (voluntary / involuntary) | CPU÷wall |"
         )
         L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        starved = []
-        for r in st["runs"]:
-            if r.get("ok"):
-                e, d, t = r["encode_step"], r["decode_step"], r["frame_total"]
-                flag = " ⚠" if torch_starved(r) else ""
-                if flag:
-                    starved.append(f"{r['engine']} (CPU÷wall {r['cpu_per_wall']:.2f})")
-                cs = r.get("context_switches_per_frame")
-                cs_txt = f"{cs['voluntary']:.1f} / {cs['nonvoluntary']:.1f}" if cs else "—"
-                L.append(
-                    f"| {r['engine']}{flag} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
-                    f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} | {cs_txt} | "
-                    f"{r.get('cpu_per_wall', float('nan')):.2f} |"
-                )
-            else:
-                L.append(f"| {r['engine']} | error: {fmt_err(r)} | | | | | | | |")
-        for eng, why in st.get("skipped", {}).items():
-            L.append(f"| {eng} | {why} | | | | | |")
+        starved = _streaming_rows(L, st)
         if starved:
             L.append("")
             L.append("⚠ " + ", ".join(starved) + STARVED_NOTE)
         if st.get("speed_ratios"):
-            L.append("")
-            L.append(
-                "Peer ÷ mimi_py per-frame time (> 1×: mimi_py is faster): "
-                + "; ".join(
-                    f"{q['peer']} median {fmt_x(q['median_speed_ratio'])}, p99 {fmt_x(q['p99_speed_ratio'])}"
-                    for q in st["speed_ratios"]
-                )
-                + "."
-            )
+            L += ["", "Peer ÷ mimi_py per-frame time:", ""]
+            fields = {"median_speed_ratio": "median", "p99_speed_ratio": "p99"}
+            ratio_table(L, st["speed_ratios"], fields, by_threads=False)
+        notes = precision_notes(st["runs"])
+        if notes:
+            L += [""] + notes
     L.append("")
+
+
+def _streaming_rows(L: list, st: dict) -> list:
+    """The streaming table's rows, one per label; returns the starved torch rows."""
+    starved = []
+    for r in st["runs"]:
+        name = row_label(r)
+        if not r.get("ok"):
+            L.append(f"| {name} | error: {fmt_err(r)} | | | | | | | |")
+            continue
+        e, d, t = r["encode_step"], r["decode_step"], r["frame_total"]
+        flag = " ⚠" if torch_starved(r) else ""
+        if flag:
+            starved.append(f"{name} (CPU÷wall {r['cpu_per_wall']:.2f})")
+        cs = r.get("context_switches_per_frame")
+        cs_txt = f"{cs['voluntary']:.1f} / {cs['nonvoluntary']:.1f}" if cs else "—"
+        L.append(
+            f"| {name}{flag} | {fmt_us(e['median_us'])} | {fmt_us(e['p99_us'])} | {fmt_us(d['median_us'])} | "
+            f"{fmt_us(d['p99_us'])} | {fmt_us(t['median_us'])} | {fmt_us(t['p99_us'])} | {cs_txt} | "
+            f"{r.get('cpu_per_wall', float('nan')):.2f} |"
+        )
+    for eng, why in st.get("skipped", {}).items():
+        L.append(f"| {eng} | {why} | | | | | | | |")
+    return starved
 
 
 def _render_rss(L: list, rs: dict, args: dict) -> None:
@@ -464,28 +535,28 @@ def render_serving(L: list, s: dict) -> None:
     )
     L.append("")
     L.append(
-        "| threads | weights | "
+        "| threads | precision | "
         + " | ".join(f"B={b} median / p99 ms" for b in s["batches"])
         + " | streams held |"
     )
     L.append("| --- | --- | " + " | ".join("---" for _ in s["batches"]) + " | --- |")
     for r in s["runs"]:
-        wd = r.get("weights_dtype", "float32")
+        p = precision_of(r)
         if not r.get("ok"):
-            L.append(f"| {r.get('threads')} | {wd} | error: {fmt_err(r)} |")
+            L.append(f"| {r.get('threads')} | {p} | error: {fmt_err(r)} |")
             continue
         cells = [f"{b['median_us'] / 1e3:.1f} / {b['p99_us'] / 1e3:.1f}" for b in r["batches"]]
-        L.append(f"| {r['threads']} | {wd} | " + " | ".join(cells) + f" | {r['streams_held']} |")
+        L.append(f"| {r['threads']} | {p} | " + " | ".join(cells) + f" | {r['streams_held']} |")
     L.append("")
     for r in s["runs"]:
         if r.get("ok"):
             per = ", ".join(f"B={b['batch']} {b['median_us'] / 1e3 / b['batch']:.1f}" for b in r["batches"])
-            L.append(f"- ms per stream-frame (median), {r['weights_dtype']}, {r['threads']} thread(s): {per}")
+            L.append(f"- ms per stream-frame (median), {precision_of(r)}, {r['threads']} thread(s): {per}")
     for r in s["runs"]:
         if r.get("ok"):
             m = r["masked"]
             L.append(
-                f"- masked, {r.get('weights_dtype', 'float32')}, {r['threads']} thread(s): "
+                f"- masked, {precision_of(r)}, {r['threads']} thread(s): "
                 f"B={m['batch']} with {m['active']} active, median "
                 f"{m['masked']['median_us'] / 1e3:.1f} ms, against {m['active']} rows all active "
                 f"{m['dense_active_only']['median_us'] / 1e3:.1f} ms (ratio {m['overhead_ratio']})"
@@ -494,7 +565,7 @@ def render_serving(L: list, s: dict) -> None:
         if p.get("ok"):
             t = p["frame_total"]
             L.append(
-                f"- {p['engine']}, one stream (no batched streaming): median {t['median_us'] / 1e3:.1f} ms, "
+                f"- {row_label(p)}, one stream (no batched streaming): median {t['median_us'] / 1e3:.1f} ms, "
                 f"p99 {t['p99_us'] / 1e3:.1f} ms, streams held {p['streams_held']}"
             )
     for e, why in s.get("skipped", {}).items():
@@ -503,7 +574,7 @@ def render_serving(L: list, s: dict) -> None:
 
 
 def render_layers(L: list, s: dict) -> None:
-    """The layers suite's tables: ms per frame of each layer (all rows), per weight type."""
+    """The layers suite's tables: ms per frame of each layer (all rows), per precision."""
     L.append("")
     L.append("### Layers: where a batched streaming frame goes (`mimi_step_profile`)")
     L.append("")
@@ -516,7 +587,7 @@ def render_layers(L: list, s: dict) -> None:
     )
     for r in s["runs"]:
         L.append("")
-        L.append(f"{r['weights_dtype']} weights, {r['threads']} thread(s):")
+        L.append(f"{precision_of(r)}, {r['threads']} thread(s):")
         L.append("")
         if not r.get("ok"):
             L.append(f"_error: {fmt_err(r)}_")
@@ -545,15 +616,15 @@ def render_efficiency(L: list, s: dict, machine: dict) -> None:
         "weights one frame reads ÷ the read bandwidth of as many threads (numpy sums over "
         f"{s['bandwidth_bytes'] / 2**30:g} GiB, best pass). Held: the largest B whose p99 is ≤ {s['real_time_us'] / 1e3:g} ms."
     )
-    L += ["", "| threads | weights | B | median ms | p99 ms | ms per stream-frame | ÷ offline | CPU÷wall |"]
+    L += ["", "| threads | precision | B | median ms | p99 ms | ms per stream-frame | ÷ offline | CPU÷wall |"]
     L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in s["runs"]:
         if not r.get("ok"):
-            L.append(f"| {r.get('threads')} | {r['weights_dtype']} | error: {fmt_err(r)} | | | | | |")
+            L.append(f"| {r.get('threads')} | {precision_of(r)} | error: {fmt_err(r)} | | | | | |")
             continue
         for b in r["batches"]:
             L.append(
-                f"| {r['threads']} | {r['weights_dtype']} | {b['batch']} | {b['median_us'] / 1e3:.1f} | "
+                f"| {r['threads']} | {precision_of(r)} | {b['batch']} | {b['median_us'] / 1e3:.1f} | "
                 f"{b['p99_us'] / 1e3:.1f} | {b['ms_per_stream_frame']:.2f} | {fmt_x(b['over_offline'])} | "
                 f"{b['cpu_per_wall']:.2f} |"
             )
@@ -571,7 +642,7 @@ def _render_efficiency_runs(L: list, s: dict) -> None:
     """Per run: offline, read bandwidth, the B = 1 memory floor, CPU ÷ wall, streams held."""
     L += [
         "",
-        "| threads | weights | offline ms per frame | read GB/s | weights read per frame | B=1 floor "
+        "| threads | precision | offline ms per frame | read GB/s | weights read per frame | B=1 floor "
         "| B=1 median ÷ floor | B=1 ÷ (floor + offline) | CPU÷wall, all frames | streams held "
         "| plan overhead |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -583,7 +654,7 @@ def _render_efficiency_runs(L: list, s: dict) -> None:
         reasons.update(r["not_measured"])
         floor = r["memory_floor_ms"]
         L.append(
-            f"| {r['threads']} | {r['weights_dtype']} | {r['offline']['ms_per_frame']:.2f} | "
+            f"| {r['threads']} | {precision_of(r)} | {r['offline']['ms_per_frame']:.2f} | "
             f"{r['bandwidth']['gb_per_s']:.1f} | {fmt_bytes(r['weights_nbytes'], 1)} | "
             f"{fmt_us(None if floor is None else floor * 1e3)} | {fmt_x(r['b1_over_floor'])} | "
             f"{fmt_x(r.get('b1_over_floor_plus_offline'))} | "

@@ -10,7 +10,8 @@ Client i starts (i + 1/2)/N of a tick after the first, so that the frames' phase
 server's ticks are spread evenly. The clients run in this process, on the same cores as the server. The clients only encode, so a
 tick is one `encode_step` (the serving suite's frame is an encode and a decode step).
 
-Then, for each weight type, the `auto` run: a server with `--slots auto` (the default) measures
+Each of these runs once per precision of `--precisions` (`mimi-py serve --precision`).
+Then, for each precision, the `auto` run: a server with `--slots auto` (the default) measures
 its own slots at start-up; as many real-time clients as it chose stream at once, and two more
 come once they are seated. The calibrated slots are held when every admitted client got all its
 frames, p99 ≤ 250 ms and the last second's median ≤ the first second's + 30 ms; the two extra
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import common
+from precisions import OLD_WEIGHTS, precision_of
 
 from . import log
 
@@ -172,36 +174,39 @@ def _auto(seconds: float, threads: int, weights: list[str], tiny: bool) -> dict:
     }
 
 
-def suite_server(args) -> dict:
-    """Streams held through the server at each slot count and weight type (see the module
-    docstring); the slot counts of a weight type stop growing once one is not held."""
-    slots = [1, 2] if args.tiny else [1, 2, 4, 6, 8, 10, 12]
-    seconds = 1.6 if args.tiny else 6.0  # whole frames
+def _slot_runs(args, weights: list[str], seconds: float, precision: str) -> list[dict]:
+    """One precision's runs at each slot count, stopping once one is not held (tiny: all)."""
     runs = []
+    for n in [1, 2] if args.tiny else [1, 2, 4, 6, 8, 10, 12]:
+        log(f"server: {precision}, {n} slot(s) and client(s), {seconds:g} s, {args.main_threads} threads")
+        try:
+            r = _one(n, seconds, args.main_threads, [*weights, "--precision", precision])
+        except Exception as e:  # a failed run is reported, not hidden
+            r = {"slots": n, "error": f"{type(e).__name__}: {e}", "held": False}
+        runs.append(dict(r, precision=precision))
+        if not r["held"] and not args.tiny:
+            break
+    return runs
+
+
+def suite_server(args) -> dict:
+    """Streams held through the server at each slot count and precision (see the module
+    docstring); the slot counts of a precision stop growing once one is not held."""
+    seconds = 1.6 if args.tiny else 6.0  # whole frames
+    runs, auto = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         weights = ["--weights", str(_small_checkpoint(Path(tmp)))] if args.tiny else []
-        for wd in ("float32", "bfloat16"):
-            for n in slots:
-                log(
-                    f"server: {wd} weights, {n} slot(s) and client(s), {seconds:g} s, {args.main_threads} threads"
-                )
-                try:
-                    r = _one(n, seconds, args.main_threads, [*weights, "--weights-dtype", wd])
-                except Exception as e:  # a failed run is reported, not hidden
-                    r = {"slots": n, "error": f"{type(e).__name__}: {e}", "held": False}
-                runs.append(dict(r, weights_dtype=wd))
-                if not r["held"] and not args.tiny:
-                    break
-        auto = {}
-        for wd in ("float32", "bfloat16"):
-            log(f"server: {wd} weights, --slots auto, {seconds:g} s, {args.main_threads} threads")
+        for p in args.precisions:
+            runs += _slot_runs(args, weights, seconds, p)
+        for p in args.precisions:
+            log(f"server: {p}, --slots auto, {seconds:g} s, {args.main_threads} threads")
             try:
-                auto[wd] = _auto(seconds, args.main_threads, [*weights, "--weights-dtype", wd], args.tiny)
+                auto[p] = _auto(seconds, args.main_threads, [*weights, "--precision", p], args.tiny)
             except Exception as e:  # a failed run is reported, not hidden
-                auto[wd] = {"error": f"{type(e).__name__}: {e}", "held": False}
+                auto[p] = {"error": f"{type(e).__name__}: {e}", "held": False}
     held = {
-        wd: max([r["slots"] for r in runs if r.get("held") and r["weights_dtype"] == wd], default=0)
-        for wd in ("float32", "bfloat16")
+        p: max([r["slots"] for r in runs if r.get("held") and r["precision"] == p], default=0)
+        for p in args.precisions
     }
     machine = f"{common.cpu_model()}, {common.cpu_count_available()} cores available"
     return {
@@ -227,25 +232,25 @@ def render_server(L: list, s: dict, serving: dict | None) -> None:
     )
     L += [
         "",
-        "| weights | slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | step median / p99 ms | held |",
+        "| precision | slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | step median / p99 ms | held |",
     ]
     L.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in s["runs"]:
         if "error" in r:
-            L.append(f"| {r['weights_dtype']} | {r['slots']} | error: {r['error']} | | | | | no |")
+            L.append(f"| {precision_of(r)} | {r['slots']} | error: {r['error']} | | | | | no |")
             continue
         st = r["step_ms"]
         L.append(
-            f"| {r['weights_dtype']} | {r['slots']} | {r['median_ms']} | {r['p99_ms']} | {r['first_second_median_ms']} / "
+            f"| {precision_of(r)} | {r['slots']} | {r['median_ms']} | {r['p99_ms']} | {r['first_second_median_ms']} / "
             f"{r['last_second_median_ms']} | {r['late_ticks']} | {st['median']} / {st['p99']} | "
             f"{'yes' if r['held'] else 'no'} |"
         )
     codec_only = {
-        f"{r.get('weights_dtype', 'float32')}, {r['threads']} threads": r["streams_held"]
+        f"{precision_of(r)}, {r['threads']} threads": r["streams_held"]
         for r in (serving or {}).get("runs", [])
         if r.get("ok")
     }
-    through = ", ".join(f"{wd} {n}" for wd, n in s["streams_held"].items())
+    through = ", ".join(f"{OLD_WEIGHTS.get(p, p)} {n}" for p, n in s["streams_held"].items())
     beside = ", ".join(f"{k}: {n}" for k, n in codec_only.items())
     L += ["", f"Streams held through the server: {through}."]
     L += [f"The codec alone (serving suite, p99 frame ≤ 80 ms, same run): {beside}." if beside else "", ""]
@@ -262,17 +267,18 @@ def _render_auto(L: list, s: dict) -> None:
         f"and {AUTO_EXTRA} more. Held: every frame arrived, p99 ≤ {AUTO_P99_MS:g} ms and the last "
         f"second's median ≤ the first's + {AUTO_GROWTH_MS:g} ms.",
         "",
-        "| weights | measured p99 step ms by B | slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | extra clients | held |",
+        "| precision | measured p99 step ms by B | slots = clients | median ms | p99 ms | first s / last s median ms | late ticks | extra clients | held |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for wd, r in s["auto"].items():
+    for key, r in s["auto"].items():
+        p = OLD_WEIGHTS.get(key, key)  # an older file keys them by weight type
         if "error" in r:
-            L.append(f"| {wd} | error: {r['error']} | | | | | | | no |")
+            L.append(f"| {p} | error: {r['error']} | | | | | | | no |")
             continue
         table = ", ".join(f"{t['batch']}: {t['p99_ms']}" for t in r["calibration"]["table"])
         extra = ", ".join(f"{c} in {t} s" for c, t in zip(r["extra_close_codes"], r["extra_close_s"]))
         L.append(
-            f"| {wd} | {table} | {r['calibrated_slots']} | {r['median_ms']} | {r['p99_ms']} | "
+            f"| {p} | {table} | {r['calibrated_slots']} | {r['median_ms']} | {r['p99_ms']} | "
             f"{r['first_second_median_ms']} / {r['last_second_median_ms']} | {r['late_ticks']} | {extra} | "
             f"{'yes' if r['held'] else 'no'} |"
         )

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import common
+from precisions import like_for_like, precision_of, variants
+from worker import saved_stem
 
 from . import log, ratio
 from .children import MALLOC_ENV, engine_available, run_child, run_children_together
@@ -151,27 +153,43 @@ def engine_list(args, with_malloc: bool, allowed=None):
     return out
 
 
+def engine_variants(args, with_malloc: bool, allowed=None) -> list[tuple[str, dict]]:
+    """(engine, variant) for each row of a suite: mimi_py once per --precisions, moshi once per
+    torch mode (benches/precisions.py), the other engines once; `+malloc` ones after each."""
+    return [(e, v) for e in engine_list(args, with_malloc, allowed) for v in variants(e, args.precisions)]
+
+
+def run_variant(spec: dict, eng: str, variant: dict, threads: int, timeout: float) -> dict:
+    """One child for one row: the variant's precision or torch mode in its spec and its result."""
+    res = run_child(
+        dict(spec, engine=eng, **variant), threads, timeout, MALLOC_ENV if eng.endswith("+malloc") else None
+    )
+    res.setdefault("engine", eng)
+    ran = res.get("precision")  # the codec's own (describe()), as against what was asked
+    res.update(variant)
+    if ran and ran != res.get("precision"):
+        res["precision_ran"] = ran
+    return res
+
+
 def suite_codec(args, weights, save_dir: Path) -> dict:
     runs, skipped = [], {}
-    for eng in engine_list(args, True):
+    for eng, variant in engine_variants(args, True):
         why = engine_available(eng, args.tiny)
         if why:
-            skipped[eng] = why
+            skipped[variant["label"]] = why
             continue
         for th in args.threads:
-            log(f"codec offline: {eng}, {th} thread(s)")
+            log(f"codec offline: {variant['label']}, {th} thread(s)")
             spec = dict(
                 codec_spec(args, weights),
                 task="codec_offline",
-                engine=eng,
                 seconds=args.seconds,
                 warmup_seconds=0.08 if args.tiny else 1.0,
                 repeats=args.repeats,
                 save_dir=str(save_dir),
             )
-            res = run_child(spec, th, args.timeout, MALLOC_ENV if eng.endswith("+malloc") else None)
-            res.setdefault("engine", eng)
-            runs.append(res)
+            runs.append(run_variant(spec, eng, variant, th, args.timeout))
     parity = codec_parity(runs, save_dir)
     return {
         "audio_seconds": args.seconds,
@@ -182,35 +200,45 @@ def suite_codec(args, weights, save_dir: Path) -> dict:
     }
 
 
+def _saved(save_dir: Path, r: dict):
+    """An offline row's saved codes and audio (worker.saved_stem names them), or None."""
+    import numpy as np
+
+    stem = save_dir / saved_stem(r)
+    c, a = Path(f"{stem}-codes.npy"), Path(f"{stem}-audio.npy")
+    return (np.load(c), np.load(a)) if c.exists() and a.exists() else None
+
+
 def codec_parity(runs, save_dir: Path) -> list:
-    """Do the engines compute the same thing on the same weights? Codes equal, audio diff."""
+    """Do the rows compute the same thing on the same weights? Codes equal, audio diff, each
+    row (mimi_py's other precisions, the peers in each mode; transformers has its own
+    weights) against mimi_py's highest (else its first) row."""
     import numpy as np
 
     out = []
-    ref = next((r for r in runs if r.get("ok") and r["engine"] == "mimi_py"), None)
-    if ref is None:
+    mine = [r for r in runs if r.get("ok") and r["engine"] == "mimi_py"]
+    ref = next((r for r in mine if precision_of(r) == "highest"), mine[0] if mine else None)
+    saved = _saved(save_dir, ref) if ref else None
+    if saved is None:
         return out
-    rc = save_dir / f"mimi_py-t{ref['threads']}-codes.npy"
-    ra = save_dir / f"mimi_py-t{ref['threads']}-audio.npy"
-    if not (rc.exists() and ra.exists()):
-        return out
-    c0, a0 = np.load(rc), np.load(ra)
-    seen = set()
+    c0, a0 = saved
+    seen = {ref["label"]}
     for r in runs:
-        if not r.get("ok") or r["engine"] in seen or r["engine"].split("+")[0] in ("mimi_py", "transformers"):
+        if not r.get("ok") or r["label"] in seen or r["engine"].split("+")[0] == "transformers":
             continue
-        seen.add(r["engine"])
-        cp = save_dir / f"{r['engine']}-t{r['threads']}-codes.npy"
-        ap = save_dir / f"{r['engine']}-t{r['threads']}-audio.npy"
-        if not (cp.exists() and ap.exists()):
+        seen.add(r["label"])
+        other = _saved(save_dir, r)
+        if other is None:
             continue
-        c1, a1 = np.load(cp), np.load(ap)
+        c1, a1 = other
         f = min(c0.shape[-1], c1.shape[-1])
         n = min(a0.shape[-1], a1.shape[-1])
         same_q = c0.shape[:2] == c1.shape[:2]
         out.append(
             {
                 "engine": r["engine"],
+                "label": r["label"],
+                "reference": ref["label"],
                 "codes_shapes": [list(c0.shape), list(c1.shape)],
                 "codes_equal_fraction": float((c0[..., :f] == c1[..., :f]).mean()) if same_q else None,
                 "audio_max_abs_diff": float(np.abs(a0[..., :n] - a1[..., :n]).max())
@@ -232,23 +260,34 @@ def peer_ratios(runs: list[dict], name: str = "engine", **fields) -> list[dict]:
     return [{"peer": r[name], **{k: f(mine, r) for k, f in fields.items()}} for r in peers]
 
 
-def offline_ratios(runs) -> list:
-    """mimi_py RTF ÷ peer RTF at each thread count (> 1: mimi_py faster)."""
-    out = []
-    mine = {r["threads"]: r for r in runs if r.get("ok") and r["engine"] == "mimi_py"}
-    for r in runs:
-        if not r.get("ok") or r["engine"] == "mimi_py" or r["threads"] not in mine:
+def precision_pairs(runs: list[dict]):
+    """(mimi_py's row, peer's row) at the same thread count: every plain mimi_py precision
+    against every other row (each torch mode, +malloc included); mimi_py+malloc's rows only
+    against their own precision."""
+    mine = [r for r in runs if r.get("ok") and r["engine"] == "mimi_py"]
+    for p in runs:
+        if not p.get("ok") or p["engine"] == "mimi_py":
             continue
-        m = mine[r["threads"]]
-        out.append(
-            {
-                "peer": r["engine"],
-                "threads": r["threads"],
-                "encode_speed_ratio": ratio(m["encode_rtf"], r["encode_rtf"]),
-                "decode_speed_ratio": ratio(m["decode_rtf"], r["decode_rtf"]),
-            }
-        )
-    return out
+        for m in mine:
+            own = p["engine"].split("+")[0] != "mimi_py" or precision_of(p) == precision_of(m)
+            if own and m["threads"] == p["threads"]:
+                yield m, p
+
+
+def offline_ratios(runs) -> list:
+    """mimi_py RTF ÷ peer RTF per precision at each thread count (> 1: mimi_py faster);
+    like_for_like marks the pairs that compute alike (highest and float32, medium and bf16)."""
+    return [
+        {
+            "peer": p["label"],
+            "threads": p["threads"],
+            "precision": precision_of(m),
+            "like_for_like": like_for_like(precision_of(m), p),
+            "encode_speed_ratio": ratio(m["encode_rtf"], p["encode_rtf"]),
+            "decode_speed_ratio": ratio(m["decode_rtf"], p["decode_rtf"]),
+        }
+        for m, p in precision_pairs(runs)
+    ]
 
 
 def _aggregate_run(eng: str, procs: int, each: list, busy, ref: dict | None) -> dict:
@@ -296,9 +335,10 @@ def suite_aggregate(args, weights, codec: dict | None) -> dict:
     procs = args.aggregate_procs
     runs, skipped = [], {}
     single = {}
-    for r in (codec or {}).get("runs", []):
-        if r.get("ok") and r["threads"] == args.main_threads:
-            single[r["engine"]] = r
+    for r in (codec or {}).get("runs", []):  # mimi_py at highest, the peers in float32: as here
+        if r.get("ok") and r["threads"] == args.main_threads and r.get("torch_mode", "float32") == "float32":
+            if r["engine"].split("+")[0] != "mimi_py" or precision_of(r) == "highest":
+                single[r["engine"]] = r
     for eng in engine_list(args, True):
         why = engine_available(eng, args.tiny)
         if why:
@@ -332,33 +372,40 @@ def suite_aggregate(args, weights, codec: dict | None) -> dict:
     }
 
 
+def streaming_ratios(runs) -> list:
+    """Peer ÷ mimi_py frame time per precision (> 1: mimi_py faster), median and p99."""
+    return [
+        {
+            "peer": p["label"],
+            "precision": precision_of(m),
+            "like_for_like": like_for_like(precision_of(m), p),
+            "median_speed_ratio": ratio(p["frame_total"]["median_us"], m["frame_total"]["median_us"]),
+            "p99_speed_ratio": ratio(p["frame_total"]["p99_us"], m["frame_total"]["p99_us"]),
+        }
+        for m, p in precision_pairs(runs)
+    ]
+
+
 def suite_streaming(args, weights) -> dict:
     runs, skipped = [], {}
     th = args.main_threads
-    for eng in engine_list(args, True, STREAMING_ENGINES):
+    for eng, variant in engine_variants(args, True, STREAMING_ENGINES):
         why = engine_available(eng, args.tiny)
         if why:
-            skipped[eng] = why
+            skipped[variant["label"]] = why
             continue
-        log(f"codec streaming: {eng}, {th} thread(s)")
+        log(f"codec streaming: {variant['label']}, {th} thread(s)")
         spec = dict(
             codec_spec(args, weights),
             task="codec_streaming",
-            engine=eng,
             frames=args.frames,
             warmup=2 if args.tiny else 10,
         )  # keep in step with "warmup" below
-        res = run_child(spec, th, args.timeout, MALLOC_ENV if eng.endswith("+malloc") else None)
-        res.setdefault("engine", eng)
-        runs.append(res)
+        runs.append(run_variant(spec, eng, variant, th, args.timeout))
     for e in args.engines:
         if e not in STREAMING_ENGINES:
             skipped[e] = "not measured (no streaming API wired up in this bench)"
-    ratios = peer_ratios(
-        runs,
-        median_speed_ratio=lambda m, r: ratio(r["frame_total"]["median_us"], m["frame_total"]["median_us"]),
-        p99_speed_ratio=lambda m, r: ratio(r["frame_total"]["p99_us"], m["frame_total"]["p99_us"]),
-    )
+    ratios = streaming_ratios(runs)
     return {
         "threads": th,
         "frame_size": common.FRAME_SIZE,
@@ -413,48 +460,34 @@ def busy_core_seconds(t0: dict | None, t1: dict | None) -> float | None:
 
 
 SERVING_BATCHES = [1, 2, 4, 8, 12, 16, 32]
-# The weight types the serving suite measures mimi_py with (`weights_dtype=`).
-SERVING_WEIGHTS = ["float32", "bfloat16"]
 
 
 def suite_serving(args, weights) -> dict:
     """Streams held in real time: batched encode_step + decode_step of B rows per 80 ms frame
-    (mimi_py, at each thread count), the masked case, and the peers' single stream from the
-    streaming suite's task (they have no batched streaming)."""
+    (mimi_py, at each thread count and precision), the masked case, and the peers' single
+    stream (each torch mode of moshi) from the streaming suite's task (they have no batched
+    streaming)."""
     batches = [1, 2] if args.tiny else SERVING_BATCHES
     frames, warmup = (3, 1) if args.tiny else (30, 3)
     runs = []
     for th in args.threads:
-        for wd in SERVING_WEIGHTS:
-            log(f"serving: mimi_py, {wd} weights, batches {batches}, {th} thread(s)")
+        for p in args.precisions:
+            log(f"serving: mimi_py {p}, batches {batches}, {th} thread(s)")
             spec = dict(
-                codec_spec(args, weights),
-                task="serving",
-                batches=batches,
-                frames=frames,
-                warmup=warmup,
-                weights_dtype=wd,
+                codec_spec(args, weights), task="serving", batches=batches, frames=frames, warmup=warmup
             )
-            res = run_child(spec, th, args.timeout)
-            res.setdefault("engine", "mimi_py")
-            res["weights_dtype"] = wd
-            runs.append(res)
+            runs.append(run_variant(spec, "mimi_py", variants("mimi_py", [p])[0], th, args.timeout))
     peers, skipped = [], {}
-    for eng in engine_list(args, True, STREAMING_ENGINES):
+    for eng, variant in engine_variants(args, True, STREAMING_ENGINES):
         if eng.split("+")[0] == "mimi_py":
             continue
         why = engine_available(eng, args.tiny)
         if why:
-            skipped[eng] = why
+            skipped[variant["label"]] = why
             continue
-        log(f"serving: {eng}, one stream, {args.main_threads} thread(s)")
-        spec = dict(
-            codec_spec(args, weights), task="codec_streaming", engine=eng, frames=frames, warmup=warmup
-        )
-        res = run_child(
-            spec, args.main_threads, args.timeout, MALLOC_ENV if eng.endswith("+malloc") else None
-        )
-        res.setdefault("engine", eng)
+        log(f"serving: {variant['label']}, one stream, {args.main_threads} thread(s)")
+        spec = dict(codec_spec(args, weights), task="codec_streaming", frames=frames, warmup=warmup)
+        res = run_variant(spec, eng, variant, args.main_threads, args.timeout)
         if res.get("ok"):
             res["streams_held"] = int(res["frame_total"]["p99_us"] <= 80_000)
         peers.append(res)
@@ -467,15 +500,16 @@ LAYER_BATCHES = [1, 4, 8, 16]
 def suite_layers(args) -> dict:
     """Where a batched streaming frame goes, layer by layer: the core's mimi_step_profile
     binary (real-size seeded weights, native engine, no Python) at the main thread count, for
-    each weight type; milliseconds per frame of each layer for all its rows."""
+    each precision (the binary takes the names); milliseconds per frame of each layer for all
+    its rows."""
     binary = ensure_native(args, PROFILE_BIN)
     if "path" not in binary:
         return {"skipped": binary["skipped"]}
     batches = [1, 2] if args.tiny else LAYER_BATCHES
     frames = 2 if args.tiny else 20
     runs = []
-    for wd in SERVING_WEIGHTS:
-        log(f"layers: {wd} weights, batches {batches}, {args.main_threads} thread(s)")
-        res = run_profile(batches, frames, wd, args.main_threads, args.timeout)
-        runs.append(dict(res, weights_dtype=wd, threads=args.main_threads))
+    for p in args.precisions:
+        log(f"layers: {p}, batches {batches}, {args.main_threads} thread(s)")
+        res = run_profile(batches, frames, p, args.main_threads, args.timeout)
+        runs.append(dict(res, precision=p, threads=args.main_threads))
     return {"binary": binary, "batches": batches, "frames": frames, "runs": runs}

@@ -32,26 +32,28 @@ def run_script(script: Path, args: list[str], tmp_path: Path, timeout: int, env:
 # The suites whose Rust binary tiny mode does not build: reported skipped, as their checks
 # below require. Every other suite of run.py's list (declared there once, ALL_SUITES) must run.
 UNBUILT_IN_TINY = {"layers"}
+# mimi_py's precisions (run.py's --precisions default: all of mimi_py.options.PRECISIONS).
+PRECISIONS = ["highest", "high", "medium"]
+# moshi's rows: float32, and torch's own bf16 mode since "medium" is among the precisions.
+MOSHI_LABELS = ["moshi", "moshi (torch bf16)"]
 
 
 def check_server_suite(server: dict) -> None:
-    """The server suite's tiny runs: real clients through `mimi-py serve` (the serve extra)."""
-    assert [(r["weights_dtype"], r["slots"]) for r in server["runs"]] == [
-        ("float32", 1),
-        ("float32", 2),
-        ("bfloat16", 1),
-        ("bfloat16", 2),
+    """The server suite's tiny runs: real clients through `mimi-py serve` (the serve extra),
+    one set per precision (`--precision`)."""
+    assert [(r["precision"], r["slots"]) for r in server["runs"]] == [
+        (p, n) for p in PRECISIONS for n in (1, 2)
     ]
     assert all(
         r["complete"] and r["frames"] == r["slots"] * r["frames_per_client"] for r in server["runs"]
     ), server
-    assert set(server["streams_held"]) == {"float32", "bfloat16"}
+    assert list(server["streams_held"]) == PRECISIONS
     assert set(server["streams_held"].values()) <= {0, 1, 2}
-    assert set(server["auto"]) == {"float32", "bfloat16"} and server["machine"], server
-    for wd, auto in server["auto"].items():  # --slots auto: as many clients as it measured, then 2 more
-        assert auto["calibrated_slots"] == auto["clients"] == auto["calibration"]["slots"] >= 1, (wd, auto)
-        assert auto["complete"] and auto["frames"] == auto["clients"] * auto["frames_per_client"], (wd, auto)
-        assert auto["extra_close_codes"] == [1013, 1013] and auto["extra_turned_away"], (wd, auto)
+    assert list(server["auto"]) == PRECISIONS and server["machine"], server
+    for p, auto in server["auto"].items():  # --slots auto: as many clients as it measured, then 2 more
+        assert auto["calibrated_slots"] == auto["clients"] == auto["calibration"]["slots"] >= 1, (p, auto)
+        assert auto["complete"] and auto["frames"] == auto["clients"] * auto["frames_per_client"], (p, auto)
+        assert auto["extra_close_codes"] == [1013, 1013] and auto["extra_turned_away"], (p, auto)
 
 
 def check_layers_suite(layers: dict) -> None:
@@ -60,7 +62,7 @@ def check_layers_suite(layers: dict) -> None:
     if "skipped" in layers:
         assert "not built" in layers["skipped"], layers
         return
-    assert [r["weights_dtype"] for r in layers["runs"]] == ["float32", "bfloat16"]
+    assert [r["precision"] for r in layers["runs"]] == PRECISIONS
     for r in layers["runs"]:
         assert r["ok"], r
         assert [b["batch"] for b in r["batches"]] == layers["batches"]
@@ -69,11 +71,10 @@ def check_layers_suite(layers: dict) -> None:
 
 
 def check_efficiency_suite(eff: dict, threads: int) -> None:
-    """The efficiency suite's tiny runs: both weight types, every batch size, the figures derived
+    """The efficiency suite's tiny runs: every precision, every batch size, the figures derived
     from them, and the plan overhead reported as not measured rather than made up."""
-    assert [(r["weights_dtype"], r["threads"]) for r in eff["runs"]] == [
-        ("float32", threads),
-        ("bfloat16", threads),
+    assert [(r["precision"], r["label"], r["threads"]) for r in eff["runs"]] == [
+        (p, f"mimi_py {p}", threads) for p in PRECISIONS
     ]
     for r in eff["runs"]:
         assert r["ok"], r
@@ -89,8 +90,9 @@ def check_efficiency_suite(eff: dict, threads: int) -> None:
         assert r["weights_nbytes"] > 0 and r["memory_floor_ms"] > 0 and r["b1_over_floor"] > 0
         assert r["streams_held"] == max([b["batch"] for b in r["batches"] if b["real_time"]] + [0])
         assert r["plan_overhead_ms"] is None and r["not_measured"]["plan_overhead_ms"]
-    f32, bf16 = eff["runs"]
-    assert bf16["weights_nbytes"] < f32["weights_nbytes"]  # the matrices stored in half the bytes
+    highest, high, medium = eff["runs"]
+    assert high["weights_nbytes"] < highest["weights_nbytes"]  # the matrices stored in half the bytes
+    assert medium["weights_nbytes"] < highest["weights_nbytes"]
 
 
 def test_efficiency_figures(monkeypatch):
@@ -130,11 +132,81 @@ def test_efficiency_figures(monkeypatch):
     assert set(slow["not_measured"]) == {"plan_overhead_ms", "memory_floor_ms"}
 
 
+def check_codec_suites(res: dict) -> None:
+    """The offline, aggregate and streaming suites: one mimi_py row per precision, labelled,
+    each computing at the precision asked; moshi's two modes planned (skipped in tiny mode)."""
+    suites = res["suites"]
+    codec = suites["codec"]
+    labels = [f"mimi_py {p}" for p in PRECISIONS]
+    offline = [r for r in codec["runs"] if r["engine"] == "mimi_py"]
+    assert [(r["label"], r["precision"]) for r in offline] == list(zip(labels, PRECISIONS))
+    for off in offline:
+        assert off["ok"] and off["kernel_isa"], off
+        assert off["encode_rtf"] > 0 and off["decode_rtf"] > 0
+        assert off["codes_shape"][:2] == [1, 4] and off["audio_shape"][:2] == [1, 1]
+    assert [q["label"] for q in codec["parity"]] == labels[1:]  # each against highest, on the same weights
+    assert all(q["reference"] == labels[0] and 0 <= q["codes_equal_fraction"] <= 1 for q in codec["parity"])
+    for suite in ("codec", "streaming"):
+        assert [k for k in suites[suite]["skipped"] if k.startswith("moshi")] == MOSHI_LABELS
+
+    (agg,) = [r for r in suites["aggregate"]["runs"] if r["engine"] == "mimi_py"]  # 2 processes x 1 thread
+    assert agg["ok"], agg
+    assert agg["processes"] == res["args"]["aggregate_procs"] == len(agg["each"]) == 2
+    assert all(r["ok"] and r["threads_env"]["RAYON_NUM_THREADS"] == "1" for r in agg["each"])
+    clips = res["args"]["aggregate_clips"]
+    assert agg["audio_s"] == 2 * clips * agg["clip_seconds"] and agg["encode_rtf"] > 0
+    assert agg["wall_s"] >= max(r["wall_s"] for r in agg["each"]) - 0.01
+    assert agg["single_clip"]["encode_rtf"] == offline[0]["encode_rtf"]  # highest's figure beside it
+
+    streaming = [r for r in suites["streaming"]["runs"] if r["engine"] == "mimi_py"]
+    assert [(r["label"], r["precision"]) for r in streaming] == list(zip(labels, PRECISIONS))
+    for st in streaming:
+        assert st["ok"], st
+        assert st["frames_without_codes"] == 0
+        assert st["frame_total"]["n"] == res["args"]["frames"]
+
+
+def check_serving_suite(serving: dict) -> None:
+    """The serving suite: one batched run per precision, moshi's two single streams planned."""
+    assert [(r["precision"], r["label"]) for r in serving["runs"]] == [
+        (p, f"mimi_py {p}") for p in PRECISIONS
+    ]
+    for serve in serving["runs"]:
+        assert serve["ok"], serve
+        assert [b["batch"] for b in serve["batches"]] == serving["batches"]
+        assert serve["streams_held"] in serving["batches"] + [0]
+        assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
+    assert [k for k in serving["skipped"] if k.startswith("moshi")] == MOSHI_LABELS
+
+
+def check_readme(readme: str) -> None:
+    """The tables: every section, and the rows named by precision."""
+    assert "<!-- results:start -->" in readme and "<!-- results:end -->" in readme
+    for heading in (
+        "### Targets",
+        "### Transformer",
+        "### Codec offline",
+        "### Codec aggregate",
+        "### Codec streaming",
+        "### Peak RSS",
+        "### Corpus",
+        "### Server",
+        "### Efficiency",
+    ):
+        assert heading in readme
+    for p in PRECISIONS:
+        assert f"| mimi_py {p} | 1 |" in readme  # offline
+        assert f"| 1 | {p} | 1 |" in readme  # efficiency
+    assert "| moshi (torch bf16) | — | skipped (tiny mode) |" in readme
+    assert "- precisions: mimi_py highest, high, medium" in readme
+
+
 def test_bench_suites_run_tiny(tmp_path):
     run_script(RUN, ["--tiny", "--threads", "1", "--out", str(tmp_path)], tmp_path, timeout=240)
 
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["args"]["tiny"] is True
+    assert res["args"]["precisions"] == PRECISIONS and res["args"]["torch_modes"] == ["float32", "bf16"]
     assert res["mimi_py_failures"] == []
     m = res["machine"]
     assert m["cpu_cores"] >= 1 and m["versions"]["mimi_py"] and m["versions"]["candle"]
@@ -151,39 +223,10 @@ def test_bench_suites_run_tiny(tmp_path):
     native = tr["native"]
     assert native.get("ok") or native.get("skipped"), native  # binary optional in tiny mode
 
-    def mimi_runs(suite):
-        return [r for r in suites[suite]["runs"] if r["engine"] == "mimi_py"]
-
-    (off,) = mimi_runs("codec")
-    assert off["ok"], off
-    assert off["encode_rtf"] > 0 and off["decode_rtf"] > 0
-    assert off["codes_shape"][:2] == [1, 4] and off["audio_shape"][:2] == [1, 1]
-
-    (agg,) = mimi_runs("aggregate")  # 2 processes x 1 thread, started together
-    assert agg["ok"], agg
-    assert agg["processes"] == res["args"]["aggregate_procs"] == len(agg["each"]) == 2
-    assert all(r["ok"] and r["threads_env"]["RAYON_NUM_THREADS"] == "1" for r in agg["each"])
-    clips = res["args"]["aggregate_clips"]
-    assert agg["audio_s"] == 2 * clips * agg["clip_seconds"] and agg["encode_rtf"] > 0
-    assert agg["wall_s"] >= max(r["wall_s"] for r in agg["each"]) - 0.01
-    assert agg["single_clip"]["encode_rtf"] == off["encode_rtf"]  # the offline figure beside it
-
-    (st,) = mimi_runs("streaming")
-    assert st["ok"], st
-    assert st["frames_without_codes"] == 0
-    assert st["frame_total"]["n"] == res["args"]["frames"]
-
-    rss = mimi_runs("rss")
+    check_codec_suites(res)
+    rss = [r for r in suites["rss"]["runs"] if r["engine"] == "mimi_py"]
     assert rss and all(r["ok"] and r["peak_rss_bytes"] > 0 for r in rss), rss
-
-    serving = suites["serving"]["runs"]  # float32 then bfloat16 weights
-    assert [r["weights_dtype"] for r in serving] == ["float32", "bfloat16"]
-    for serve in serving:
-        assert serve["ok"], serve
-        assert [b["batch"] for b in serve["batches"]] == suites["serving"]["batches"]
-        assert serve["streams_held"] in suites["serving"]["batches"] + [0]
-        assert serve["masked"]["active"] * 2 == serve["masked"]["batch"]
-
+    check_serving_suite(suites["serving"])
     check_server_suite(suites["server"])
     check_layers_suite(suites["layers"])
     check_efficiency_suite(suites["efficiency"], threads=1)
@@ -198,21 +241,151 @@ def test_bench_suites_run_tiny(tmp_path):
     keys = {t["key"] for t in res["targets"]}
     assert {"step_median_us", "encode_rtf", "decode_rtf", "stream_median_us", "peak_rss_bytes"} <= keys
     assert all(t["meaningful"] is False for t in res["targets"])  # tiny numbers are not verdicts
+    check_readme((tmp_path / "README.md").read_text())
 
-    readme = (tmp_path / "README.md").read_text()
-    assert "<!-- results:start -->" in readme and "<!-- results:end -->" in readme
-    for heading in (
-        "### Targets",
-        "### Transformer",
-        "### Codec offline",
-        "### Codec aggregate",
-        "### Codec streaming",
-        "### Peak RSS",
-        "### Corpus",
-        "### Server",
-        "### Efficiency",
-    ):
-        assert heading in readme
+
+def test_precision_variants_and_ratios(monkeypatch):
+    """The rows --precisions plans (moshi's torch bf16 mode only with medium), their labels, the
+    like-for-like pairs of the ratios and the ratio table (no process, no timing)."""
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(REPO / "benches"))
+    from runner.report import ratio_table
+    from runner.suites import engine_variants, offline_ratios
+
+    args = SimpleNamespace(engines=["mimi_py", "moshi", "rustymimi"], malloc_variants=True)
+    args.precisions = ["highest", "medium"]
+    assert [v["label"] for _, v in engine_variants(args, True)] == [
+        "mimi_py highest",
+        "mimi_py medium",
+        "mimi_py+malloc highest",
+        "mimi_py+malloc medium",
+        "moshi",
+        "moshi (torch bf16)",
+        "moshi+malloc",
+        "moshi+malloc (torch bf16)",
+        "rustymimi",
+        "rustymimi+malloc",
+    ]
+    args.precisions, args.malloc_variants = ["highest", "high"], False
+    assert [v for _, v in engine_variants(args, False, {"moshi"})] == [
+        {"label": "moshi", "torch_mode": "float32"}
+    ]
+
+    def row(label, engine, rtf, **kw):
+        return dict(label=label, engine=engine, ok=True, threads=2, encode_rtf=rtf, decode_rtf=rtf, **kw)
+
+    runs = [
+        row("mimi_py highest", "mimi_py", 30.0, precision="highest"),
+        row("mimi_py medium", "mimi_py", 40.0, precision="medium"),
+        row("moshi", "moshi", 20.0, torch_mode="float32"),
+        row("moshi (torch bf16)", "moshi", 25.0, torch_mode="bf16"),
+        row("mimi_py+malloc medium", "mimi_py+malloc", 50.0, precision="medium"),  # against medium only
+    ]
+    got = {
+        (q["peer"], q["precision"]): (q["encode_speed_ratio"], q["like_for_like"])
+        for q in offline_ratios(runs)
+    }
+    assert got == {
+        ("moshi", "highest"): (1.5, True),
+        ("moshi", "medium"): (2.0, False),
+        ("moshi (torch bf16)", "highest"): (1.2, False),
+        ("moshi (torch bf16)", "medium"): (1.6, True),
+        ("mimi_py+malloc medium", "medium"): (0.8, True),
+    }
+    lines: list = []
+    ratio_table(lines, offline_ratios(runs), {"encode_speed_ratio": "encode"}, by_threads=True)
+    assert lines[0] == "| mimi_py vs | threads | encode, highest | encode, medium |"
+    assert lines[2:4] == [
+        "| moshi | 2 | **1.50×** | 2.00× |",
+        "| moshi (torch bf16) | 2 | 1.20× | **1.60×** |",
+    ]
+
+
+def test_precision_labels_of_older_results(monkeypatch):
+    """A results file from before --precisions labels mimi_py's rows by weights_dtype: the report
+    names them by precision (float32 is highest, bfloat16 high), and renders the committed file."""
+    monkeypatch.syspath_prepend(str(REPO / "benches"))
+    from precisions import precision_of, row_label
+    from runner.report import render_markdown
+
+    assert precision_of({"weights_dtype": "bfloat16"}) == "high" and precision_of({}) == "highest"
+    assert precision_of({"precision": "medium", "weights_dtype": "bfloat16"}) == "medium"
+    assert row_label({"engine": "mimi_py+malloc"}) == "mimi_py+malloc highest"
+    assert row_label({"engine": "moshi", "torch_mode": "bf16"}) == "moshi (torch bf16)"
+    assert row_label({"engine": "rustymimi"}) == "rustymimi"
+    md = render_markdown(json.loads((REPO / "benches" / "results.json").read_text()))
+    rows = [line.split(" | ") for line in md.splitlines() if line.startswith("| 2 | ")]
+    assert rows and all(cells[1] in PRECISIONS for cells in rows if len(cells) > 8), rows
+
+
+class _Knob:
+    fp32_precision = "none"
+
+
+def _fake_torch(new_api: bool):
+    """A stand-in for torch's precision switches (new_api: torch >= 2.9's per-backend knobs)."""
+    from types import SimpleNamespace
+
+    calls = []
+    mkldnn = SimpleNamespace(matmul=_Knob(), conv=_Knob()) if new_api else SimpleNamespace()
+    torch = SimpleNamespace(
+        backends=SimpleNamespace(mkldnn=mkldnn, cpu=SimpleNamespace(get_cpu_capability=lambda: "AVX512")),
+        set_float32_matmul_precision=calls.append,
+        get_float32_matmul_precision=lambda: calls[-1] if calls else "highest",
+        _C=SimpleNamespace(),  # no _cpu queries: unknown
+        ops=SimpleNamespace(),
+    )
+    return torch, calls
+
+
+def test_torch_bf16_switch(monkeypatch):
+    """moshi's torch bf16 mode: the per-backend oneDNN switch where torch has it, else
+    set_float32_matmul_precision("medium"); float32 leaves torch's defaults; what was set and
+    what torch says of the CPU are recorded (a fake torch here; a real one below, where installed)."""
+    monkeypatch.syspath_prepend(str(REPO / "benches"))
+    import precisions
+
+    monkeypatch.setattr(precisions, "takes_effect", lambda torch: {"matmul": True})
+    torch, calls = _fake_torch(new_api=True)
+    got = precisions.torch_switch(torch, "bf16")
+    assert torch.backends.mkldnn.matmul.fp32_precision == torch.backends.mkldnn.conv.fp32_precision == "bf16"
+    assert got["switch"] == precisions.BF16_SWITCH and calls == [] and got["takes_effect"] == {"matmul": True}
+    assert got["settings"]["mkldnn.conv.fp32_precision"] == "bf16"
+    assert got["cpu"]["cpu_capability"] == "AVX512" and got["cpu"]["amx_tile"] is None
+    torch, calls = _fake_torch(new_api=False)
+    got = precisions.torch_switch(torch, "bf16")
+    assert got["switch"] == precisions.BF16_FALLBACK and calls == ["medium"]
+    assert got["settings"]["float32_matmul_precision"] == "medium"
+    assert got["settings"]["mkldnn.matmul.fp32_precision"] is None
+    torch, calls = _fake_torch(new_api=True)
+    got = precisions.torch_switch(torch, "float32")
+    assert got["switch"] is None and calls == [] and "takes_effect" not in got
+    assert torch.backends.mkldnn.matmul.fp32_precision == "none"
+
+
+def test_torch_bf16_switch_real_torch(monkeypatch):
+    """The switch on the installed torch (the bench environment's; the test extra has no torch),
+    in a fresh process since it is global: bfloat16 products seen where the CPU has them."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (benches/setup_env.sh installs it)")
+    code = (
+        "import json, sys, torch; sys.path.insert(0, 'benches'); import precisions; "
+        "print(json.dumps(precisions.torch_switch(torch, 'bf16')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.splitlines()[-1])
+    monkeypatch.syspath_prepend(str(REPO / "benches"))
+    import precisions
+
+    assert got["mode"] == "bf16" and got["switch"] in (precisions.BF16_SWITCH, precisions.BF16_FALLBACK)
+    if got["cpu"]["mkldnn_bf16_supported"]:
+        assert got["takes_effect"]["matmul"], got
 
 
 def test_gpu_bench_dry_run_cpu(tmp_path):
