@@ -364,30 +364,6 @@ def test_torch_bf16_switch(monkeypatch):
     assert torch.backends.mkldnn.matmul.fp32_precision == "none"
 
 
-def test_torch_bf16_switch_real_torch(monkeypatch):
-    """The switch on the installed torch (the bench environment's; the test extra has no torch),
-    in a fresh process since it is global: bfloat16 products seen where the CPU has them."""
-    import importlib.util
-
-    import pytest
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed (benches/setup_env.sh installs it)")
-    code = (
-        "import json, sys, torch; sys.path.insert(0, 'benches'); import precisions; "
-        "print(json.dumps(precisions.torch_switch(torch, 'bf16')))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO))
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.splitlines()[-1])
-    monkeypatch.syspath_prepend(str(REPO / "benches"))
-    import precisions
-
-    assert got["mode"] == "bf16" and got["switch"] in (precisions.BF16_SWITCH, precisions.BF16_FALLBACK)
-    if got["cpu"]["mkldnn_bf16_supported"]:
-        assert got["takes_effect"]["matmul"], got
-
-
 def test_gpu_bench_dry_run_cpu(tmp_path):
     """benches/gpu.py on the CPU at tiny sizes with the small codec, its young-ring sections
     (offline, streaming, masked, transformer): mimi_py's float32 rows run; moshi (not installed,

@@ -40,6 +40,7 @@ impl Activations {
         shape: (usize, usize, usize),
         (dev, dtype): (&Device, DType),
     ) -> Result<Self> {
+        crate::runtime::profile::tensor_made();
         let t = Tensor::from_vec(data, shape, dev)?;
         Ok(Self::Tensor(cast(&t, dtype)?))
     }
@@ -96,7 +97,10 @@ impl Activations {
             Self::Tensor(t) => Ok(t),
             Self::Frames(xs) => match xs.first() {
                 None => Err(Error::Internal("activations of no rows".into())),
-                Some(f) if f.len == 0 => Ok(zeros_on((xs.len(), f.channels, 0), DType::F32, dev)?),
+                Some(f) if f.len == 0 => {
+                    crate::runtime::profile::tensor_made();
+                    Ok(zeros_on((xs.len(), f.channels, 0), DType::F32, dev)?)
+                }
                 Some(_) => from_frames(xs, dev)?
                     .ok_or_else(|| Error::Internal("frames of no length".into())),
             },
@@ -162,7 +166,10 @@ impl Codes {
     pub(crate) fn into_tensor(self, dev: &Device) -> Result<Tensor> {
         match self {
             Self::Tensor(t) => Ok(t),
-            Self::Host(h) => Ok(Tensor::from_vec(h.data, h.shape.as_slice(), dev)?),
+            Self::Host(h) => {
+                crate::runtime::profile::tensor_made();
+                Ok(Tensor::from_vec(h.data, h.shape.as_slice(), dev)?)
+            }
         }
     }
 

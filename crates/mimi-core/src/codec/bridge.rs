@@ -24,6 +24,7 @@ pub(crate) fn to_frames(x: &Tensor) -> Result<RowList<Frames>> {
 
 /// Stacks frames of equal shape into a (B, C, T) tensor; `None` when they are empty.
 pub(crate) fn from_frames(xs: RowList<Frames>, dev: &Device) -> Result<Option<Tensor>> {
+    crate::runtime::profile::tensor_made();
     let (b, c, t) = (xs.len(), xs[0].channels, xs[0].len);
     if t == 0 {
         return Ok(None);

@@ -31,11 +31,13 @@ pub struct EncodeStep {
 impl Codec {
     /// `a` on the codec's device, in its dtype.
     fn tensor(&self, a: HostArray<f32>) -> Result<Tensor> {
+        crate::runtime::profile::tensor_made();
         let t = Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?;
         Ok(cast(&t, self.dtype())?)
     }
 
     fn codes_tensor(&self, a: HostArray<u32>) -> Result<Tensor> {
+        crate::runtime::profile::tensor_made();
         Ok(Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?)
     }
 
@@ -62,7 +64,9 @@ impl Codec {
     ) -> Result<HostArray<u32>> {
         let n_q = self.config().quantizer_n_q;
         self.offline_encode_host(pcm, lengths, n_q, |x, l| match l {
-            None => self.codes_of(self.host_activations(x)?, cancel)?.into_host(),
+            None => self
+                .codes_of(self.host_activations(x)?, cancel)?
+                .into_host(),
             Some(l) => host_u32(&self.encode_lengths(&self.tensor(x)?, l, cancel)?),
         })
     }
@@ -76,7 +80,9 @@ impl Codec {
     ) -> Result<HostArray<f32>> {
         let dimension = self.config().seanet.dimension;
         self.offline_encode_host(pcm, lengths, dimension, |x, l| match l {
-            None => self.latents_of(self.host_activations(x)?, cancel)?.into_host(),
+            None => self
+                .latents_of(self.host_activations(x)?, cancel)?
+                .into_host(),
             Some(l) => host_f32(&self.encode_latents_lengths(&self.tensor(x)?, l, cancel)?),
         })
     }

@@ -113,7 +113,8 @@ impl Codec {
         let spec = (p.cfg.quantizer_n_q, DType::U32);
         offline_call(&self.parts.device, || {
             let f = |x: &Tensor| {
-                let latents = super::offline::encode(&*self.engine, p, self.activations_of(x)?, cancel)?;
+                let latents =
+                    super::offline::encode(&*self.engine, p, self.activations_of(x)?, cancel)?;
                 self.quantize(latents)?.into_tensor(&p.device)
             };
             per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)

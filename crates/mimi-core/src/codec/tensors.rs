@@ -11,12 +11,12 @@ use candle::Tensor;
 #[cfg(test)]
 use {
     super::activations::Codes,
-    crate::error::Cancel,
-    crate::runtime::device::cast,
-    candle::DType,
     super::stream::{DecodeStream, EncodeStream},
+    crate::error::Cancel,
     crate::error::Error,
     crate::rows::Rows,
+    crate::runtime::device::cast,
+    candle::DType,
 };
 
 impl Codec {
@@ -31,7 +31,6 @@ impl Codec {
     pub(crate) fn decode_latents(&self, codes: &Tensor) -> Result<Tensor> {
         self.quantizer.decode(codes)
     }
-
 }
 
 #[cfg(test)]

@@ -17,6 +17,19 @@ use std::time::{Duration, Instant};
 static ON: AtomicBool = AtomicBool::new(false);
 static SKIP_PRODUCTS: AtomicBool = AtomicBool::new(false);
 static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+static TENSORS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a candle tensor made from host values or a native engine's frames at the codec's
+/// edges (`codec::bridge`, the host calls): a test reads [`tensors_made`] to see that a
+/// native call made none.
+pub(crate) fn tensor_made() {
+    TENSORS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The tensors counted by [`tensor_made`] since the process started.
+pub fn tensors_made() -> usize {
+    TENSORS.load(Ordering::Relaxed)
+}
 
 thread_local! {
     /// This thread is inside a call into the `gemm` crate ([`in_gemm`]).

@@ -280,7 +280,9 @@ impl EncodeBlocks for NativeEncodeBlocks<'_> {
     fn finish(&self, parts: Vec<Activations>) -> Result<Activations> {
         let dim = self.p.cfg.seanet.dimension;
         let latents = join_blocks(parts, self.items.len(), dim)?;
-        Activations::Frames(latents.into()).nonempty()?.ok_or_else(empty)
+        Activations::Frames(latents.into())
+            .nonempty()?
+            .ok_or_else(empty)
     }
 }
 
@@ -329,7 +331,9 @@ impl DecodeBlocks for NativeDecodeBlocks<'_> {
 
     fn finish(&self, parts: Vec<Activations>) -> Result<Activations> {
         let audio = join_blocks(parts, self.items.len(), self.p.cfg.seanet.channels)?;
-        Activations::Frames(audio.into()).nonempty()?.ok_or_else(empty)
+        Activations::Frames(audio.into())
+            .nonempty()?
+            .ok_or_else(empty)
     }
 }
 
