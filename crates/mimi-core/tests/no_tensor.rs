@@ -1,5 +1,5 @@
 //! A native offline call on host arrays makes no candle tensor: `encode_host`,
-//! `encode_latents_host`, `decode_host` and `decode_latents_host` pass the native engine's
+//! `encode_latents_host`, `decode_host` and `decode_latents_host` (with `lengths=` or not) pass the native engine's
 //! frames from the input's values to the output's (counted by `runtime::profile::tensors_made`
 //! at every place the codec's edges make one). The candle engine's calls do make them, which
 //! shows that the count counts. One test in its own binary: nothing else runs beside it.

@@ -6,16 +6,13 @@
 //! zeros).
 
 use super::activations::{Activations, Codes};
-use super::bridge::{host_f32, host_u32};
 use super::inputs::check_last;
-use super::lengths::check_lengths;
+use super::lengths::{check_lengths, per_item};
 use super::model::Codec;
 use super::stream::{DecodeStream, EncodeStream};
 use crate::error::{Cancel, Result};
 use crate::host::HostArray;
 use crate::rows::Rows;
-use crate::runtime::device::cast;
-use candle::Tensor;
 
 /// How one [`Codec::encode_step_host`] call steps.
 #[derive(Clone, Debug, Default)]
@@ -29,28 +26,10 @@ pub struct EncodeStep {
 }
 
 impl Codec {
-    /// `a` on the codec's device, in its dtype.
-    fn tensor(&self, a: HostArray<f32>) -> Result<Tensor> {
-        crate::runtime::profile::tensor_made();
-        let t = Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?;
-        Ok(cast(&t, self.dtype())?)
-    }
-
-    fn codes_tensor(&self, a: HostArray<u32>) -> Result<Tensor> {
-        crate::runtime::profile::tensor_made();
-        Ok(Tensor::from_vec(a.data, a.shape.as_slice(), self.device())?)
-    }
-
     /// Audio `(B, C, S)` in the engine's form (the native engine's: no tensor).
     fn host_activations(&self, a: HostArray<f32>) -> Result<Activations> {
         let shape = (a.shape[0], a.shape[1], a.shape[2]);
         (self.engine).activations(a.data, shape, (self.device(), self.dtype()))
-    }
-
-    /// The quantizer's reconstruction of codes, on the host (f32).
-    fn dequantize_host(&self, codes: HostArray<u32>) -> Result<HostArray<f32>> {
-        let latents = self.dequantize(Codes::Host(codes))?;
-        latents.into_host()
     }
 
     /// Audio `(B, C, S)` (or `(S,)`, mono) to codes `(B, n_q, ceil(S / frame_size))`. With
@@ -62,13 +41,11 @@ impl Codec {
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<u32>> {
-        let n_q = self.config().quantizer_n_q;
-        self.offline_encode_host(pcm, lengths, n_q, |x, l| match l {
-            None => self
-                .codes_of(self.host_activations(x)?, cancel)?
-                .into_host(),
-            Some(l) => host_u32(&self.encode_lengths(&self.tensor(x)?, l, cancel)?),
-        })
+        let f = |x: HostArray<f32>| {
+            let codes = self.codes_of(self.host_activations(x)?, cancel)?;
+            codes.into_host()
+        };
+        self.offline_encode_host(pcm, lengths, self.config().quantizer_n_q, &f)
     }
 
     /// The latents before quantization, `(B, dimension, frames)` (see [`Self::encode_host`]).
@@ -78,13 +55,11 @@ impl Codec {
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
-        let dimension = self.config().seanet.dimension;
-        self.offline_encode_host(pcm, lengths, dimension, |x, l| match l {
-            None => self
-                .latents_of(self.host_activations(x)?, cancel)?
-                .into_host(),
-            Some(l) => host_f32(&self.encode_latents_lengths(&self.tensor(x)?, l, cancel)?),
-        })
+        let f = |x: HostArray<f32>| {
+            let latents = self.latents_of(self.host_activations(x)?, cancel)?;
+            latents.into_host()
+        };
+        self.offline_encode_host(pcm, lengths, self.config().seanet.dimension, &f)
     }
 
     /// The quantizer's reconstruction of codes `(B, n_q, T)`: `(B, dimension, T)`. With
@@ -95,11 +70,9 @@ impl Codec {
         lengths: Option<&[usize]>,
     ) -> Result<HostArray<f32>> {
         self.check_codes(&codes, None, false)?;
-        let dimension = self.config().seanet.dimension;
-        self.offline_decode_host(codes, lengths, dimension, |c, l| match l {
-            None => self.dequantize_host(c),
-            Some(l) => host_f32(&self.decode_latents_lengths(&self.codes_tensor(c)?, l)?),
-        })
+        let f = |c: HostArray<u32>| self.dequantize(Codes::Host(c))?.into_host();
+        let out = (self.config().seanet.dimension, 1);
+        self.offline_decode_host(codes, lengths, out, &f)
     }
 
     /// Codes `(B, n_q, T)` in `[0, cardinality)` to audio `(B, C, T * frame_size)`. With
@@ -113,22 +86,20 @@ impl Codec {
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
         self.check_codes(&codes, None, true)?;
-        let channels = self.config().channels;
-        self.offline_decode_host(codes, lengths, channels, |c, l| match l {
-            None => self.audio_of(Codes::Host(c), cancel)?.into_host(),
-            Some(l) => host_f32(&self.decode_lengths(&self.codes_tensor(c)?, l, cancel)?),
-        })
+        let f = |c: HostArray<u32>| self.audio_of(Codes::Host(c), cancel)?.into_host();
+        let out = (self.config().channels, self.config().frame_size());
+        self.offline_decode_host(codes, lengths, out, &f)
     }
 
     /// An offline call on audio: checks `pcm` and `lengths`, answers an empty input with
-    /// `(B, channels, 0)` (the output's channels), and otherwise runs `call` on the audio
-    /// and the lengths.
-    fn offline_encode_host<T>(
+    /// `(B, channels, 0)` (the output's channels), and otherwise runs `f` on the batch or on
+    /// each item alone ([`per_item`]), in the pool.
+    fn offline_encode_host<T: Copy + Default + Send>(
         &self,
         pcm: HostArray<f32>,
         lengths: Option<&[usize]>,
         channels: usize,
-        call: impl FnOnce(HostArray<f32>, Option<&[usize]>) -> Result<HostArray<T>>,
+        f: &(dyn Fn(HostArray<f32>) -> Result<HostArray<T>> + Sync),
     ) -> Result<HostArray<T>> {
         let (pcm, _) = self.check_pcm(pcm, None)?;
         let (b, s) = (pcm.shape[0], pcm.shape[2]);
@@ -138,18 +109,28 @@ impl Codec {
         if s == 0 {
             return Ok(HostArray::new(vec![], vec![b, channels, 0]));
         }
-        call(pcm, lengths)
+        let frames = |l: usize| l.div_ceil(self.config().frame_size());
+        let spec = (
+            channels,
+            &frames as &(dyn Fn(usize) -> usize + Sync),
+            self.device().is_cpu(),
+        );
+        self.offline(|| match lengths {
+            None => f(pcm),
+            Some(l) => per_item(&pcm, l, spec, f),
+        })
     }
 
     /// An offline call on codes the caller checked (with or without the audio they decode
     /// to): checks `lengths`, answers no frames with `(B, channels, 0)` (the output's
-    /// channels), and otherwise runs `call` on the codes and the lengths.
-    fn offline_decode_host<T>(
+    /// channels, `per_frame` columns each frame), and otherwise runs `f` on the batch or on
+    /// each item alone ([`per_item`]), in the pool.
+    fn offline_decode_host<T: Copy + Default + Send>(
         &self,
         codes: HostArray<u32>,
         lengths: Option<&[usize]>,
-        channels: usize,
-        call: impl FnOnce(HostArray<u32>, Option<&[usize]>) -> Result<HostArray<T>>,
+        (channels, per_frame): (usize, usize),
+        f: &(dyn Fn(HostArray<u32>) -> Result<HostArray<T>> + Sync),
     ) -> Result<HostArray<T>> {
         let (b, t) = (codes.shape[0], codes.shape[2]);
         if let Some(l) = lengths {
@@ -158,7 +139,16 @@ impl Codec {
         if t == 0 {
             return Ok(HostArray::new(vec![], vec![b, channels, 0]));
         }
-        call(codes, lengths)
+        let columns = |l: usize| l * per_frame;
+        let spec = (
+            channels,
+            &columns as &(dyn Fn(usize) -> usize + Sync),
+            self.device().is_cpu(),
+        );
+        self.offline(|| match lengths {
+            None => f(codes),
+            Some(l) => per_item(&codes, l, spec, f),
+        })
     }
 
     /// One encoder step of `pcm` `(B, C, n)`: the codes `(B, n_q, frames)` of the frames it

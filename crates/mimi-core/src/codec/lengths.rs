@@ -1,14 +1,10 @@
 //! Offline calls on batches of items of different lengths (`lengths=`): each item is computed
-//! alone, on its own length, so its result is exactly the one it would get in a batch of one;
-//! the batch runs its items in parallel (each item's segments too), and the output is padded
-//! with zeros to the longest item.
+//! alone, on its own length, so its result is exactly the one it would get in a batch of one
+//! ([`per_item`]); the batch runs its items in parallel (each item's segments too), and the
+//! output is padded with zeros to the longest item.
 
-use super::activations::Codes;
-use super::model::Codec;
-use super::offline::offline_call;
-use crate::error::{Cancel, Error, Result};
-use crate::runtime::device::zeros_on;
-use candle::{DType, Tensor};
+use crate::error::{Error, Result};
+use crate::host::HostArray;
 use rayon::prelude::*;
 
 /// The rule for `lengths=`, declared once (the Python binding reads the integers and calls
@@ -38,120 +34,55 @@ pub fn check_lengths(lengths: &[usize], batch: usize, max: usize, what: &str) ->
     checked_lengths(lengths, batch, max, what).map(drop)
 }
 
-/// `f` on each item's first `lengths[i]` columns (dim 2) alone, in parallel on the CPU; each
-/// output padded with zeros along dim 2 to the longest, then stacked. An item of length 0
-/// gives zeros (`out_len(0)` columns, `channels` rows).
-fn per_item_padded(
-    x: &Tensor,
+/// `f` on each item's first `lengths[i]` columns (the last axis) alone, as a batch of one,
+/// in parallel on the CPU (`on_cpu`); each output padded with zeros along its last axis to
+/// the longest (`out_len` of each length), then stacked. An item of length 0 gives zeros.
+pub(crate) fn per_item<T, U>(
+    x: &HostArray<T>,
     lengths: &[usize],
-    (channels, dtype): (usize, DType),
-    out_len: impl Fn(usize) -> usize + Sync,
-    f: impl Fn(&Tensor) -> Result<Tensor> + Sync,
-) -> Result<Tensor> {
-    let item = |(i, &l): (usize, &usize)| match l {
-        0 => Ok(None),
-        l => f(&x.narrow(0, i, 1)?.narrow(2, 0, l)?).map(Some),
+    (channels, out_len, on_cpu): (usize, &(dyn Fn(usize) -> usize + Sync), bool),
+    f: &(dyn Fn(HostArray<T>) -> Result<HostArray<U>> + Sync),
+) -> Result<HostArray<U>>
+where
+    T: Copy + Send + Sync,
+    U: Copy + Default + Send,
+{
+    let (c, n) = (x.shape[1], x.shape[2]);
+    let item = |(i, &l): (usize, &usize)| -> Result<Option<HostArray<U>>> {
+        if l == 0 {
+            return Ok(None);
+        }
+        let rows = (0..c).map(|ch| &x.data[(i * c + ch) * n..(i * c + ch) * n + l]);
+        f(HostArray::new(
+            rows.flatten().copied().collect(),
+            vec![1, c, l],
+        ))
+        .map(Some)
     };
     // On a GPU the items stay on this thread (see `kernels::in_pool_on`).
-    let outs = match x.device().is_cpu() {
-        true => lengths.par_iter().enumerate().map(item).collect(),
+    let outs: Vec<Option<HostArray<U>>> = match on_cpu {
+        true => lengths
+            .par_iter()
+            .enumerate()
+            .map(item)
+            .collect::<Result<_>>()?,
         false => lengths
             .iter()
             .enumerate()
             .map(item)
-            .collect::<Result<Vec<_>>>(),
-    }?;
+            .collect::<Result<_>>()?,
+    };
     let width = lengths.iter().map(|&l| out_len(l)).max().unwrap_or(0);
-    let padded = outs
-        .into_iter()
-        .map(|y| match y {
-            None => Ok(zeros_on((1, channels, width), dtype, x.device())?),
-            Some(y) if y.dim(2)? == width => Ok(y),
-            Some(y) => {
-                let pad = zeros_on((1, y.dim(1)?, width - y.dim(2)?), y.dtype(), y.device())?;
-                Ok(Tensor::cat(&[&y, &pad], 2)?)
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Tensor::cat(&padded, 0)?)
-}
-
-impl Codec {
-    fn frames_of(&self, samples: usize) -> usize {
-        samples.div_ceil(self.parts.cfg.frame_size())
+    let mut data = vec![U::default(); lengths.len() * channels * width];
+    for (i, y) in outs.iter().enumerate() {
+        let Some(y) = y else { continue };
+        let w = y.shape[2];
+        for (ch, row) in y.data.chunks_exact(w.max(1)).take(channels).enumerate() {
+            let at = (i * channels + ch) * width;
+            data[at..at + w].copy_from_slice(row);
+        }
     }
-
-    /// [`Self::encode_latents`] of items of `lengths` samples: (B, dimension, max frames).
-    pub(crate) fn encode_latents_lengths(
-        &self,
-        pcm: &Tensor,
-        lengths: &[usize],
-        cancel: Cancel,
-    ) -> Result<Tensor> {
-        check_lengths(lengths, pcm.dim(0)?, pcm.dim(2)?, "samples")?;
-        let p = &self.parts;
-        let spec = (p.cfg.seanet.dimension, p.dtype);
-        offline_call(&self.parts.device, || {
-            let f = |x: &Tensor| {
-                let x = super::offline::encode(&*self.engine, p, self.activations_of(x)?, cancel)?;
-                x.into_tensor(&p.device)
-            };
-            per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
-        })
-    }
-
-    /// [`Self::encode`] of items of `lengths` samples: (B, n_q, max_i ceil(L_i / frame_size))
-    /// u32; item i's first `ceil(L_i / frame_size)` frames are its codes alone, the rest 0.
-    pub(crate) fn encode_lengths(
-        &self,
-        pcm: &Tensor,
-        lengths: &[usize],
-        cancel: Cancel,
-    ) -> Result<Tensor> {
-        check_lengths(lengths, pcm.dim(0)?, pcm.dim(2)?, "samples")?;
-        let p = &self.parts;
-        let spec = (p.cfg.quantizer_n_q, DType::U32);
-        offline_call(&self.parts.device, || {
-            let f = |x: &Tensor| {
-                let latents =
-                    super::offline::encode(&*self.engine, p, self.activations_of(x)?, cancel)?;
-                self.quantize(latents)?.into_tensor(&p.device)
-            };
-            per_item_padded(pcm, lengths, spec, |l| self.frames_of(l), f)
-        })
-    }
-
-    /// [`Self::decode_latents`] of items of `frames` code frames: (B, dimension, max frames).
-    pub(crate) fn decode_latents_lengths(
-        &self,
-        codes: &Tensor,
-        frames: &[usize],
-    ) -> Result<Tensor> {
-        check_lengths(frames, codes.dim(0)?, codes.dim(2)?, "frames")?;
-        let spec = (self.parts.cfg.seanet.dimension, DType::F32);
-        per_item_padded(codes, frames, spec, |f| f, |c| self.decode_latents(c))
-    }
-
-    /// [`Self::decode`] of items of `frames` code frames: (B, C, max_i F_i * frame_size);
-    /// item i's first `F_i * frame_size` samples are its audio alone, the rest 0.
-    pub(crate) fn decode_lengths(
-        &self,
-        codes: &Tensor,
-        frames: &[usize],
-        cancel: Cancel,
-    ) -> Result<Tensor> {
-        check_lengths(frames, codes.dim(0)?, codes.dim(2)?, "frames")?;
-        let p = &self.parts;
-        let spec = (p.cfg.channels, p.dtype);
-        let fs = p.cfg.frame_size();
-        offline_call(&self.parts.device, || {
-            let f = |c: &Tensor| {
-                let latents = self.dequantize(Codes::Tensor(c.clone()))?;
-                super::offline::decode(&*self.engine, p, latents, cancel)?.into_tensor(&p.device)
-            };
-            per_item_padded(codes, frames, spec, |f| f * fs, f)
-        })
-    }
+    Ok(HostArray::new(data, vec![lengths.len(), channels, width]))
 }
 
 #[cfg(test)]

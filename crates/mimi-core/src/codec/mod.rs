@@ -27,6 +27,7 @@ pub mod open;
 mod quantize;
 pub mod step;
 pub mod stream;
+#[cfg(test)]
 mod tensors;
 #[cfg(test)]
 mod tests;

@@ -81,27 +81,26 @@ pub(crate) fn decode(
 }
 
 impl Codec {
-    /// The offline latents of audio `(B, C, S)` in the engine's form, on fresh private state.
+    /// `f` as an offline call ([`offline_call`] on the codec's device).
+    pub(crate) fn offline<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        offline_call(&self.parts.device, f)
+    }
+
+    /// The offline latents of audio `(B, C, S)` in the engine's form, on fresh private state
+    /// (inside [`Self::offline`]).
     pub(crate) fn latents_of(&self, pcm: Activations, cancel: Cancel) -> Result<Activations> {
-        offline_call(&self.parts.device, || {
-            encode(&*self.engine, &self.parts, pcm, cancel)
-        })
+        encode(&*self.engine, &self.parts, pcm, cancel)
     }
 
     /// The offline codes of audio `(B, C, S)`: `(B, n_q, ceil(S / frame_size))`. The last
     /// partial frame is padded, as in candle and transformers.
     pub(crate) fn codes_of(&self, pcm: Activations, cancel: Cancel) -> Result<Codes> {
-        offline_call(&self.parts.device, || {
-            let latents = encode(&*self.engine, &self.parts, pcm, cancel)?;
-            self.quantize(latents)
-        })
+        self.quantize(self.latents_of(pcm, cancel)?)
     }
 
     /// The offline audio of codes `(B, n_q, T)`: `(B, C, T * frame_size)`.
     pub(crate) fn audio_of(&self, codes: Codes, cancel: Cancel) -> Result<Activations> {
-        offline_call(&self.parts.device, || {
-            let latents = self.dequantize(codes)?;
-            decode(&*self.engine, &self.parts, latents, cancel)
-        })
+        let latents = self.dequantize(codes)?;
+        decode(&*self.engine, &self.parts, latents, cancel)
     }
 }

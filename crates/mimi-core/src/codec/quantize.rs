@@ -61,7 +61,7 @@ impl Codec {
                 .decode_tokens(&c.data, (b, k, t), &mut x.data)?;
             return Ok(Activations::Frames(from_tokens(&x.data, b, dim)));
         }
-        let x = self.decode_latents(&codes.into_tensor(&p.device)?)?;
+        let x = self.quantizer.decode(&codes.into_tensor(&p.device)?)?;
         let x = Activations::Tensor(cast(&x, p.dtype)?);
         match self.engine.kind() {
             EngineKind::Native => Ok(Activations::Frames(x.into_frames()?)),

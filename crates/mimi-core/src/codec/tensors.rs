@@ -1,23 +1,14 @@
-//! The codec's calls on candle tensors, crate-private: `lengths=` runs its items with them
-//! (its tensors are on the way out), and the tests call them. The host calls build none on
-//! the native engine.
-//! Users call the host calls (`Codec::encode_host` and the rest).
+//! The codec's calls on candle tensors, for the tests only (`cfg(test)`): they compare the
+//! engines and step streams on tensors. Every other caller uses the host calls.
 
-use super::activations::Activations;
+use super::activations::{Activations, Codes};
 use super::bridge::host_f32;
 use super::model::Codec;
-use crate::error::Result;
-use candle::Tensor;
-#[cfg(test)]
-use {
-    super::activations::Codes,
-    super::stream::{DecodeStream, EncodeStream},
-    crate::error::Cancel,
-    crate::error::Error,
-    crate::rows::Rows,
-    crate::runtime::device::cast,
-    candle::DType,
-};
+use super::stream::{DecodeStream, EncodeStream};
+use crate::error::{Cancel, Error, Result};
+use crate::rows::Rows;
+use crate::runtime::device::cast;
+use candle::{DType, Tensor};
 
 impl Codec {
     /// `pcm` (rows, C, n) in the engine's form (through the host, as the host calls take it).
@@ -31,27 +22,24 @@ impl Codec {
     pub(crate) fn decode_latents(&self, codes: &Tensor) -> Result<Tensor> {
         self.quantizer.decode(codes)
     }
-}
 
-#[cfg(test)]
-impl Codec {
     /// Latents before quantization: (B, C, S) -> (B, dimension, frames).
     pub(crate) fn encode_latents(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let x = self.activations_of(pcm)?;
-        self.latents_of(x, cancel)?.into_tensor(self.device())
+        self.offline(|| self.latents_of(x, cancel)?.into_tensor(self.device()))
     }
 
     /// (B, C, S) -> codes (B, n_q, ceil(S / frame_size)) u32. The last partial frame is
     /// padded, as in candle and transformers.
     pub(crate) fn encode(&self, pcm: &Tensor, cancel: Cancel) -> Result<Tensor> {
         let x = self.activations_of(pcm)?;
-        self.codes_of(x, cancel)?.into_tensor(self.device())
+        self.offline(|| self.codes_of(x, cancel)?.into_tensor(self.device()))
     }
 
     /// codes (B, n_q, T) u32 -> audio (B, C, T * frame_size).
     pub(crate) fn decode(&self, codes: &Tensor, cancel: Cancel) -> Result<Tensor> {
-        let audio = self.audio_of(Codes::Tensor(codes.clone()), cancel)?;
-        audio.into_tensor(self.device())
+        let codes = Codes::Tensor(codes.clone());
+        self.offline(|| self.audio_of(codes, cancel)?.into_tensor(self.device()))
     }
 
     /// Feeds audio (B, C, n) to the streaming encoder; returns the codes of every frame
@@ -122,7 +110,6 @@ impl Codec {
     }
 }
 
-#[cfg(test)]
 /// Refuses `what` of `n` rows for a step of `rows` (it holds the stepping rows, in order).
 fn check_row_count(n: usize, rows: &Rows, what: &str) -> Result<()> {
     match n == rows.count() {
