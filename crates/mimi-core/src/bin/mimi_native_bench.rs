@@ -15,6 +15,7 @@ use candle::{DType, Device, StreamingModule, Tensor};
 use mimi_core::config::TransformerConfig;
 use mimi_core::transformer::{State, Transformer};
 use mimi_core::weights::{LoadSpec, QkLayout, TensorSource};
+use mimi_core::HostArray;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -94,20 +95,26 @@ fn main() -> mimi_core::Result<()> {
     if which == "candle" {
         return Ok(());
     }
+    // Ours through its host entry, each step's input made before the timing.
+    let host = |t: &Tensor| -> mimi_core::Result<HostArray<f32>> {
+        let data = t.flatten_all()?.to_vec1::<f32>()?;
+        Ok(HostArray::new(data, t.dims().to_vec()))
+    };
     let mut state = State::default();
     let mut times = Vec::with_capacity(steps);
     for i in 0..steps + warm {
-        let x = xs.narrow(1, i, 1)?;
+        let x = host(&xs.narrow(1, i, 1)?)?;
         let t0 = Instant::now();
-        let _y = model.forward(&mut state, &x)?;
+        let _y = model.forward_host(&mut state, x, None)?;
         if i >= warm {
             times.push(t0.elapsed().as_secs_f64() * 1e6);
         }
     }
     let (med, p99) = stats(times);
     let mut state = State::default();
+    let chunk = host(&chunk)?;
     let t0 = Instant::now();
-    model.forward(&mut state, &chunk)?;
+    model.forward_host(&mut state, chunk, None)?;
     let chunk_us = t0.elapsed().as_secs_f64() * 1e6;
     println!(
         "{{\"engine\": \"mimi_py-native\", \"batch\": {batch}, \"steps\": {steps}, \"step_median_us\": {med:.1}, \"step_p99_us\": {p99:.1}, \"chunk250_us\": {chunk_us:.1}}}"

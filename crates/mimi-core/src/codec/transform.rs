@@ -18,7 +18,7 @@ pub(crate) fn transform(
     cancel: Cancel,
 ) -> Result<Tensor> {
     let x = xs.transpose(1, 2)?.contiguous()?;
-    let y = model.forward_cancellable(state, &x, cancel)?;
+    let y = model.forward(state, &x, None, cancel)?;
     Ok(y.transpose(1, 2)?.contiguous()?)
 }
 
@@ -32,9 +32,8 @@ fn transform_rows(
     if !rows.is_masked() {
         return transform(model, state, xs, cancel);
     }
-    model.start(state, rows.batch())?;
     let x = xs.transpose(1, 2)?.contiguous()?;
-    let y = model.forward_rows(state, &x, &rows.indices())?;
+    let y = model.forward(state, &x, Some(rows), cancel)?;
     Ok(y.transpose(1, 2)?.contiguous()?)
 }
 

@@ -136,10 +136,10 @@ impl Transformer {
             let len = block.min(t - start);
             let x = xs.narrow(1, start, len)?.contiguous()?;
             if self.takes_fixed_step(len) {
-                outs.push(self.step_fixed(&state.pos, rows, &state.caches, &x)?);
+                outs.push(self.step_fixed(&state.pos, rows, state.device_rings(), &x)?);
             } else {
                 let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
-                outs.push(self.block_rows(&pos, rows, &state.caches, &x)?);
+                outs.push(self.block_rows(&pos, rows, state.device_rings(), &x)?);
             }
             rows.iter().for_each(|&r| state.pos[r] += len as u64);
             start += len;

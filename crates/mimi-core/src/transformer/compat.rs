@@ -57,7 +57,7 @@ impl Transformer {
             None => true,
             Some((n, dims)) => {
                 let c = &self.cfg;
-                let same = match state.caches.first() {
+                let same = match state.device_rings().first() {
                     Some(cache) => {
                         !self.planned()
                             && cache.k.dtype() == self.dtype

@@ -4,11 +4,12 @@
 
 use super::layer::Layer;
 use super::positions::ring_slots;
-use super::state::{LayerCache, State};
-use super::step_buffers::HostRing;
+use super::state::{HostRings, LayerCache, Rings, State};
+use super::step_buffers::{HostRing, StepScratch};
 use crate::config::TransformerConfig;
-use crate::error::{Error, Result};
+use crate::error::{Cancel, Error, Result};
 use crate::host::HostArray;
+use crate::kernels::in_pool_on;
 use crate::rows::Rows;
 use crate::runtime::device::cast;
 use crate::runtime::precision::Precision;
@@ -189,12 +190,29 @@ impl Transformer {
         self.layers.len()
     }
 
-    /// Runs `xs` (batch, time, d_model) through the transformer, continuing `state`.
+    /// The one entry on tensors (the codec's stages, the tests): `xs` (n, time, d_model) for
+    /// the stream's rows `rows` (`None`: all of them, n = the batch), each continuing its own
+    /// stream; the other rows are untouched. Stops between blocks once `cancel` is set.
     /// Refuses another shape, or a batch other than the stream's, before anything changes.
-    pub fn forward(&self, state: &mut State, xs: &Tensor) -> Result<Tensor> {
-        self.check_input(xs.dims())?;
-        self.check_batch(state, xs.dim(0)?)?;
-        crate::kernels::in_pool_on(&self.device, || self.forward_cancellable(state, xs, None))
+    pub(crate) fn forward(
+        &self,
+        state: &mut State,
+        xs: &Tensor,
+        rows: Option<&Rows>,
+        cancel: Cancel,
+    ) -> Result<Tensor> {
+        match rows.filter(|r| r.is_masked()) {
+            None => {
+                self.check_input(xs.dims())?;
+                self.check_batch(state, xs.dim(0)?)?;
+                crate::kernels::in_pool_on(&self.device, || self.forward_all(state, xs, cancel))
+            }
+            Some(r) => {
+                self.check_batch(state, r.batch())?;
+                self.start(state, r.batch())?;
+                self.forward_rows(state, xs, &r.indices())
+            }
+        }
     }
 
     /// Refuses an input that is not `(batch >= 1, time, d_model)`.
@@ -246,7 +264,9 @@ impl Transformer {
     }
 
     /// One call on a host array `(b, t, d_model)`: all rows, or only the active `rows` (the
-    /// others keep their state bit for bit and their output is zeros).
+    /// others keep their state bit for bit and their output is zeros). A model that takes
+    /// the planned step computes it on the host values ([`Self::step_host`]); the others on
+    /// tensors ([`Self::forward`]).
     pub fn forward_host(
         &self,
         state: &mut State,
@@ -259,39 +279,50 @@ impl Transformer {
         let rows = Rows::or_all(rows, b)?;
         let stepping = rows.is_masked().then(|| rows.indices());
         crate::host::check_finite(&x.data, &x.shape, stepping.as_deref(), "x")?;
-        let out = if rows.is_masked() {
+        // A masked call binds the stream to its batch size even when nothing steps; an empty
+        // call of every row does not.
+        if rows.is_masked() {
             self.start(state, b)?;
-            if rows.count() == 0 || t == 0 {
-                return Ok(HostArray::new(vec![0.0; b * t * d], x.shape));
-            }
-            let xs = Tensor::from_vec(
-                rows.select(&x.data, t * d),
-                (rows.count(), t, d),
-                &self.device,
-            )?;
-            let ys = self.forward_rows(state, &cast(&xs, self.dtype)?, &rows.indices())?;
-            rows.scatter(
-                cast(&ys, DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-                t * d,
-            )
+        }
+        if rows.count() == 0 || t == 0 {
+            return Ok(HostArray::new(vec![0.0; b * t * d], x.shape));
+        }
+        self.start(state, b)?;
+        let xs = match rows.is_masked() {
+            true => rows.select(&x.data, t * d),
+            false => x.data,
+        };
+        let ys = if self.planned() {
+            let mut out = vec![0.0; xs.len()];
+            in_pool_on(&self.device, || {
+                self.step_host(state, &xs, &rows.indices(), &mut out, None)
+            })?;
+            out
         } else {
-            let xs = Tensor::from_vec(x.data, (b, t, d), &self.device)?;
-            let ys = self.forward(state, &cast(&xs, self.dtype)?)?;
+            let xs = cast(
+                &Tensor::from_vec(xs, (rows.count(), t, d), &self.device)?,
+                self.dtype,
+            )?;
+            let ys = self.forward(state, &xs, Some(&rows), None)?;
             cast(&ys, DType::F32)?.flatten_all()?.to_vec1::<f32>()?
+        };
+        let out = match rows.is_masked() {
+            true => rows.scatter(ys, t * d),
+            false => ys,
         };
         Ok(HostArray::new(out, vec![b, t, d]))
     }
 
     /// Runs `xs` (rows.len(), time, d_model) for the batch rows `rows` only (sorted, distinct,
     /// below the batch size), each continuing its own stream; the other rows are untouched.
-    pub fn forward_rows(&self, state: &mut State, xs: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    fn forward_rows(&self, state: &mut State, xs: &Tensor, rows: &[usize]) -> Result<Tensor> {
         crate::kernels::in_pool_on(&self.device, || {
             let (b, t, _) = xs.dims3()?;
             if t == 0 || b == 0 {
                 return Ok(xs.clone());
             }
             match state.batch() {
-                Some(batch) if rows.len() == batch => self.forward_cancellable(state, xs, None),
+                Some(batch) if rows.len() == batch => self.forward_all(state, xs, None),
                 Some(_) => self.uneven(state, xs, rows, None),
                 None => Err(Error::Internal(
                     "forward_rows needs a started stream".into(),
@@ -315,13 +346,16 @@ impl Transformer {
         if self.planned() {
             let dims = vec![b, c.num_heads, c.context, c.head_dim()];
             let ring = HostRing::zeros(dims.iter().product());
-            state.rings = vec![ring; self.layers.len()];
-            state.ring_dims = dims;
+            state.rings = Rings::Host(Box::new(HostRings {
+                layers: vec![ring; self.layers.len()],
+                dims,
+                scratch: StepScratch::default(),
+            }));
             state.pos = vec![0; b];
             return Ok(());
         }
         let shape = (b, c.num_heads, self.ring_slots, c.head_dim());
-        state.caches = (0..self.layers.len())
+        let caches = (0..self.layers.len())
             .map(|_| {
                 Ok(LayerCache {
                     k: Tensor::zeros(shape, self.dtype, &self.device)?,
@@ -329,12 +363,14 @@ impl Transformer {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        state.rings = Rings::Device(caches);
         state.pos = vec![0; b];
         Ok(())
     }
 
-    /// `forward`, stopping between blocks of `block_len` steps once `cancel` is set.
-    pub fn forward_cancellable(
+    /// Every row of the stream, stopping between blocks of `block_len` steps once `cancel` is
+    /// set.
+    fn forward_all(
         &self,
         state: &mut State,
         xs: &Tensor,
@@ -354,7 +390,7 @@ impl Transformer {
             let rows: Vec<usize> = (0..b).collect();
             return self.uneven(state, xs, &rows, cancel);
         }
-        let ys = self.blocks(pos, &state.caches, xs, cancel)?;
+        let ys = self.blocks(pos, state.device_rings(), xs, cancel)?;
         state.pos.iter_mut().for_each(|p| *p += t as u64);
         Ok(ys)
     }

@@ -28,19 +28,34 @@ pub(super) struct LayerCache {
 }
 
 /// The streaming state: each row's position (steps since its own start or reset) and the last
-/// `context` keys/values of each layer (allocated at the first call, when the batch size is
-/// known). A row's ring slots past its position hold stale values that no query reads, so a
-/// per-row reset only sets that row's position to 0.
+/// `context` keys/values of each layer, in the rings of the path that computes it (allocated
+/// at the first call, when the batch size is known). A row's ring slots past its position
+/// hold stale values that no query reads, so a per-row reset only sets that row's position
+/// to 0.
 #[derive(Clone, Default)]
 pub struct State {
     pub(super) pos: Vec<u64>,
-    /// The block path's rings (candle tensors, any device and dtype).
-    pub(super) caches: Vec<LayerCache>,
-    /// The planned step's rings: host values, one per layer (one of `caches` and `rings`
-    /// is empty), and their `(batch, heads, context, head_dim)`.
-    pub(super) rings: Vec<HostRing>,
-    pub(super) ring_dims: Vec<usize>,
-    /// The planned step's buffers (not part of the stream's contents).
+    pub(super) rings: Rings,
+}
+
+/// Each layer's key/value rings, as the path that computes the model keeps them.
+#[derive(Clone, Default)]
+pub(super) enum Rings {
+    /// No call yet: any batch size may follow.
+    #[default]
+    Unstarted,
+    /// The block path's: candle tensors, one [`LayerCache`] per layer, any device and dtype.
+    Device(Vec<LayerCache>),
+    /// The planned step's: host values.
+    Host(Box<HostRings>),
+}
+
+/// The planned step's rings: one [`HostRing`] per layer, their `(batch, heads, context,
+/// head_dim)`, and the stream's buffers for the step (not part of its contents).
+#[derive(Clone)]
+pub(super) struct HostRings {
+    pub(super) layers: Vec<HostRing>,
+    pub(super) dims: Vec<usize>,
     pub(super) scratch: StepScratch,
 }
 
@@ -58,16 +73,18 @@ impl State {
 
     /// The batch size of the current stream, if one was started.
     pub fn batch(&self) -> Option<usize> {
-        (!self.caches.is_empty() || !self.rings.is_empty()).then_some(self.pos.len())
+        (!matches!(self.rings, Rings::Unstarted)).then_some(self.pos.len())
     }
 
     /// Bytes held by the key/value buffers.
     pub fn nbytes(&self) -> usize {
-        let rings: usize = self.rings.iter().map(HostRing::nbytes).sum();
-        let caches: usize = (self.caches.iter())
-            .map(|c| (c.k.elem_count() + c.v.elem_count()) * c.k.dtype().size_in_bytes())
-            .sum();
-        rings + caches
+        match &self.rings {
+            Rings::Unstarted => 0,
+            Rings::Host(h) => h.layers.iter().map(HostRing::nbytes).sum(),
+            Rings::Device(caches) => (caches.iter())
+                .map(|c| (c.k.elem_count() + c.v.elem_count()) * c.k.dtype().size_in_bytes())
+                .sum(),
+        }
     }
 
     /// A fresh stream: any batch size may follow.
@@ -87,29 +104,27 @@ impl State {
 
     /// An independent copy: new buffers, same contents and positions.
     pub fn deep_copy(&self) -> Result<State> {
-        let caches = self
-            .caches
-            .iter()
-            .map(|c| {
-                Ok(LayerCache {
-                    k: c.k.copy()?,
-                    v: c.v.copy()?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        // On a GPU the copies (and whatever this thread queued before them, such as a
-        // codec stream's convolution states) are queued on this thread's stream: wait for
-        // them, so that another thread may use the copy (`kernels::in_pool_on`).
-        if let Some(c) = caches.first().filter(|c| !c.k.device().is_cpu()) {
-            c.k.device().synchronize()?;
-        }
+        let rings = match &self.rings {
+            Rings::Unstarted => Rings::Unstarted,
+            Rings::Host(h) => Rings::Host(Box::new(HostRings {
+                layers: h.layers.clone(),
+                dims: h.dims.clone(),
+                scratch: StepScratch::default(),
+            })),
+            Rings::Device(caches) => Rings::Device(copy_caches(caches)?),
+        };
         Ok(State {
             pos: self.pos.clone(),
-            caches,
-            rings: self.rings.clone(),
-            ring_dims: self.ring_dims.clone(),
-            scratch: StepScratch::default(),
+            rings,
         })
+    }
+
+    /// The block path's rings (none before the first call or on the planned step).
+    pub(super) fn device_rings(&self) -> &[LayerCache] {
+        match &self.rings {
+            Rings::Device(caches) => caches,
+            _ => &[],
+        }
     }
 
     /// `(num_layers, batch, heads, context, head_dim)` of the buffers, if allocated.
@@ -119,9 +134,29 @@ impl State {
 
     /// [`Self::layout`], borrowed (no allocation: the planned step checks it every call).
     pub(super) fn dims(&self) -> Option<(usize, &[usize])> {
-        match self.caches.first() {
-            Some(c) => Some((self.caches.len(), c.k.dims())),
-            None => (!self.rings.is_empty()).then_some((self.rings.len(), &self.ring_dims[..])),
+        match &self.rings {
+            Rings::Unstarted => None,
+            Rings::Device(caches) => caches.first().map(|c| (caches.len(), c.k.dims())),
+            Rings::Host(h) => Some((h.layers.len(), &h.dims[..])),
         }
     }
+}
+
+/// New buffers with the same contents. On a GPU the copies (and whatever this thread queued
+/// before them, such as a codec stream's convolution states) are queued on this thread's
+/// stream: it waits for them, so that another thread may use the copy
+/// (`kernels::in_pool_on`).
+fn copy_caches(caches: &[LayerCache]) -> Result<Vec<LayerCache>> {
+    let copies = (caches.iter())
+        .map(|c| {
+            Ok(LayerCache {
+                k: c.k.copy()?,
+                v: c.v.copy()?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(c) = copies.first().filter(|c| !c.k.device().is_cpu()) {
+        c.k.device().synchronize()?;
+    }
+    Ok(copies)
 }

@@ -13,7 +13,7 @@
 use super::layer::{add_scaled, FeedForward, HostParams, Layer};
 use super::model::Transformer;
 use super::positions::{block_len, rope_at, sin_embedding_at};
-use super::state::{ring_slot, State};
+use super::state::{ring_slot, HostRings, Rings, State};
 use super::step_buffers::{HostRing, StepScratch};
 use crate::config::PositionalEmbedding;
 use crate::error::{Error, Result};
@@ -121,37 +121,48 @@ impl Transformer {
             )));
         }
         let (n, t) = (rows.len(), x.len() / per_token);
+        let State { pos, rings } = state;
+        let Rings::Host(host) = rings else {
+            return Err(Error::Internal(
+                "the planned step needs its host rings".into(),
+            ));
+        };
         let block = block_len(self.cfg.context);
         let mut start = 0;
         while start < t {
             crate::error::check_cancel(cancel)?;
             let len = block.min(t - start);
-            let xb = take(&mut state.scratch.x, n * len * d);
+            let xb = take(&mut host.scratch.x, n * len * d);
             for i in 0..n {
                 let src = &x[(i * t + start) * d..][..len * d];
                 xb[i * len * d..][..len * d].copy_from_slice(src);
             }
-            self.step_block(state, rows, len)?;
-            let xb = &state.scratch.x;
+            self.step_block(pos, host, rows, len)?;
+            let xb = &host.scratch.x;
             for i in 0..n {
                 let dst = &mut out[(i * t + start) * d..][..len * d];
                 dst.copy_from_slice(&xb[i * len * d..][..len * d]);
             }
-            rows.iter().for_each(|&r| state.pos[r] += len as u64);
+            rows.iter().for_each(|&r| pos[r] += len as u64);
             start += len;
         }
         Ok(())
     }
 
-    /// One block of `t` tokens per row, from `state.scratch.x` (rows × t, d) into itself.
-    fn step_block(&self, state: &mut State, rows: &[usize], t: usize) -> Result<()> {
+    /// One block of `t` tokens per row, from `host.scratch.x` (rows × t, d) into itself.
+    fn step_block(
+        &self,
+        pos: &[u64],
+        host: &mut HostRings,
+        rows: &[usize],
+        t: usize,
+    ) -> Result<()> {
         let (d, m) = (self.cfg.d_model, rows.len() * t);
-        let State {
-            pos,
-            rings,
+        let HostRings {
+            layers: rings,
             scratch,
             ..
-        } = state;
+        } = host;
         scratch.pos.clear();
         for &r in rows {
             scratch.pos.extend((0..t as u64).map(|i| pos[r] + i));

@@ -10,6 +10,7 @@ use super::state::{ring_slot, LayerCache};
 use crate::config::TransformerConfig;
 use crate::config::{Field, Value};
 use crate::error::{Error, Result};
+use crate::rows::Rows;
 use crate::testutil::{max_abs_diff, test_input};
 use crate::weights::{self, QkLayout, TensorSource};
 use candle::StreamingModule;
@@ -103,7 +104,7 @@ fn matches_candle_step_by_step() {
         let x = Tensor::from_vec(test_input(b, t, d, 3), (b, t, d), &dev).unwrap();
         for i in 0..t {
             let xi = x.narrow(1, i, 1).unwrap();
-            let ours = model.forward(&mut state, &xi).unwrap();
+            let ours = model.forward(&mut state, &xi, None, None).unwrap();
             let theirs = reference
                 .step(&xi.into())
                 .unwrap()
@@ -190,7 +191,11 @@ fn chunk_invariant() {
     let x = Tensor::from_vec(test_input(b, t, d, 9), (b, t, d), &dev).unwrap();
     let mut s = State::default();
     let steps: Vec<Tensor> = (0..t)
-        .map(|i| model.forward(&mut s, &x.narrow(1, i, 1).unwrap()).unwrap())
+        .map(|i| {
+            model
+                .forward(&mut s, &x.narrow(1, i, 1).unwrap(), None, None)
+                .unwrap()
+        })
         .collect();
     let steps = Tensor::cat(&steps, 1).unwrap();
     for chunks in [
@@ -206,7 +211,7 @@ fn chunk_invariant() {
         for c in &chunks {
             outs.push(
                 model
-                    .forward(&mut s, &x.narrow(1, start, *c).unwrap())
+                    .forward(&mut s, &x.narrow(1, start, *c).unwrap(), None, None)
                     .unwrap(),
             );
             start += c;
@@ -275,11 +280,17 @@ fn the_fixed_step_matches_the_earlier_paths() {
             let x = Tensor::from_vec(test_input(b, t, d, 40 + call as u64), (b, t, d), &dev);
             let x = x.unwrap();
             let (yf, yo) = match call % 3 {
-                2 => (
-                    fixed.forward_rows(&mut sf, &x.narrow(0, 1, 1).unwrap(), &[1]),
-                    old.forward_rows(&mut so, &x.narrow(0, 1, 1).unwrap(), &[1]),
+                2 => {
+                    let (row, one) = (x.narrow(0, 1, 1).unwrap(), Rows::from_mask(&[false, true]));
+                    (
+                        fixed.forward(&mut sf, &row, Some(&one), None),
+                        old.forward(&mut so, &row, Some(&one), None),
+                    )
+                }
+                _ => (
+                    fixed.forward(&mut sf, &x, None, None),
+                    old.forward(&mut so, &x, None, None),
                 ),
-                _ => (fixed.forward(&mut sf, &x), old.forward(&mut so, &x)),
             };
             let (yf, yo) = (yf.unwrap(), yo.unwrap());
             let peak = max_abs_diff(&yo, &yo.zeros_like().unwrap());
@@ -372,12 +383,17 @@ fn check_rows_independent(model: &Transformer, pe: &str, tol: f32) {
         let idx = Tensor::new(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), &dev).unwrap();
         let xs = x.index_select(&idx, 0).unwrap();
         let ys = match call {
-            0 => model.forward(&mut batched, &xs).unwrap(),
-            _ => model.forward_rows(&mut batched, &xs, rows).unwrap(),
+            0 => model.forward(&mut batched, &xs, None, None).unwrap(),
+            _ => {
+                let mask: Vec<bool> = (0..b).map(|r| rows.contains(&r)).collect();
+                let rows = Rows::from_mask(&mask);
+                model.forward(&mut batched, &xs, Some(&rows), None).unwrap()
+            }
         };
         let ys = ys.to_dtype(DType::F32).unwrap();
         for (i, &r) in rows.iter().enumerate() {
-            let alone = (model.forward(&mut single[r], &x.narrow(0, r, 1).unwrap())).unwrap();
+            let alone = model.forward(&mut single[r], &x.narrow(0, r, 1).unwrap(), None, None);
+            let alone = alone.unwrap();
             let alone = alone.to_dtype(DType::F32).unwrap();
             let diff = max_abs_diff(&ys.narrow(0, i, 1).unwrap(), &alone);
             let peak = max_abs_diff(&alone, &alone.zeros_like().unwrap());
