@@ -49,23 +49,20 @@ impl Codec {
     }
 
     /// The latents of codes in the engine's form: the native engine's rows' frames from the
-    /// quantizer's slice path (on the CPU), the candle engine's tensor in the codec's dtype.
+    /// quantizer's slice path (the native engine computes on the CPU), the candle engine's
+    /// tensor in the codec's dtype.
     pub(crate) fn dequantize(&self, codes: Codes) -> Result<Activations> {
         let p = &self.parts;
-        if self.engine.kind() == EngineKind::Native && p.device.is_cpu() {
-            let c = codes.into_host()?;
-            let (b, k, t) = (c.shape[0], c.shape[1], c.shape[2]);
-            let dim = p.cfg.seanet.dimension;
-            let mut x = Frames::uninit(b * t, dim);
-            self.quantizer
-                .decode_tokens(&c.data, (b, k, t), &mut x.data)?;
-            return Ok(Activations::Frames(from_tokens(&x.data, b, dim)));
+        if self.engine.kind() == EngineKind::Candle {
+            let x = self.quantizer.decode(&codes.into_tensor(&p.device)?)?;
+            return Ok(Activations::Tensor(cast(&x, p.dtype)?));
         }
-        let x = self.quantizer.decode(&codes.into_tensor(&p.device)?)?;
-        let x = Activations::Tensor(cast(&x, p.dtype)?);
-        match self.engine.kind() {
-            EngineKind::Native => Ok(Activations::Frames(x.into_frames()?)),
-            EngineKind::Candle => Ok(x),
-        }
+        let c = codes.into_host()?;
+        let (b, k, t) = (c.shape[0], c.shape[1], c.shape[2]);
+        let dim = p.cfg.seanet.dimension;
+        let mut x = Frames::uninit(b * t, dim);
+        self.quantizer
+            .decode_tokens(&c.data, (b, k, t), &mut x.data)?;
+        Ok(Activations::Frames(from_tokens(&x.data, b, dim)))
     }
 }

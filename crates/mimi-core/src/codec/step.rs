@@ -16,7 +16,6 @@ use super::transform::transform_step;
 use crate::error::{Error, Result};
 use crate::rows::Rows;
 use crate::runtime::profile::time;
-use candle::DType;
 
 impl Codec {
     /// Refuses a last chunk of `b` rows the stream cannot take: another batch size, or rows
@@ -89,10 +88,6 @@ impl Codec {
         last: bool,
     ) -> Result<Option<Activations>> {
         let p = &self.parts;
-        let dtype = match &pcm {
-            Activations::Tensor(t) => t.dtype(),
-            Activations::Frames(_) => DType::F32,
-        };
         let x = match s.convs.seanet(rows, pcm, last)? {
             Some(x) => time(
                 || "enc.transformer".into(),
@@ -102,7 +97,7 @@ impl Codec {
             // downsampling's padding.
             None if last => {
                 let shape = (rows.count(), p.cfg.seanet.dimension);
-                self.engine.no_activations(shape, (&p.device, dtype))?
+                self.engine.no_activations(shape, (&p.device, p.dtype))?
             }
             None => return Ok(None),
         };
