@@ -153,6 +153,98 @@ impl<'a> PairInput<'a> {
     }
 }
 
+/// A product's input as its path reads it.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    /// The rounded pairs.
+    Pairs(PairInput<'a>),
+    /// The pairs widened to f32 (the AVX2 path).
+    #[cfg(target_arch = "x86_64")]
+    Wide(Wide<'a>),
+}
+
+/// Rows per register tile of the AVX2 path: 6 rows x 2 vectors of 8 lanes are 12 sums, of its
+/// 16 registers (AVX2 has 16 vector registers, not 32: an 8-row tile would spill).
+#[cfg(target_arch = "x86_64")]
+const AVX2_ROWS: usize = 6;
+
+/// The AVX2 path's blocks of row tiles: at most this many bytes of widened input, which an
+/// L2 cache holds (256 KiB on the smallest AVX2 machines) while every panel takes the block.
+/// Timed over the products of a `"medium"` codec (a Xeon, one core, warm weights): 64 and 128
+/// KiB 1-5% faster than 512 KiB or each panel taking every row tile; within the noise of
+/// each other at the codec level.
+#[cfg(target_arch = "x86_64")]
+const AVX2_BLOCK_BYTES: usize = 128 << 10;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The AVX2 path's widened input, kept between calls.
+    static WIDE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The AVX2 path's row tiles of an `m`-row product, `(first row, rows)`: `m.div_ceil(6)`
+/// tiles as even as can be (8 rows are two tiles of 4, not 6 and 2: a tile of few rows
+/// leaves the FMAs waiting on their latency).
+#[cfg(target_arch = "x86_64")]
+fn avx2_tiles(m: usize) -> impl Iterator<Item = (usize, usize)> {
+    let t = m.div_ceil(AVX2_ROWS);
+    (0..t).map(move |j| (j * m / t, (j + 1) * m / t - j * m / t))
+}
+
+/// A [`PairInput`] widened to f32 for the AVX2 path, once per product for every panel: its
+/// kernel broadcasts each value from memory (a load), where widening in registers would
+/// take two shuffles per value on the port the broadcasts need. Laid out tile by tile
+/// ([`avx2_tiles`]): tile `(r0, rows)` at `2 kp r0`, each pair `i` then `rows` odd elements
+/// and `rows` even ones, so the kernel reads one contiguous run. (Read in place, a
+/// convolution's pair-major input would stride by `4 m` bytes from pair to pair: with `m` a
+/// multiple of 1024, every pair in the same cache set.)
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Wide<'a> {
+    data: &'a [f32],
+    kp: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a> Wide<'a> {
+    fn new(x: PairInput, m: usize, kp: usize, buf: &'a mut Vec<f32>) -> Self {
+        buf.truncate(2 * m * kp);
+        buf.resize(2 * m * kp, 0.0);
+        for (r0, rows) in avx2_tiles(m) {
+            let (x, block) = (x.skip_rows(r0), &mut buf[2 * kp * r0..][..2 * kp * rows]);
+            match rows {
+                6 => widen_tile::<6>(x, kp, block),
+                5 => widen_tile::<5>(x, kp, block),
+                4 => widen_tile::<4>(x, kp, block),
+                3 => widen_tile::<3>(x, kp, block),
+                2 => widen_tile::<2>(x, kp, block),
+                _ => widen_tile::<1>(x, kp, block),
+            }
+        }
+        Self { data: buf, kp }
+    }
+
+    /// Tile `(r0, rows)`'s run.
+    fn tile(self, (r0, rows): (usize, usize)) -> &'a [f32] {
+        &self.data[2 * self.kp * r0..][..2 * self.kp * rows]
+    }
+}
+
+/// `R` rows of `x` (the input's rows from the tile's first) widened into `block`, [`Wide`]'s
+/// layout.
+#[cfg(target_arch = "x86_64")]
+fn widen_tile<const R: usize>(x: PairInput, kp: usize, block: &mut [f32]) {
+    for (i, d) in block.chunks_exact_mut(2 * R).enumerate().take(kp) {
+        let (odd, even) = d.split_at_mut(R);
+        for r in 0..R {
+            // SAFETY: the tile's rows and pairs (`check`).
+            let p = unsafe { x.at(r, i) };
+            odd[r] = f32::from_bits(p & 0xffff_0000);
+            even[r] = f32::from_bits(p << 16);
+        }
+    }
+}
+
 /// A weight `(n, k)` rounded to bf16 and packed in panels of [`LANES`] outputs of pairs.
 #[derive(Debug, Clone)]
 pub struct PairPacked {
@@ -206,23 +298,9 @@ impl PairPacked {
     /// `y (m, n) = bias + x (m, k) . w^T` on this CPU's fastest path ([`Path::best`]), the
     /// panels spread over the pool when the product is large (the bits do not change).
     pub fn matmul(&self, x: PairInput, m: usize, bias: Option<&[f32]>, y: &mut [f32]) {
-        let (n, kp) = (self.n, self.k.div_ceil(2));
         self.check(x, m, bias, y);
-        let panels = n.div_ceil(LANES);
-        let tasks = panels.div_ceil(TASK_PANELS);
-        let out = Out(y.as_mut_ptr());
-        let path = Path::best();
-        let run = |t: usize| {
-            let p1 = ((t + 1) * TASK_PANELS).min(panels);
-            // SAFETY: panels t * TASK_PANELS .. p1 write only their own columns of `y`
-            // (m x n, checked), which outlives the tasks.
-            unsafe { self.panels(path, (t * TASK_PANELS, p1), x, m, bias, out) }
-        };
-        if 2 * m * n * kp < 1 << 18 {
-            (0..tasks).for_each(run);
-        } else {
-            super::for_each_index(tasks, run);
-        }
+        let parallel = 2 * m * self.n * self.k.div_ceil(2) >= 1 << 18;
+        self.run(Path::best(), x, m, bias, y, parallel);
     }
 
     /// `y (m, n) = bias + x (m, k) . w^T` on `path`, on this thread, from `x` already rounded
@@ -241,9 +319,42 @@ impl PairPacked {
             path.available(),
             "PairPacked: {path:?} is not available on this CPU"
         );
+        self.run(path, x, m, bias, y, false);
+    }
+
+    /// The product on `path` (shapes checked, a path this CPU runs): on this thread, or in
+    /// tasks of [`TASK_PANELS`] panels over the pool when `parallel`. The AVX2 path widens the
+    /// input to f32 first, once for all tasks ([`Wide`]).
+    fn run(
+        &self,
+        path: Path,
+        x: PairInput,
+        m: usize,
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        parallel: bool,
+    ) {
         let panels = self.n.div_ceil(LANES);
-        // SAFETY: checked shapes; this thread writes all of `y`.
-        unsafe { self.panels(path, (0, panels), x, m, bias, Out(y.as_mut_ptr())) }
+        let task = if parallel { TASK_PANELS } else { panels.max(1) };
+        let out = Out(y.as_mut_ptr());
+        let go = |x: Input| {
+            let run = |t: usize| {
+                let p1 = ((t + 1) * task).min(panels);
+                // SAFETY: panels t * task .. p1 write only their own columns of `y` (m x n,
+                // checked), which outlives the tasks; the caller checked the path runs here.
+                unsafe { self.panels(path, (t * task, p1), x, m, bias, out) }
+            };
+            match parallel {
+                true => super::for_each_index(panels.div_ceil(task), run),
+                false => (0..panels.div_ceil(task)).for_each(run),
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        if path == Path::Avx2 {
+            let kp = self.k.div_ceil(2);
+            return super::with_scratch(&WIDE, |buf| go(Input::Wide(Wide::new(x, m, kp, buf))));
+        }
+        go(Input::Pairs(x))
     }
 
     fn check(&self, x: PairInput, m: usize, bias: Option<&[f32]>, y: &[f32]) {
@@ -264,11 +375,16 @@ impl PairPacked {
         &self,
         path: Path,
         (p0, p1): (usize, usize),
-        x: PairInput,
+        x: Input,
         m: usize,
         bias: Option<&[f32]>,
         y: Out,
     ) {
+        let x = match x {
+            #[cfg(target_arch = "x86_64")]
+            Input::Wide(x) => return self.panels_avx2((p0, p1), x, m, bias, y),
+            Input::Pairs(x) => x,
+        };
         let (n, kp) = (self.n, self.k.div_ceil(2));
         let mut p = p0;
         while p < p1 {
@@ -300,6 +416,74 @@ impl PairPacked {
                 r += rows;
             }
             p += np;
+        }
+    }
+
+    /// [`Self::panels`] on the AVX2 path, MXCSR's flush bits set once: the row tiles
+    /// ([`avx2_tiles`]) in blocks of [`AVX2_BLOCK_BYTES`] of widened input, each block taking
+    /// every panel in turn, each panel every tile of the block (its weights stay in L1).
+    ///
+    /// # Safety
+    /// As [`Self::panels`]; this CPU runs AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn panels_avx2(
+        &self,
+        (p0, p1): (usize, usize),
+        x: Wide,
+        m: usize,
+        bias: Option<&[f32]>,
+        y: Out,
+    ) {
+        let (n, kp) = (self.n, self.k.div_ceil(2));
+        let _flush = FlushDenormals::set();
+        let per_block = (AVX2_BLOCK_BYTES / (8 * AVX2_ROWS * kp).max(1)).max(1);
+        for b0 in (0..m.div_ceil(AVX2_ROWS)).step_by(per_block) {
+            for p in p0..p1 {
+                let (w, b) = (
+                    &self.data[p * kp * LANES..][..kp * LANES],
+                    bias_lanes(bias, p, n),
+                );
+                for (r, rows) in avx2_tiles(m).skip(b0).take(per_block) {
+                    let (x, mut acc) = (x.tile((r, rows)), [b; AVX2_ROWS]);
+                    let a = &mut acc[..rows];
+                    match rows {
+                        6 => tile_avx2::<6>(w, x, kp, a),
+                        5 => tile_avx2::<5>(w, x, kp, a),
+                        4 => tile_avx2::<4>(w, x, kp, a),
+                        3 => tile_avx2::<3>(w, x, kp, a),
+                        2 => tile_avx2::<2>(w, x, kp, a),
+                        _ => tile_avx2::<1>(w, x, kp, a),
+                    }
+                    store(y, n, (r, p), a);
+                }
+            }
+        }
+    }
+}
+
+/// Panel `p`'s bias lanes, flushed as DAZ would (zero past `n`, or without a bias).
+#[cfg(target_arch = "x86_64")]
+fn bias_lanes(bias: Option<&[f32]>, p: usize, n: usize) -> [f32; LANES] {
+    let mut b = [0f32; LANES];
+    if let Some(bias) = bias.filter(|_| p * LANES < n) {
+        let o = p * LANES;
+        (b.iter_mut().zip(&bias[o..n.min(o + LANES)])).for_each(|(d, &v)| *d = flush(v));
+    }
+    b
+}
+
+/// Writes panel `p`'s sums of rows `r..` (`sums`, one per row) to `y` (`m x n`).
+///
+/// # Safety
+/// The rows are inside `y`, and this thread owns the panel's columns.
+#[cfg(target_arch = "x86_64")]
+unsafe fn store(y: Out, n: usize, (r, p): (usize, usize), sums: &[[f32; LANES]]) {
+    let o = p * LANES;
+    for (i, s) in sums.iter().enumerate() {
+        let dst = y.0.add((r + i) * n + o);
+        match n - o >= LANES {
+            true => dst.cast::<[f32; LANES]>().write_unaligned(*s), // no call to memcpy
+            false => std::ptr::copy_nonoverlapping(s.as_ptr(), dst, n - o),
         }
     }
 }
@@ -354,13 +538,7 @@ fn tile(path: Path, w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mu
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Path::Avx512 => unsafe { sized!(tile_avx512) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Path::Avx2 => unsafe {
-            for (j, wj) in w.iter().enumerate().take(np) {
-                tile_avx2(wj, x, kp, acc, j)
-            }
-        },
+        // (the AVX2 path reads its input widened: `panels_avx2`)
         _ => tile_portable(w, np, x, kp, acc),
     }
 }
@@ -442,63 +620,51 @@ impl Drop for FlushDenormals {
     }
 }
 
-/// AVX2: panel `j` of the tile, rows in groups of up to 4 (8 sums of 8 lanes, 14 of the 16
-/// registers with the weights and inputs).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2(panel: &[u32], x: PairInput, kp: usize, acc: &mut [Acc], j: usize) {
-    let _flush = FlushDenormals::set();
-    for (g, rows) in acc.chunks_mut(4).enumerate() {
-        let x = x.skip_rows(4 * g);
-        match rows.len() {
-            4 => tile_avx2_rows::<4>(panel, x, kp, rows, j),
-            3 => tile_avx2_rows::<3>(panel, x, kp, rows, j),
-            2 => tile_avx2_rows::<2>(panel, x, kp, rows, j),
-            _ => tile_avx2_rows::<1>(panel, x, kp, rows, j),
-        }
-    }
-}
-
-/// [`tile_avx2`] for `R` rows; MXCSR's flush bits are set by the caller.
+/// AVX2: `R` rows (up to [`AVX2_ROWS`]) of one panel, from the widened input: 12 sums in
+/// the 16 registers, two for the panel's weights (widened in registers, exact) and one for
+/// an input broadcast from memory. MXCSR's flush bits are set by the caller. (Weights kept
+/// widened at load, two f32 planes and twice the bytes, measured no faster.)
 #[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2_rows<const R: usize>(
-    panel: &[u32],
-    x: PairInput,
-    kp: usize,
-    acc: &mut [Acc],
-    j: usize,
-) {
+unsafe fn tile_avx2<const R: usize>(panel: &[u32], x: &[f32], kp: usize, acc: &mut [[f32; LANES]]) {
     use std::arch::x86_64::*;
+    debug_assert!(acc.len() == R && panel.len() == kp * LANES && x.len() == 2 * R * kp);
     let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
     let mut s = [[_mm256_setzero_ps(); 2]; R];
     for r in 0..R {
         for h in 0..2 {
-            s[r][h] = _mm256_loadu_ps(acc[r][j].as_ptr().add(8 * h));
+            s[r][h] = _mm256_loadu_ps(acc[r].as_ptr().add(8 * h));
         }
     }
     for i in 0..kp {
-        let wv: [__m256i; 2] = std::array::from_fn(|h| {
-            _mm256_loadu_si256(panel.as_ptr().add(i * LANES + 8 * h).cast())
+        let (w, xi) = (
+            panel.as_ptr().add(i * LANES).cast::<__m256i>(),
+            x.as_ptr().add(2 * R * i),
+        );
+        // each sum takes its odd product first, then its even one
+        let wo: [__m256; 2] = std::array::from_fn(|h| {
+            _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(w.add(h)), hi))
         });
-        let wo = wv.map(|v| _mm256_castsi256_ps(_mm256_and_si256(v, hi)));
-        let we = wv.map(|v| _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
         for r in 0..R {
-            let xp = x.at(r, i);
-            let (xo, xe) = (
-                _mm256_set1_ps(widen((xp >> 16) as u16)),
-                _mm256_set1_ps(widen(xp as u16)),
-            );
+            let v = _mm256_broadcast_ss(&*xi.add(r));
             for h in 0..2 {
-                s[r][h] = _mm256_fmadd_ps(wo[h], xo, s[r][h]);
-                s[r][h] = _mm256_fmadd_ps(we[h], xe, s[r][h]);
+                s[r][h] = _mm256_fmadd_ps(wo[h], v, s[r][h]);
+            }
+        }
+        let we: [__m256; 2] = std::array::from_fn(|h| {
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(w.add(h)), 16))
+        });
+        for r in 0..R {
+            let v = _mm256_broadcast_ss(&*xi.add(R + r));
+            for h in 0..2 {
+                s[r][h] = _mm256_fmadd_ps(we[h], v, s[r][h]);
             }
         }
     }
     for r in 0..R {
         for h in 0..2 {
-            _mm256_storeu_ps(acc[r][j].as_mut_ptr().add(8 * h), s[r][h]);
+            _mm256_storeu_ps(acc[r].as_mut_ptr().add(8 * h), s[r][h]);
         }
     }
 }
@@ -604,7 +770,9 @@ mod tests {
     #[test]
     fn every_path_gives_the_same_bits() {
         assert!(paths().contains(&Path::Portable));
-        for (m, k, n) in [(1, 2, 1), (3, 7, 17), (5, 64, 33), (9, 513, 40), (4, 1, 16)] {
+        // (50, 1030, 70): the AVX2 path's tiles of 5 and 6 rows, in blocks
+        let shapes = [(1, 2, 1), (3, 7, 17), (5, 64, 33), (9, 513, 40), (4, 1, 16)];
+        for (m, k, n) in shapes.into_iter().chain([(50, 1030, 70)]) {
             let (x, w) = (test_input(1, m, k, 11), test_input(1, n, k, 12));
             let bias = test_input(1, 1, n, 13);
             for b in [None, Some(&bias[..])] {
@@ -661,26 +829,44 @@ mod tests {
     }
 
     /// Times each path on Mimi-like shapes (`cargo test --release -- --ignored --nocapture
-    /// paths_speed`): what [`Path::best`]'s order rests on.
+    /// paths_speed`): what [`Path::best`]'s order rests on. The last shape's input is
+    /// pair-major, as a convolution's tile of 2048 frames gathers it.
     #[test]
     #[ignore = "a timing, run by hand"]
     #[allow(clippy::print_stdout)] // its output is the point
     fn paths_speed() {
-        for (m, k, n) in [(256, 512, 512), (8, 2048, 512), (256, 192, 64)] {
+        let shapes = [
+            (256, 512, 512),
+            (8, 2048, 512),
+            (256, 192, 64),
+            (2048, 256, 256),
+        ];
+        for ((m, k, n), cols) in shapes.into_iter().zip([false, false, false, true]) {
             let (x, w) = (test_input(1, m, k, 1), test_input(1, n, k, 2));
             let packed = PairPacked::pack(&w, n, k);
-            let mut xp = Vec::new();
+            let (mut xp, kp) = (Vec::new(), k.div_ceil(2));
             round_pairs(&x, m, k, &mut xp);
+            if cols {
+                xp = (0..kp * m).map(|j| xp[(j % m) * kp + j / m]).collect();
+            }
+            let input = match cols {
+                true => PairInput::columns(&xp, m),
+                false => PairInput::rows(&xp, kp),
+            };
             let mut y = vec![0f32; m * n];
             for path in paths() {
                 let t = std::time::Instant::now();
                 let reps = 20;
                 for _ in 0..reps {
-                    packed.matmul_on(path, PairInput::rows(&xp, k.div_ceil(2)), m, None, &mut y);
+                    packed.matmul_on(path, input, m, None, &mut y);
                 }
                 let s = t.elapsed().as_secs_f64() / reps as f64;
                 let gf = 2.0 * (m * n * k) as f64 / s / 1e9;
-                println!("{m}x{k}x{n} {path:?}: {:.1} us, {gf:.1} GFLOP/s", s * 1e6);
+                let c = if cols { " pair-major" } else { "" };
+                println!(
+                    "{m}x{k}x{n}{c} {path:?}: {:.1} us, {gf:.1} GFLOP/s",
+                    s * 1e6
+                );
             }
         }
     }
