@@ -19,21 +19,7 @@ from ._core import (
     set_float32_matmul_precision,
     settings,
 )
-from .errors import (
-    ComputeError,
-    ConfigError,
-    DepthMismatchError,
-    DeviceError,
-    DTypeError,
-    IncompatibleStateError,
-    InternalError,
-    InvalidInputError,
-    MimiError,
-    ResourceError,
-    ShapeError,
-    UnsupportedKvRepeatError,
-    WeightsError,
-)
+from .errors import *  # noqa: F403  (the exception classes, declared in errors.py)
 
 __all__ = [
     "CodecConfig",

@@ -4,25 +4,9 @@ Every error mimi_py raises derives from :class:`MimiError` *and* from the builti
 refines, so ``except ValueError`` keeps working. The Rust core's table of error kinds
 (``ErrorKind`` in ``crates/mimi-core/src/error.rs``) names the class each kind raises; a test
 checks that the table, these classes, the package's ``__all__`` and the README's table agree.
+The package takes every class from here (``from .errors import *``): they are listed nowhere else
+in Python but its ``__all__``.
 """
-
-from __future__ import annotations
-
-__all__ = [
-    "ComputeError",
-    "ConfigError",
-    "DTypeError",
-    "DepthMismatchError",
-    "DeviceError",
-    "IncompatibleStateError",
-    "InternalError",
-    "InvalidInputError",
-    "MimiError",
-    "ResourceError",
-    "ShapeError",
-    "UnsupportedKvRepeatError",
-    "WeightsError",
-]
 
 
 class MimiError(Exception):
@@ -78,20 +62,14 @@ class InternalError(MimiError, RuntimeError):
 
 
 # Shown as `mimi_py.ShapeError` in tracebacks and reprs: users import them from the package.
-for _cls in (
-    MimiError,
-    ConfigError,
-    UnsupportedKvRepeatError,
-    IncompatibleStateError,
-    DepthMismatchError,
-    ShapeError,
-    DTypeError,
-    InvalidInputError,
-    ResourceError,
-    WeightsError,
-    DeviceError,
-    ComputeError,
-    InternalError,
-):
+def _family(root: type[Exception]) -> list[type[Exception]]:
+    """`root` and every class derived from it, parents first."""
+    out = [root]
+    for sub in root.__subclasses__():
+        out += _family(sub)
+    return out
+
+
+for _cls in _family(MimiError):
     _cls.__module__ = "mimi_py"
 del _cls
