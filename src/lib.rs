@@ -92,4 +92,10 @@ mod _core {
     fn _error_class_names() -> Vec<&'static str> {
         crate::py::errors::class_names()
     }
+
+    /// Test hook: how many input shapes the models have checked in this process.
+    #[pyfunction]
+    fn _shape_checks_made() -> usize {
+        mimi_core::runtime::profile::shape_checks_made()
+    }
 }

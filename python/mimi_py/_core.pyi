@@ -20,6 +20,7 @@ __all__ = [
     "_panic_for_tests",
     "_poison_for_tests",
     "_settings_table",
+    "_shape_checks_made",
     "candle_version",
     "features",
     "get_float32_matmul_precision",
@@ -375,3 +376,6 @@ def _settings_table() -> list[tuple[str, str, str]]:
 
 def _error_class_names() -> list[str]:
     """Test hook: the exception class names the Rust error mapping uses."""
+
+def _shape_checks_made() -> int:
+    """Test hook: how many input shapes the models have checked in this process."""

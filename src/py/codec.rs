@@ -1,7 +1,7 @@
 //! `MimiCodec`: the Python class around [`Codec`].
 
 use crate::py::config::{self as pyconfig, PyCodecConfig};
-use crate::py::convert::{self, HostArray};
+use crate::py::convert;
 use crate::py::errors::PyResult;
 use crate::py::guard::{self, interruptible, Detached, Reset, Shared};
 use crate::py::row_args;
@@ -10,6 +10,7 @@ use mimi_core::codec::inputs::code_value;
 use mimi_core::codec::stream::{copy_pair, StreamPair};
 use mimi_core::codec::{Codec, DecodeStream, EncodeStep, EncodeStream, Input, OpenOptions, Rows};
 use mimi_core::error::{Error, Result};
+use mimi_core::host::HostInput;
 use mimi_core::runtime::device;
 use mimi_core::runtime::precision::Precision;
 use numpy::{
@@ -32,8 +33,14 @@ pub struct PyMimiCodec {
     dec: Shared<Option<DecodeStream>>,
 }
 
-/// Codes read from Python.
-type CodesArray = mimi_core::HostArray<u32>;
+/// The `(batch, length)` of an input whose shape its codec checked (`lengths=` counts along
+/// the last axis).
+fn dims<T>(x: &HostInput<T>) -> (usize, usize) {
+    match x {
+        HostInput::Shaped(s, _) => (s.dims()[0], s.dims()[2]),
+        HostInput::Unchecked(a) => (a.shape[0], a.shape[2]),
+    }
+}
 
 /// A stream that has not started yet is `None`.
 impl<T> Reset for Option<T> {
@@ -64,15 +71,15 @@ fn check_codes_dtype(a: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
     Ok(())
 }
 
-/// Reads integer codes into u32, checking the range. With `rows`, only those batch rows are
-/// read and checked (an inactive row of a masked step may hold anything); the others are 0.
+/// Reads integer codes into u32, the caller having checked their dtype and shape. With
+/// `rows`, only those batch rows are read (an inactive row of a masked step may hold
+/// anything); the others are 0. A value no `u32` holds is refused here, with the core's
+/// message ([`code_value`]); the range `[0, bins)` is the core's rule, checked in the call.
 fn read_codes(
     a: &Bound<'_, PyUntypedArray>,
     bins: usize,
     rows: Option<&[usize]>,
 ) -> PyResult<Vec<u32>> {
-    check_codes_dtype(a)?;
-    convert::check_size(a.shape(), "codes")?;
     let values: Vec<i128> = if a.dtype().kind() == b'u' {
         let conv = a.call_method1("astype", ("uint64", "C"))?;
         let arr = conv.cast_into::<PyArrayDyn<u64>>().map_err(PyErr::from)?;
@@ -88,10 +95,9 @@ fn read_codes(
     let read = |r: usize| rows.is_none_or(|rows| rows.binary_search(&r).is_ok());
     let mut out = Vec::with_capacity(values.len());
     for (i, &v) in values.iter().enumerate() {
-        out.push(if read(i / row_len) {
-            code_value(v, bins)?
-        } else {
-            0
+        out.push(match read(i / row_len) {
+            true => u32::try_from(v).or_else(|_| code_value(v, bins))?,
+            false => 0,
         });
     }
     Ok(out)
@@ -119,10 +125,9 @@ impl PyMimiCodec {
         &self,
         pcm: &Bound<'_, PyAny>,
         lengths: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(HostArray, Option<Vec<usize>>)> {
+    ) -> PyResult<(HostInput<f32>, Option<Vec<usize>>)> {
         let (host, _) = self.read_pcm_rows(pcm, None)?;
-        let (b, s) = (host.shape[0], host.shape[2]);
-        let lengths = row_args::lengths(lengths, b, s, "samples")?;
+        let lengths = row_args::lengths(lengths, dims(&host), "samples")?;
         Ok((host, lengths))
     }
 
@@ -133,10 +138,9 @@ impl PyMimiCodec {
         codes: &Bound<'_, PyAny>,
         lengths: Option<&Bound<'_, PyAny>>,
         decoded: bool,
-    ) -> PyResult<(CodesArray, Option<Vec<usize>>)> {
+    ) -> PyResult<(HostInput<u32>, Option<Vec<usize>>)> {
         let (codes, _) = self.read_codes_rows(codes, None, decoded)?;
-        let (b, t) = (codes.shape[0], codes.shape[2]);
-        let lengths = row_args::lengths(lengths, b, t, "frames")?;
+        let lengths = row_args::lengths(lengths, dims(&codes), "frames")?;
         Ok((codes, lengths))
     }
 
@@ -151,12 +155,12 @@ impl PyMimiCodec {
     }
 
     /// pcm: (batch, channels, samples) or (samples,), read as f32 once its dtype and shape
-    /// pass the core's rules (the core checks the rest); with `active=`, its rows.
+    /// pass the core's rules (the call checks the rest); with `active=`, its rows.
     fn read_pcm_rows(
         &self,
         x: &Bound<'_, PyAny>,
         active: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(HostArray, Option<Rows>)> {
+    ) -> PyResult<(HostInput<f32>, Option<Rows>)> {
         let arr = convert::as_ndarray(x, "pcm")?;
         if !convert::is_int_pcm(&arr) {
             convert::check_float(&arr, "pcm")?;
@@ -164,10 +168,9 @@ impl PyMimiCodec {
         let shape = self
             .codec
             .input_shape(Input::Pcm, &convert::shape_of(&arr))?;
-        let rows = row_args::active(active, shape[0])?;
-        let mut host = convert::read_pcm(&arr, "pcm")?;
-        host.shape = shape.to_vec();
-        Ok((host, rows))
+        let rows = row_args::active(active, shape.dims()[0])?;
+        let data = convert::copy_pcm(&arr, "pcm")?;
+        Ok((HostInput::Shaped(shape, data), rows))
     }
 
     /// codes: (batch, num_codebooks, frames) integers, read as u32 once their dtype and
@@ -178,7 +181,7 @@ impl PyMimiCodec {
         x: &Bound<'_, PyAny>,
         active: Option<&Bound<'_, PyAny>>,
         decoded: bool,
-    ) -> PyResult<(CodesArray, Option<Rows>)> {
+    ) -> PyResult<(HostInput<u32>, Option<Rows>)> {
         let arr = convert::as_ndarray(x, "codes")?;
         check_codes_dtype(&arr)?;
         let input = if decoded {
@@ -187,11 +190,11 @@ impl PyMimiCodec {
             Input::Codes
         };
         let shape = self.codec.input_shape(input, &convert::shape_of(&arr))?;
-        let rows = row_args::active(active, shape[0])?;
+        let rows = row_args::active(active, shape.dims()[0])?;
         let stepping = rows.as_ref().map(|r| r.indices());
         let bins = self.codec.config().quantizer_bins;
         let data = read_codes(&arr, bins, stepping.as_deref())?;
-        Ok((CodesArray::new(data, shape.to_vec()), rows))
+        Ok((HostInput::Shaped(shape, data), rows))
     }
 }
 

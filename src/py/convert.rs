@@ -89,31 +89,26 @@ pub fn check_float(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// Reads audio samples: any real floating array as [`read_f32`] does, or integer PCM with
-/// the standard scaling, int16 ÷ 32768 and int32 ÷ 2³¹ (other integer types are refused with
-/// the scaling to apply).
-pub fn read_pcm(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
-    let scale = if a.cast::<PyArrayDyn<i16>>().is_ok() {
-        1.0 / 32768.0
-    } else if a.cast::<PyArrayDyn<i32>>().is_ok() {
-        1.0 / 2147483648.0
-    } else {
-        return read_f32(a, what);
-    };
-    let shape = shape_of(a);
-    check_size(&shape, what)?;
-    let data = if let Ok(arr) = a.cast::<PyArrayDyn<i16>>() {
+/// Copies audio samples, whose dtype and shape the caller has checked: a real floating
+/// array as [`copy_f32`] does, or integer PCM with the standard scaling, int16 ÷ 32768 and
+/// int32 ÷ 2³¹ (other integer types are refused by [`check_float`], with the scaling to apply).
+pub fn copy_pcm(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Vec<f32>> {
+    if let Ok(arr) = a.cast::<PyArrayDyn<i16>>() {
         let ro = arr.try_readonly()?;
-        collect_c_order(ro.as_array(), |v| (f64::from(v) * scale) as f32, what)?
-    } else {
-        let arr = a.cast::<PyArrayDyn<i32>>().map_err(PyErr::from)?;
+        return collect_c_order(ro.as_array(), |v| (f64::from(v) / 32768.0) as f32, what);
+    }
+    if let Ok(arr) = a.cast::<PyArrayDyn<i32>>() {
         let ro = arr.try_readonly()?;
-        collect_c_order(ro.as_array(), |v| (f64::from(v) * scale) as f32, what)?
-    };
-    Ok(HostArray::new(data, shape))
+        return collect_c_order(
+            ro.as_array(),
+            |v| (f64::from(v) / 2147483648.0) as f32,
+            what,
+        );
+    }
+    copy_f32(a, what)
 }
 
-/// Whether `a` is integer PCM that [`read_pcm`] scales (int16 or int32, native byte order).
+/// Whether `a` is integer PCM that [`copy_pcm`] scales (int16 or int32, native byte order).
 pub fn is_int_pcm(a: &Bound<'_, PyUntypedArray>) -> bool {
     a.cast::<PyArrayDyn<i16>>().is_ok() || a.cast::<PyArrayDyn<i32>>().is_ok()
 }
@@ -148,26 +143,35 @@ fn collect_c_order<T: Copy, U>(
 }
 
 /// Reads a real floating array (any layout, float16 to float64) into a C-ordered `Vec<f32>`,
-/// refusing another dtype and a size past the limits. Finite values are the core's rule
-/// (`host::check_finite`, with the rows a call steps), not checked here.
+/// refusing another dtype and a size past the limits, for a caller with no model's check of
+/// its shape. Finite values are the core's rule (`host::check_finite`, with the rows a call
+/// steps), not checked here.
 pub fn read_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<HostArray> {
     check_float(a, what)?;
     let shape = shape_of(a);
     check_size(&shape, what)?;
-    let data = if let Ok(arr) = a.cast::<PyArrayDyn<f32>>() {
+    Ok(HostArray {
+        data: copy_f32(a, what)?,
+        shape,
+    })
+}
+
+/// Copies a real floating array whose dtype and shape the caller has checked (see
+/// [`read_f32`]) into a C-ordered `Vec<f32>`.
+pub fn copy_f32(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Vec<f32>> {
+    if let Ok(arr) = a.cast::<PyArrayDyn<f32>>() {
         let ro = arr.try_readonly()?;
-        collect_c_order(ro.as_array(), |v| v, what)?
+        collect_c_order(ro.as_array(), |v| v, what)
     } else if let Ok(arr) = a.cast::<PyArrayDyn<f64>>() {
         let ro = arr.try_readonly()?;
-        collect_c_order(ro.as_array(), |v| v as f32, what)?
+        collect_c_order(ro.as_array(), |v| v as f32, what)
     } else {
         // float16, longdouble, non-native byte order: let numpy convert once, in C order.
         let conv = a.call_method1("astype", ("float32", "C"))?;
         let conv = conv.cast_into::<PyArrayDyn<f32>>().map_err(PyErr::from)?;
         let ro = conv.try_readonly()?;
-        collect_c_order(ro.as_array(), |v| v, what)?
-    };
-    Ok(HostArray { data, shape })
+        collect_c_order(ro.as_array(), |v| v, what)
+    }
 }
 
 /// Moves a C-ordered vector (float32 audio, uint32 codes) into a new numpy array, no copy.

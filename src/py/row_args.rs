@@ -22,7 +22,8 @@ fn read_ints(a: &Bound<'_, numpy::PyUntypedArray>) -> PyResult<Vec<i64>> {
     Ok(ro.as_array().iter().copied().collect())
 }
 
-/// `active=`: a boolean array of shape `(batch,)`: the rows that step.
+/// `active=`: a boolean array of shape `(batch,)`: the rows that step (its dtype and rank
+/// are read here; its length is the core's rule, [`mimi_core::rows::Rows::or_all`]).
 pub fn active(
     obj: Option<&Bound<'_, PyAny>>,
     batch: usize,
@@ -40,12 +41,8 @@ pub fn active(
         ))
         .into());
     }
-    if a.shape() != [batch] {
-        return Err(Error::Shape(format!(
-            "active must have shape (batch,) = ({batch},), got {:?}",
-            a.shape()
-        ))
-        .into());
+    if a.ndim() != 1 {
+        return Err(mimi_core::codec::Rows::active_shape_error(batch, a.shape()).into());
     }
     Ok(Some(mimi_core::codec::Rows::from_mask(&read_bools(&a)?)))
 }
@@ -76,11 +73,12 @@ pub fn rows(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<RowSelection>> {
 }
 
 /// `lengths=`: `None`, or one non-negative integer per batch item, each at most `max` (in
-/// `unit`s: samples or frames). Read and checked while attached, before anything runs.
+/// `unit`s: samples or frames), for an input of `(batch, max)`. Read while attached, before
+/// anything runs; the call checks them ([`mimi_core::codec::lengths::check_lengths`]), and
+/// integers no `usize` holds are refused here with the same rule's message.
 pub fn lengths(
     obj: Option<&Bound<'_, PyAny>>,
-    batch: usize,
-    max: usize,
+    (batch, max): (usize, usize),
     unit: &str,
 ) -> PyResult<Option<Vec<usize>>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
@@ -116,7 +114,11 @@ pub fn lengths(
         .into());
     }
     let values = read_ints(&a)?;
-    Ok(Some(mimi_core::codec::lengths::checked_lengths(
-        &values, batch, max, unit,
-    )?))
+    match values.iter().map(|&v| usize::try_from(v)).collect() {
+        Ok(lengths) => Ok(Some(lengths)),
+        // A negative length: the rule's own message.
+        Err(_) => Ok(Some(mimi_core::codec::lengths::checked_lengths(
+            &values, batch, max, unit,
+        )?)),
+    }
 }

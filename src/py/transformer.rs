@@ -12,6 +12,7 @@ use crate::py::row_args;
 use crate::py::weights::WeightsArg;
 use mimi_core::config::TransformerConfig;
 use mimi_core::error::Result;
+use mimi_core::host::HostInput;
 use mimi_core::runtime::device;
 use mimi_core::runtime::precision::Precision;
 use mimi_core::transformer::{State, Transformer};
@@ -55,10 +56,9 @@ impl PyStreamingTransformer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let arr = convert::as_ndarray(x, "x")?;
         convert::check_float(&arr, "x")?;
-        let shape = convert::shape_of(&arr);
-        self.model.check_call(&shape)?;
-        let active = row_args::active(active, shape[0])?;
-        let host = convert::read_f32(&arr, "x")?;
+        let shape = self.model.check_call(&convert::shape_of(&arr))?;
+        let active = row_args::active(active, shape.dims()[0])?;
+        let host = HostInput::Shaped(shape, convert::copy_f32(&arr, "x")?);
         let (model, state) = (self.model.clone(), &self.state);
         let out = guard::detached(py, move |d| {
             model.forward_host(&mut *state.lock(d)?, host, active)

@@ -113,3 +113,33 @@ def test_nan_and_inf_are_refused_and_change_nothing(special, chunk):
             f(bad)
     assert t.position == c.position == 4
     same(t.forward(x[:, 4:]), c.forward(x[:, 4:]), "after the refused call")
+
+
+def test_each_call_checks_its_input_shape_once():
+    """The binding checks shape, size and memory before copying an array, and the core's call
+    trusts that check (it is not repeated); an array passed straight to the core is checked
+    there. Counted by the core (`_shape_checks_made`), for every call that takes an array."""
+    codec = make_codec(config=small_codec_config(), seed=3)
+    model = make_transformer(TF_CFG)
+    pcm = (np.random.default_rng(2).standard_normal((2, 1, 2 * FRAME)) * 0.1).astype(np.float32)
+    codes = codec.encode(pcm)
+    calls = {
+        "encode": lambda: codec.encode(pcm),
+        "encode lengths=": lambda: codec.encode(pcm, lengths=[FRAME, 2 * FRAME]),
+        "encode_latents": lambda: codec.encode_latents(pcm),
+        "decode": lambda: codec.decode(codes),
+        "decode_latents": lambda: codec.decode_latents(codes),
+        "encode_step": lambda: codec.encode_step(pcm),
+        "encode_step active=": lambda: codec.encode_step(pcm, active=np.array([True, False])),
+        "decode_step": lambda: codec.decode_step(codes),
+        "forward": lambda: model.forward(np.zeros((1, 3, D), np.float32)),
+        "step": lambda: model.step(np.zeros((1, 1, D), np.float32)),
+    }
+    for name, run in calls.items():
+        before = M._core._shape_checks_made()
+        run()
+        assert M._core._shape_checks_made() - before == 1, name
+    before = M._core._shape_checks_made()
+    with pytest.raises(M.ShapeError):
+        codec.encode(pcm[:, :, :, None])
+    assert M._core._shape_checks_made() - before == 1, "a refused call checks once too"

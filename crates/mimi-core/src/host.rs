@@ -1,8 +1,10 @@
 //! Host arrays: C-ordered values with their shape, as a caller without candle holds them
-//! (the Python binding's numpy arrays, a Rust user's `Vec`s), and the rules every input
-//! array obeys (its size, finite values).
+//! (the Python binding's numpy arrays, a Rust user's `Vec`s), the rules every input
+//! array obeys (its size, finite values), and [`HostInput`]: an input whose shape its model
+//! has already checked, so that each rule runs once per call.
 
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// C-ordered `data` of shape `shape`.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,6 +18,83 @@ impl<T> HostArray<T> {
         debug_assert_eq!(data.len(), shape.iter().product::<usize>());
         Self { data, shape }
     }
+}
+
+/// A shape its model accepted for one kind of input (shape, size, memory): made by the
+/// model's check (`Codec::input_shape`, `Transformer::check_call`) while a binding still
+/// holds the caller's array, before copying it. Handed back with the values
+/// ([`HostInput::Shaped`]), it spares the call those checks; the values' own rules (finite
+/// samples, codes in range) still run, once, in the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedShape {
+    dims: Vec<usize>,
+    /// The model that checked it ([`owner_id`]) and the kind of input, as it names them.
+    owner: (u64, u8),
+}
+
+impl CheckedShape {
+    pub(crate) fn new(dims: Vec<usize>, owner: (u64, u8)) -> Self {
+        Self { dims, owner }
+    }
+
+    /// The shape, as the model reads the input (for example `(batch, channels, samples)`).
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+}
+
+/// An input array as a model's calls take it: one they check whole, or values whose shape
+/// the model has checked ([`CheckedShape`]). A `HostArray` converts into the first.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostInput<T> {
+    Unchecked(HostArray<T>),
+    Shaped(CheckedShape, Vec<T>),
+}
+
+impl<T> From<HostArray<T>> for HostInput<T> {
+    fn from(a: HostArray<T>) -> Self {
+        HostInput::Unchecked(a)
+    }
+}
+
+impl<T> HostInput<T> {
+    /// The array, its shape checked by `check` (which may rewrite it, as the model reads it)
+    /// unless `owner` checked it already (a shape checked by another model or for another
+    /// kind of input is checked again); refuses values that do not fill the shape.
+    pub(crate) fn resolve(
+        self,
+        owner: (u64, u8),
+        what: &str,
+        check: impl FnOnce(&mut Vec<usize>) -> Result<()>,
+    ) -> Result<HostArray<T>> {
+        let (data, mut shape, checked) = match self {
+            HostInput::Shaped(s, data) => (data, s.dims, s.owner == owner),
+            HostInput::Unchecked(a) => (a.data, a.shape, false),
+        };
+        check_len(data.len(), &shape, what)?;
+        if !checked {
+            check(&mut shape)?;
+        }
+        Ok(HostArray { data, shape })
+    }
+}
+
+/// A fresh identity for a model whose checks a [`CheckedShape`] records.
+pub(crate) fn owner_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Refuses values that do not fill their shape (a Rust caller's mistake).
+fn check_len(len: usize, shape: &[usize], what: &str) -> Result<()> {
+    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    if n != Some(len) {
+        return Err(Error::Shape(format!(
+            "{what} holds {len} values but its shape {shape:?} needs {}",
+            n.map_or("more than usize::MAX".into(), |n| n.to_string())
+        )));
+    }
+    Ok(())
 }
 
 /// The most values one call reads: 2^31 (8 GiB as f32). Larger inputs (for example a
@@ -76,5 +155,43 @@ mod tests {
         let e = check_finite(&[0.0, f32::NAN, 1.0, 2.0], &[2, 2], Some(&[1]), "pcm");
         assert!(e.is_ok(), "an inactive row may hold NaN");
         assert!(check_finite(&[0.0, f32::NAN, 1.0, 2.0], &[2, 2], None, "pcm").is_err());
+    }
+
+    #[test]
+    fn a_checked_shape_spares_only_its_own_models_check() {
+        let checks = std::cell::Cell::new(0);
+        let check = |shape: &mut Vec<usize>| {
+            checks.set(checks.get() + 1);
+            *shape = vec![1, 1, shape.iter().product()];
+            Ok(())
+        };
+        let own = (owner_id(), 0);
+        let shaped =
+            |owner| HostInput::Shaped(CheckedShape::new(vec![1, 1, 3], owner), vec![0f32; 3]);
+        let a = shaped(own).resolve(own, "x", check).unwrap();
+        assert_eq!((a.shape, checks.get()), (vec![1, 1, 3], 0));
+        for other in [(owner_id(), 0), (own.0, 1)] {
+            shaped(other).resolve(own, "x", check).unwrap();
+        }
+        let flat = HostInput::from(HostArray::new(vec![0f32; 3], vec![3]));
+        assert_eq!(flat.resolve(own, "x", check).unwrap().shape, [1, 1, 3]);
+        assert_eq!(
+            checks.get(),
+            3,
+            "other models, other kinds and plain arrays are checked"
+        );
+        let short = HostInput::Unchecked(HostArray {
+            data: vec![0f32; 2],
+            shape: vec![3],
+        });
+        assert!(matches!(
+            short.resolve(own, "x", check),
+            Err(Error::Shape(_))
+        ));
+        let short = HostInput::Shaped(CheckedShape::new(vec![1, 1, 3], own), vec![0f32; 2]);
+        assert!(matches!(
+            short.resolve(own, "x", check),
+            Err(Error::Shape(_))
+        ));
     }
 }

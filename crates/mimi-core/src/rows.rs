@@ -91,11 +91,15 @@ impl Rows {
         match rows {
             None => Ok(Rows::all(batch)),
             Some(r) if r.batch == batch => Ok(r),
-            Some(r) => Err(Error::Shape(format!(
-                "active must have shape (batch,) = ({batch},), got ({},)",
-                r.batch
-            ))),
+            Some(r) => Err(Self::active_shape_error(batch, &[r.batch])),
         }
+    }
+
+    /// The error for an `active` mask of shape `got` on an input of `batch` rows.
+    pub fn active_shape_error(batch: usize, got: &[usize]) -> Error {
+        Error::Shape(format!(
+            "active must have shape (batch,) = ({batch},), got {got:?}"
+        ))
     }
 
     /// The stream's batch size.

@@ -6,12 +6,12 @@
 //! zeros).
 
 use super::activations::{Activations, Codes};
-use super::inputs::check_last;
+use super::inputs::{check_last, Input};
 use super::lengths::{check_lengths, per_item};
 use super::model::Codec;
 use super::stream::{DecodeStream, EncodeStream};
 use crate::error::{Cancel, Result};
-use crate::host::HostArray;
+use crate::host::{HostArray, HostInput};
 use crate::rows::Rows;
 
 /// How one [`Codec::encode_step_host`] call steps.
@@ -23,6 +23,32 @@ pub struct EncodeStep {
     /// The stream ends with this chunk: its last partial frame is padded as the offline
     /// `encode` pads it, and the stream starts afresh afterwards. Not with `active`.
     pub last: bool,
+}
+
+/// The unit of an offline call's input, in which `lengths=` counts.
+#[derive(Clone, Copy)]
+enum Unit {
+    /// Samples of audio, giving a frame of output each `frame` of them (rounded up).
+    Samples { frame: usize },
+    /// Frames of codes, each giving `per_frame` columns of output.
+    Frames { per_frame: usize },
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Samples { .. } => "samples",
+            Unit::Frames { .. } => "frames",
+        }
+    }
+
+    /// The output's columns for an item of `l` units.
+    fn columns(self, l: usize) -> usize {
+        match self {
+            Unit::Samples { frame } => l.div_ceil(frame),
+            Unit::Frames { per_frame } => l * per_frame,
+        }
+    }
 }
 
 impl Codec {
@@ -37,7 +63,7 @@ impl Codec {
     /// `lengths[i]` samples alone, then zeros up to the longest item.
     pub fn encode_host(
         &self,
-        pcm: HostArray<f32>,
+        pcm: impl Into<HostInput<f32>>,
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<u32>> {
@@ -45,13 +71,15 @@ impl Codec {
             let codes = self.codes_of(self.host_activations(x)?, cancel)?;
             codes.into_host()
         };
-        self.offline_encode_host(pcm, lengths, self.config().quantizer_n_q, &f)
+        let (pcm, _) = self.check_pcm(pcm.into(), None)?;
+        let out = (self.config().quantizer_n_q, self.samples());
+        self.offline_host(pcm, lengths, out, &f)
     }
 
     /// The latents before quantization, `(B, dimension, frames)` (see [`Self::encode_host`]).
     pub fn encode_latents_host(
         &self,
-        pcm: HostArray<f32>,
+        pcm: impl Into<HostInput<f32>>,
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
@@ -59,20 +87,25 @@ impl Codec {
             let latents = self.latents_of(self.host_activations(x)?, cancel)?;
             latents.into_host()
         };
-        self.offline_encode_host(pcm, lengths, self.config().seanet.dimension, &f)
+        let (pcm, _) = self.check_pcm(pcm.into(), None)?;
+        let out = (self.config().seanet.dimension, self.samples());
+        self.offline_host(pcm, lengths, out, &f)
     }
 
     /// The quantizer's reconstruction of codes `(B, n_q, T)`: `(B, dimension, T)`. With
     /// `lengths` (frames per item), as in [`Self::decode_host`].
     pub fn decode_latents_host(
         &self,
-        codes: HostArray<u32>,
+        codes: impl Into<HostInput<u32>>,
         lengths: Option<&[usize]>,
     ) -> Result<HostArray<f32>> {
-        self.check_codes(&codes, None, false)?;
+        let (codes, _) = self.check_codes(codes.into(), None, Input::Codes)?;
         let f = |c: HostArray<u32>| self.dequantize(Codes::Host(c))?.into_host();
-        let out = (self.config().seanet.dimension, 1);
-        self.offline_decode_host(codes, lengths, out, &f)
+        let out = (
+            self.config().seanet.dimension,
+            Unit::Frames { per_frame: 1 },
+        );
+        self.offline_host(codes, lengths, out, &f)
     }
 
     /// Codes `(B, n_q, T)` in `[0, cardinality)` to audio `(B, C, T * frame_size)`. With
@@ -81,73 +114,53 @@ impl Codec {
     /// range).
     pub fn decode_host(
         &self,
-        codes: HostArray<u32>,
+        codes: impl Into<HostInput<u32>>,
         lengths: Option<&[usize]>,
         cancel: Cancel,
     ) -> Result<HostArray<f32>> {
-        self.check_codes(&codes, None, true)?;
+        let (codes, _) = self.check_codes(codes.into(), None, Input::CodesToDecode)?;
         let f = |c: HostArray<u32>| self.audio_of(Codes::Host(c), cancel)?.into_host();
-        let out = (self.config().channels, self.config().frame_size());
-        self.offline_decode_host(codes, lengths, out, &f)
+        let per_frame = self.config().frame_size();
+        let out = (self.config().channels, Unit::Frames { per_frame });
+        self.offline_host(codes, lengths, out, &f)
     }
 
-    /// An offline call on audio: checks `pcm` and `lengths`, answers an empty input with
-    /// `(B, channels, 0)` (the output's channels), and otherwise runs `f` on the batch or on
-    /// each item alone ([`per_item`]), in the pool.
-    fn offline_encode_host<T: Copy + Default + Send>(
-        &self,
-        pcm: HostArray<f32>,
-        lengths: Option<&[usize]>,
-        channels: usize,
-        f: &(dyn Fn(HostArray<f32>) -> Result<HostArray<T>> + Sync),
-    ) -> Result<HostArray<T>> {
-        let (pcm, _) = self.check_pcm(pcm, None)?;
-        let (b, s) = (pcm.shape[0], pcm.shape[2]);
-        if let Some(l) = lengths {
-            check_lengths(l, b, s, "samples")?;
-        }
-        if s == 0 {
-            return Ok(HostArray::new(vec![], vec![b, channels, 0]));
-        }
-        let frames = |l: usize| l.div_ceil(self.config().frame_size());
-        let spec = (
-            channels,
-            &frames as &(dyn Fn(usize) -> usize + Sync),
-            self.device().is_cpu(),
-        );
-        self.offline(|| match lengths {
-            None => f(pcm),
-            Some(l) => per_item(&pcm, l, spec, f),
-        })
+    /// The unit of audio input: samples, a frame of output each `frame_size`.
+    fn samples(&self) -> Unit {
+        let frame = self.config().frame_size();
+        Unit::Samples { frame }
     }
 
-    /// An offline call on codes the caller checked (with or without the audio they decode
-    /// to): checks `lengths`, answers no frames with `(B, channels, 0)` (the output's
-    /// channels, `per_frame` columns each frame), and otherwise runs `f` on the batch or on
-    /// each item alone ([`per_item`]), in the pool.
-    fn offline_decode_host<T: Copy + Default + Send>(
+    /// An offline call on a checked input `(B, _, n)` of `unit`s: checks `lengths`, answers
+    /// `n = 0` with `(B, channels, 0)` (the output's channels), and otherwise runs `f` on the
+    /// batch or on each item alone ([`per_item`]), in the pool.
+    fn offline_host<T, U>(
         &self,
-        codes: HostArray<u32>,
+        x: HostArray<T>,
         lengths: Option<&[usize]>,
-        (channels, per_frame): (usize, usize),
-        f: &(dyn Fn(HostArray<u32>) -> Result<HostArray<T>> + Sync),
-    ) -> Result<HostArray<T>> {
-        let (b, t) = (codes.shape[0], codes.shape[2]);
+        (channels, unit): (usize, Unit),
+        f: &(dyn Fn(HostArray<T>) -> Result<HostArray<U>> + Sync),
+    ) -> Result<HostArray<U>>
+    where
+        T: Copy + Send + Sync,
+        U: Copy + Default + Send,
+    {
+        let (b, n) = (x.shape[0], x.shape[2]);
         if let Some(l) = lengths {
-            check_lengths(l, b, t, "frames")?;
+            check_lengths(l, b, n, unit.name())?;
         }
-        if t == 0 {
+        if n == 0 {
             return Ok(HostArray::new(vec![], vec![b, channels, 0]));
         }
-        let columns = |l: usize| l * per_frame;
+        let columns = |l: usize| unit.columns(l);
         let spec = (
             channels,
             &columns as &(dyn Fn(usize) -> usize + Sync),
             self.device().is_cpu(),
         );
         self.offline(|| match lengths {
-            None => f(codes),
-            Some(l) => per_item(&codes, l, spec, f),
+            None => f(x),
+            Some(l) => per_item(&x, l, spec, f),
         })
     }
 
@@ -157,11 +170,11 @@ impl Codec {
     pub fn encode_step_host(
         &self,
         s: &mut EncodeStream,
-        pcm: HostArray<f32>,
+        pcm: impl Into<HostInput<f32>>,
         step: EncodeStep,
     ) -> Result<Option<HostArray<u32>>> {
         check_last(step.active.as_ref(), step.last)?;
-        let (pcm, rows) = self.check_pcm(pcm, step.active)?;
+        let (pcm, rows) = self.check_pcm(pcm.into(), step.active)?;
         let (b, c, n) = (pcm.shape[0], pcm.shape[1], pcm.shape[2]);
         let on = (self.device(), self.dtype());
         if step.last {
@@ -204,10 +217,10 @@ impl Codec {
     pub fn decode_step_host(
         &self,
         s: &mut DecodeStream,
-        codes: HostArray<u32>,
+        codes: impl Into<HostInput<u32>>,
         active: Option<Rows>,
     ) -> Result<Option<HostArray<f32>>> {
-        let rows = self.check_codes(&codes, active, true)?;
+        let (codes, rows) = self.check_codes(codes.into(), active, Input::CodesToDecode)?;
         let (b, k, t) = (codes.shape[0], codes.shape[1], codes.shape[2]);
         s.check_batch(b, "decoder")?;
         if t == 0 {

@@ -1,13 +1,12 @@
-//! The rules a codec call's inputs obey, checked by the host calls
-//! ([`super::host_calls`]) before anything runs, and public so that a binding can check them
-//! while it still holds the caller's array (before copying it): the shapes of audio and
-//! codes, their size, the memory a call needs, finite samples and codes in range. A binding
-//! that checks the shape first reads the memory estimate twice per call (three `/proc`
-//! files, some µs): the price of refusing a call before copying its input.
+//! The rules a codec call's inputs obey, checked once per call before anything runs or any
+//! state changes: the shapes of audio and codes, their size, the memory a call needs (by
+//! the host calls ([`super::host_calls`]), or by a binding through [`Codec::input_shape`]
+//! while it still holds the caller's array, whose [`CheckedShape`] the call then trusts),
+//! then finite samples and codes in range (always by the call).
 
 use super::model::Codec;
 use crate::error::{Error, Result};
-use crate::host::{check_finite, check_size, HostArray};
+use crate::host::{check_finite, check_size, CheckedShape, HostArray, HostInput};
 use crate::rows::Rows;
 
 /// A code as the codec takes it: `v` in `[0, bins)` (a binding reads wider integers first).
@@ -32,6 +31,7 @@ pub(crate) fn check_last(rows: Option<&Rows>, last: bool) -> Result<()> {
 
 /// What an array handed to a codec call holds, for [`Codec::input_shape`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Input {
     /// Audio: `(batch, channels, samples)`, or `(samples,)` for a mono codec.
     Pcm,
@@ -44,13 +44,34 @@ pub enum Input {
 impl Codec {
     /// The shape `(batch, channels or codebooks, length)` the codec reads an `input` of
     /// `shape` as, or the error naming what was wrong (the rules of [`Self::pcm_shape`] and
-    /// [`Self::codes_shape`]). A binding calls it while it still holds the caller's array.
-    pub fn input_shape(&self, input: Input, shape: &[usize]) -> Result<[usize; 3]> {
+    /// [`Self::codes_shape`]). A binding calls it while it still holds the caller's array,
+    /// and hands the result back with the values ([`HostInput::Shaped`]).
+    pub fn input_shape(&self, input: Input, shape: &[usize]) -> Result<CheckedShape> {
+        let dims = self.dims_of(input, shape)?;
+        Ok(CheckedShape::new(dims.to_vec(), (self.id, input as u8)))
+    }
+
+    /// The rules of [`Self::input_shape`]: the shape the codec reads an `input` of `shape`
+    /// as (counted, for the test that a call checks once).
+    fn dims_of(&self, input: Input, shape: &[usize]) -> Result<[usize; 3]> {
+        crate::runtime::profile::shape_checked();
         match input {
             Input::Pcm => self.pcm_shape(shape),
             Input::Codes => self.codes_shape(shape, false),
             Input::CodesToDecode => self.codes_shape(shape, true),
         }
+    }
+
+    /// `x` as an array of the shape the codec reads an `input` as, checked unless
+    /// [`Self::input_shape`] checked it.
+    fn shaped<T>(&self, x: HostInput<T>, input: Input, what: &str) -> Result<HostArray<T>> {
+        x.resolve((self.id, input as u8), what, |shape| {
+            let dims = self.dims_of(input, shape)?;
+            if shape[..] != dims {
+                *shape = dims.to_vec();
+            }
+            Ok(())
+        })
     }
 
     /// Estimated peak bytes of an offline call on `batch` items of `samples` samples each.
@@ -124,34 +145,32 @@ impl Codec {
         Ok([b, k, t])
     }
 
-    /// Every input rule for audio: [`Self::pcm_shape`], the rows that step (`active`, all if
-    /// `None`), then finite samples in those rows. Returns the array reshaped to
-    /// `(batch, channels, samples)` and the rows.
+    /// Every input rule for audio: [`Self::pcm_shape`] (unless checked), the rows that step
+    /// (`active`, all if `None`), then finite samples in those rows. Returns the array
+    /// shaped `(batch, channels, samples)` and the rows.
     pub(crate) fn check_pcm(
         &self,
-        mut pcm: HostArray<f32>,
+        pcm: HostInput<f32>,
         active: Option<Rows>,
     ) -> Result<(HostArray<f32>, Rows)> {
-        check_len(&pcm, "pcm")?;
-        let shape = self.pcm_shape(&pcm.shape)?;
-        if pcm.shape != shape {
-            pcm.shape = shape.to_vec();
-        }
+        let pcm = self.shaped(pcm, Input::Pcm, "pcm")?;
         let rows = Rows::or_all(active, pcm.shape[0])?;
         check_finite(&pcm.data, &pcm.shape, Some(&rows.indices()), "pcm")?;
         Ok((pcm, rows))
     }
 
-    /// Every input rule for codes: [`Self::codes_shape`], the rows that step (`active`, all
-    /// if `None`), then codes in range in those rows. Returns the rows.
+    /// Every input rule for codes: [`Self::codes_shape`] (unless checked), the rows that step
+    /// (`active`, all if `None`), then codes in range in those rows (a binding reading wider
+    /// integers refuses those no `u32` holds, with [`code_value`]'s message). Returns the
+    /// array and the rows.
     pub(crate) fn check_codes(
         &self,
-        codes: &HostArray<u32>,
+        codes: HostInput<u32>,
         active: Option<Rows>,
-        decoded: bool,
-    ) -> Result<Rows> {
-        check_len(codes, "codes")?;
-        let [b, k, t] = self.codes_shape(&codes.shape, decoded)?;
+        input: Input,
+    ) -> Result<(HostArray<u32>, Rows)> {
+        let codes = self.shaped(codes, input, "codes")?;
+        let [b, k, t] = [codes.shape[0], codes.shape[1], codes.shape[2]];
         let rows = Rows::or_all(active, b)?;
         let bins = self.config().quantizer_bins;
         for &r in rows.indices().iter() {
@@ -160,25 +179,8 @@ impl Codec {
                 return Err(code_value(c.into(), bins).unwrap_err());
             }
         }
-        Ok(rows)
+        Ok((codes, rows))
     }
-}
-
-/// Refuses an array whose values do not fill its shape (a Rust caller's mistake).
-fn check_len<T>(a: &HostArray<T>, what: &str) -> Result<()> {
-    let n = a
-        .shape
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    if n != Some(a.data.len()) {
-        return Err(Error::Shape(format!(
-            "{what} holds {} values but its shape {:?} needs {}",
-            a.data.len(),
-            a.shape,
-            n.map_or("more than usize::MAX".into(), |n| n.to_string())
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -186,16 +188,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn codes_are_in_range_and_arrays_filled() {
+    fn codes_are_in_range() {
         assert_eq!(code_value(5, 6).unwrap(), 5);
         for v in [-1, 6, 1 << 40] {
             assert!(matches!(code_value(v, 6), Err(Error::InvalidInput(_))));
         }
-        assert!(check_len(&HostArray::new(vec![0f32; 3], vec![3]), "x").is_ok());
-        let short = HostArray {
-            data: vec![0f32; 2],
-            shape: vec![3],
-        };
-        assert!(matches!(check_len(&short, "x"), Err(Error::Shape(_))));
     }
 }

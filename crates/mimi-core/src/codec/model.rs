@@ -26,6 +26,8 @@ pub struct Codec {
     pub(super) quantizer: Quantizer,
     pub(super) precision: Precision,
     pub(super) layout: Option<CheckpointLayout>,
+    /// Its identity in the input shapes it checks ([`crate::host::CheckedShape`]).
+    pub(super) id: u64,
 }
 
 impl Codec {
@@ -91,6 +93,7 @@ impl Codec {
             quantizer,
             precision,
             layout: None,
+            id: crate::host::owner_id(),
         })
     }
 

@@ -18,6 +18,7 @@ static ON: AtomicBool = AtomicBool::new(false);
 static SKIP_PRODUCTS: AtomicBool = AtomicBool::new(false);
 static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 static TENSORS: AtomicUsize = AtomicUsize::new(0);
+static SHAPE_CHECKS: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts a candle tensor made from host values or a native engine's frames at the codec's
 /// edges (`codec::bridge`, the host calls): a test reads [`tensors_made`] to see that a
@@ -29,6 +30,18 @@ pub(crate) fn tensor_made() {
 /// The tensors counted by [`tensor_made`] since the process started.
 pub fn tensors_made() -> usize {
     TENSORS.load(Ordering::Relaxed)
+}
+
+/// Counts a check of an input's shape, size and memory (`Codec::input_shape`,
+/// `Transformer::check_call`): a test reads [`shape_checks_made`] to see that a call
+/// through the binding checks its input once.
+pub(crate) fn shape_checked() {
+    SHAPE_CHECKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The checks counted by [`shape_checked`] since the process started.
+pub fn shape_checks_made() -> usize {
+    SHAPE_CHECKS.load(Ordering::Relaxed)
 }
 
 thread_local! {

@@ -8,7 +8,7 @@ use super::state::{HostRings, LayerCache, Rings, State};
 use super::step_buffers::{HostRing, StepScratch};
 use crate::config::TransformerConfig;
 use crate::error::{Cancel, Error, Result};
-use crate::host::HostArray;
+use crate::host::{CheckedShape, HostArray, HostInput};
 use crate::kernels::in_pool_on;
 use crate::rows::Rows;
 use crate::runtime::device::cast;
@@ -31,6 +31,8 @@ pub struct Transformer {
     /// Slots of each ring: `context` on the planned step's host rings, `fixed::ring_slots`
     /// on the candle path's. Every ring keeps position `p` in slot `p % ring_slots`.
     pub(super) ring_slots: usize,
+    /// Its identity in the input shapes it checks ([`CheckedShape`]).
+    pub(super) id: u64,
 }
 
 impl Transformer {
@@ -108,6 +110,7 @@ impl Transformer {
             weights,
             fixed_step,
             ring_slots: ring_slots(cfg.context, fixed_step),
+            id: crate::host::owner_id(),
         })
     }
 
@@ -227,8 +230,16 @@ impl Transformer {
     }
 
     /// Every rule of a host call's input shape: [`Self::check_input`], its size, and the
-    /// memory the call needs ([`Self::call_memory`]).
-    pub fn check_call(&self, shape: &[usize]) -> Result<()> {
+    /// memory the call needs ([`Self::call_memory`]). A binding calls it while it still holds
+    /// the caller's array, and hands the result back with the values to [`Self::forward_host`].
+    pub fn check_call(&self, shape: &[usize]) -> Result<CheckedShape> {
+        self.check_shape(shape)?;
+        Ok(CheckedShape::new(shape.to_vec(), (self.id, 0)))
+    }
+
+    /// The rules of [`Self::check_call`] (counted, for the test that a call checks once).
+    fn check_shape(&self, shape: &[usize]) -> Result<()> {
+        crate::runtime::profile::shape_checked();
         self.check_input(shape)?;
         crate::host::check_size(shape, "x")?;
         crate::runtime::memory::check_memory(
@@ -270,10 +281,12 @@ impl Transformer {
     pub fn forward_host(
         &self,
         state: &mut State,
-        x: HostArray<f32>,
+        x: impl Into<HostInput<f32>>,
         rows: Option<Rows>,
     ) -> Result<HostArray<f32>> {
-        self.check_call(&x.shape)?;
+        let x = x
+            .into()
+            .resolve((self.id, 0), "x", |shape| self.check_shape(shape))?;
         let (b, t, d) = (x.shape[0], x.shape[1], x.shape[2]);
         self.check_batch(state, b)?;
         let rows = Rows::or_all(rows, b)?;
