@@ -28,6 +28,8 @@ pub struct Codec {
     pub(super) layout: Option<CheckpointLayout>,
     /// Its identity in the input shapes it checks ([`crate::host::CheckedShape`]).
     pub(super) id: u64,
+    /// [`CodecInfo::weights_nbytes`], summed once at build.
+    weights_nbytes: usize,
 }
 
 impl Codec {
@@ -53,27 +55,7 @@ impl Codec {
         // latents are cast to f32 on the way in (and back to `dtype` on the way out).
         let quantizer =
             Quantizer::load(cfg, &source.var_builder(DType::F32, device).pp("quantizer"))?;
-        // "medium" stores the transformers' matrices in bf16 only where it pairs them.
-        let pairs = precision == Precision::Medium && MediumLayers::from_settings().transformers;
-        let spec = weights::LoadSpec {
-            prefix: "",
-            layout: QkLayout::Interleaved,
-            device,
-            dtype,
-            precision: match precision {
-                Precision::Medium if !pairs => Precision::Highest,
-                p => p,
-            },
-        };
-        let [enc_w, dec_w] = Self::transformer_weights(cfg, &source, &spec)?;
-        Self::report_unread(cfg, &source);
-        source.finish()?;
-        let mut enc_tr = Transformer::new(&cfg.transformer, enc_w, device, dtype)?;
-        let mut dec_tr = Transformer::new(&cfg.transformer, dec_w, device, dtype)?;
-        if pairs {
-            enc_tr.pair_pack();
-            dec_tr.pair_pack();
-        }
+        let [enc_tr, dec_tr] = Self::load_transformers(cfg, &source, (device, dtype, precision))?;
         let parts = Parts {
             cfg: cfg.clone(),
             offline: Offline::default(),
@@ -87,6 +69,10 @@ impl Codec {
         // On a GPU the weights were queued on this thread's stream: wait for them, so that
         // calls from other threads read them whole (`kernels::in_pool_on`).
         device.synchronize()?;
+        let weights_nbytes = parts.enc_tr.weights_nbytes()
+            + parts.dec_tr.weights_nbytes()
+            + engine.weights_nbytes()
+            + quantizer.weights_nbytes();
         Ok(Self {
             parts,
             engine,
@@ -94,6 +80,7 @@ impl Codec {
             precision,
             layout: None,
             id: crate::host::owner_id(),
+            weights_nbytes,
         })
     }
 
@@ -112,6 +99,37 @@ impl Codec {
 
     /// The encoder's and decoder's transformer weights. A seeded source gives each its own
     /// seed (`seed + 1`, `seed + 2`) over unprefixed names.
+    /// Reads both transformers' weights, then finishes reading `source` (every problem
+    /// reported together, unread tensors named), and builds them; "medium" stores their
+    /// matrices in bf16 only where it pairs them.
+    fn load_transformers(
+        cfg: &CodecConfig,
+        source: &TensorSource,
+        (device, dtype, precision): (&Device, DType, Precision),
+    ) -> Result<[Transformer; 2]> {
+        let pairs = precision == Precision::Medium && MediumLayers::from_settings().transformers;
+        let spec = weights::LoadSpec {
+            prefix: "",
+            layout: QkLayout::Interleaved,
+            device,
+            dtype,
+            precision: match precision {
+                Precision::Medium if !pairs => Precision::Highest,
+                p => p,
+            },
+        };
+        let [enc_w, dec_w] = Self::transformer_weights(cfg, source, &spec)?;
+        Self::report_unread(cfg, source);
+        source.finish()?;
+        let mut enc_tr = Transformer::new(&cfg.transformer, enc_w, device, dtype)?;
+        let mut dec_tr = Transformer::new(&cfg.transformer, dec_w, device, dtype)?;
+        if pairs {
+            enc_tr.pair_pack();
+            dec_tr.pair_pack();
+        }
+        Ok([enc_tr, dec_tr])
+    }
+
     fn transformer_weights(
         cfg: &CodecConfig,
         source: &TensorSource,
@@ -150,16 +168,13 @@ impl Codec {
 
     /// What this codec is: how it computes, where, and from which checkpoint layout.
     pub fn info(&self) -> CodecInfo<'_> {
-        let transformers = self.parts.enc_tr.weights_nbytes() + self.parts.dec_tr.weights_nbytes();
         CodecInfo {
             config: &self.parts.cfg,
             precision: self.precision,
             engine: self.engine.kind(),
             device: &self.parts.device,
             dtype: self.parts.dtype,
-            weights_nbytes: transformers
-                + self.engine.weights_nbytes()
-                + self.quantizer.weights_nbytes(),
+            weights_nbytes: self.weights_nbytes,
             checkpoint_layout: self.layout,
         }
     }

@@ -220,17 +220,11 @@ impl Engine for Native {
     }
 
     fn encode_convs(self: Arc<Self>) -> Box<dyn EncodeConvs> {
-        Box::new(NativeEncode {
-            engine: self,
-            items: Vec::new(),
-        })
+        Box::new(NativeEncode::new(self))
     }
 
     fn decode_convs(self: Arc<Self>) -> Box<dyn DecodeConvs> {
-        Box::new(NativeDecode {
-            engine: self,
-            items: Vec::new(),
-        })
+        Box::new(NativeDecode::new(self))
     }
 }
 
@@ -337,10 +331,34 @@ impl DecodeBlocks for NativeDecodeBlocks<'_> {
     }
 }
 
-/// An encoder stream on the native engine: one state per batch row.
-struct NativeEncode {
+/// A stream on the native engine: one state per batch row (`EncodeItem`s for the encoder,
+/// `DecodeItem`s for the decoder), grown to the batch on its first step.
+struct RowStates<I> {
     engine: Arc<Native>,
-    items: Vec<EncodeItem>,
+    items: Vec<I>,
+}
+
+type NativeEncode = RowStates<EncodeItem>;
+type NativeDecode = RowStates<DecodeItem>;
+
+impl<I: Default + Clone> RowStates<I> {
+    fn new(engine: Arc<Native>) -> Self {
+        let items = Vec::new();
+        Self { engine, items }
+    }
+
+    /// Row `r` back to a fresh stream (a row the stream has not reached yet already is).
+    fn reset(&mut self, r: usize) {
+        if let Some(item) = self.items.get_mut(r) {
+            *item = I::default();
+        }
+    }
+
+    /// A copy with its own states and the same engine.
+    fn copy(&self) -> Self {
+        let (engine, items) = (self.engine.clone(), self.items.clone());
+        Self { engine, items }
+    }
 }
 
 impl EncodeConvs for NativeEncode {
@@ -373,16 +391,11 @@ impl EncodeConvs for NativeEncode {
     }
 
     fn reset_row(&mut self, r: usize) {
-        if let Some(item) = self.items.get_mut(r) {
-            *item = Default::default();
-        }
+        self.reset(r)
     }
 
     fn deep_copy(&self) -> Box<dyn EncodeConvs> {
-        Box::new(NativeEncode {
-            engine: self.engine.clone(),
-            items: self.items.clone(),
-        })
+        Box::new(self.copy())
     }
 }
 
@@ -428,12 +441,6 @@ fn by_groups<S: Send, T: Send>(
         .ok_or_else(|| Error::Internal("a group of rows left a row without output".into()))
 }
 
-/// A decoder stream on the native engine: one state per batch row.
-struct NativeDecode {
-    engine: Arc<Native>,
-    items: Vec<DecodeItem>,
-}
-
 impl DecodeConvs for NativeDecode {
     /// Each row through its own upsampling state.
     fn upsample(&mut self, rows: &Rows, x: Activations) -> Result<Option<Activations>> {
@@ -461,15 +468,10 @@ impl DecodeConvs for NativeDecode {
     }
 
     fn reset_row(&mut self, r: usize) {
-        if let Some(item) = self.items.get_mut(r) {
-            *item = Default::default();
-        }
+        self.reset(r)
     }
 
     fn deep_copy(&self) -> Box<dyn DecodeConvs> {
-        Box::new(NativeDecode {
-            engine: self.engine.clone(),
-            items: self.items.clone(),
-        })
+        Box::new(self.copy())
     }
 }
