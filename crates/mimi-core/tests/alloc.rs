@@ -5,7 +5,7 @@
 use mimi_core::candle::{DType, Device};
 use mimi_core::runtime::precision::Precision;
 use mimi_core::runtime::profile::CountingAlloc;
-use mimi_core::transformer::{State, Transformer};
+use mimi_core::transformer::{State, Transformer, Workspace};
 use mimi_core::weights::{load_transformer_only, LoadSpec, QkLayout};
 use mimi_core::{Result, TensorSource, TransformerConfig};
 
@@ -44,7 +44,7 @@ fn a_warm_planned_step_allocates_nothing() -> Result<()> {
             .build()
             .map_err(|e| mimi_core::Error::Internal(e.to_string()))?;
         pool.install(|| -> Result<()> {
-            let mut state = State::default();
+            let (mut state, mut ws) = (State::default(), Workspace::new());
             model.start(&mut state, 3)?;
             // Rows 0 and 2 (row 1 rests), two tokens each; the same shape every step.
             let rows = [0usize, 2];
@@ -53,7 +53,7 @@ fn a_warm_planned_step_allocates_nothing() -> Result<()> {
                 .collect();
             let mut out = vec![0f32; x.len()];
             for _ in 0..3 {
-                model.step_host(&mut state, &x, &rows, &mut out, None)?;
+                model.step_host(&mut state, &mut ws, &x, &rows, &mut out, None)?;
             }
             // Windows of 10 warm steps (past the context: the rings wrap around). The counter
             // sees every thread, and rayon's deques may allocate now and then on their own
@@ -63,7 +63,7 @@ fn a_warm_planned_step_allocates_nothing() -> Result<()> {
             for _ in 0..5 {
                 let before = COUNTING.counts();
                 for _ in 0..10 {
-                    model.step_host(&mut state, &x, &rows, &mut out, None)?;
+                    model.step_host(&mut state, &mut ws, &x, &rows, &mut out, None)?;
                 }
                 made.push((COUNTING.counts() - before).total);
                 if made.last() == Some(&0) {

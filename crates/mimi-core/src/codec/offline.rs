@@ -11,7 +11,7 @@ use super::transform::transform_step;
 use crate::conv;
 use crate::error::{check_cancel, Cancel, Result};
 use crate::rows::Rows;
-use crate::transformer::State;
+use crate::transformer::{State, Workspace};
 
 /// Runs an offline call inside the rayon pool (on the CPU: `kernels::in_pool_on`), then frees
 /// the recycled buffers it left, and applies the working-memory policy
@@ -35,7 +35,7 @@ pub(crate) fn encode(
 ) -> Result<Activations> {
     let b = pcm.rows()?;
     let mut job = engine.encode_blocks(p, pcm, cancel)?;
-    let (mut tr, all) = (State::default(), Rows::all(b));
+    let (mut tr, mut ws, all) = (State::default(), Workspace::new(), Rows::all(b));
     let blocks = job.blocks();
     let mut parts = Vec::with_capacity(blocks.len());
     for (i, &block) in blocks.iter().enumerate() {
@@ -43,7 +43,7 @@ pub(crate) fn encode(
         let last = i + 1 == blocks.len();
         // Empty frames still flush the downsampling's padding.
         let x = match job.seanet(block, last)? {
-            Some(x) => transform_step(&p.enc_tr, &mut tr, x, (&all, cancel))?,
+            Some(x) => transform_step(&p.enc_tr, (&mut tr, &mut ws), x, (&all, cancel))?,
             None => {
                 let shape = (b, p.cfg.seanet.dimension);
                 engine.no_activations(shape, (&p.device, p.dtype))?
@@ -66,14 +66,14 @@ pub(crate) fn decode(
 ) -> Result<Activations> {
     let all = Rows::all(latents.rows()?);
     let mut job = engine.decode_blocks(p, latents, cancel)?;
-    let mut tr = State::default();
+    let (mut tr, mut ws) = (State::default(), Workspace::new());
     let mut parts = Vec::new();
     for block in job.blocks() {
         check_cancel(cancel)?;
         let Some(x) = job.upsample(block)? else {
             continue;
         };
-        let x = transform_step(&p.dec_tr, &mut tr, x, (&all, cancel))?;
+        let x = transform_step(&p.dec_tr, (&mut tr, &mut ws), x, (&all, cancel))?;
         check_cancel(cancel)?;
         parts.push(job.seanet(x)?);
     }

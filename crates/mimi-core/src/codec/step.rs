@@ -91,7 +91,7 @@ impl Codec {
         let x = match s.convs.seanet(rows, pcm, last)? {
             Some(x) => time(
                 || "enc.transformer".into(),
-                || transform_step(&p.enc_tr, &mut s.tr, x, (rows, None)),
+                || transform_step(&p.enc_tr, (&mut s.tr, &mut s.ws), x, (rows, None)),
             )?,
             // Nothing new for the transformer, but the last chunk still flushes the
             // downsampling's padding.
@@ -126,7 +126,7 @@ impl Codec {
             };
             let x = time(
                 || "dec.transformer".into(),
-                || transform_step(&p.dec_tr, &mut s.tr, x, (rows, None)),
+                || transform_step(&p.dec_tr, (&mut s.tr, &mut s.ws), x, (rows, None)),
             )?;
             s.convs.seanet(rows, x)
         })?;

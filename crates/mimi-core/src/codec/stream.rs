@@ -1,15 +1,19 @@
-//! A codec stream: the convolutions' states (by engine), the transformer's state, and each
-//! row's count since its own start or reset. The codec's streaming calls take one.
+//! A codec stream: the convolutions' states (by engine), the transformer's state and the
+//! workspace its steps compute in, and each row's count since its own start or reset. The
+//! codec's streaming calls take one.
 
 use super::engine::{Convolutions, DecodeConvs, EncodeConvs};
 use crate::error::{Error, Result};
 use crate::rows::RowSelection;
-use crate::transformer::State;
+use crate::transformer::{State, Workspace};
 
 /// A streaming state. Made by [`super::Codec::encode_stream`] / [`super::Codec::decode_stream`].
 pub struct Stream<C> {
     pub(crate) convs: C,
     pub(crate) tr: State,
+    /// The transformer step's working memory (not part of the stream's contents: a copy
+    /// starts with an empty one).
+    pub(crate) ws: Workspace,
     batch: Option<usize>,
     /// Each row's count: audio samples (encoder) or code frames (decoder).
     pub(crate) counts: Vec<u64>,
@@ -25,6 +29,7 @@ impl<C: Convolutions> Stream<C> {
         Self {
             convs,
             tr: State::default(),
+            ws: Workspace::new(),
             batch: None,
             counts: Vec::new(),
         }
@@ -88,6 +93,7 @@ impl<C: Convolutions> Stream<C> {
         Ok(Self {
             convs: self.convs.copy(),
             tr: self.tr.deep_copy()?,
+            ws: Workspace::new(),
             batch: self.batch,
             counts: self.counts.clone(),
         })

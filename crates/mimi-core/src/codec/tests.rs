@@ -543,7 +543,7 @@ mod steps {
     use crate::config::CodecConfig;
     use crate::host::HostArray;
     use crate::testutil::test_input;
-    use crate::transformer::State;
+    use crate::transformer::{State, Workspace};
     use candle::{DType, Device, Tensor};
 
     fn tiny(engine: EngineKind) -> Codec {
@@ -560,6 +560,7 @@ mod steps {
         assert!(model.takes_host_step());
         let d = codec.config().seanet.dimension;
         let (mut on_frames, mut on_tensor) = (State::default(), State::default());
+        let mut ws = Workspace::new();
         let masks = [[true; 3], [true, false, true], [false, true, false]];
         for (step, mask) in masks.iter().enumerate() {
             let rows = Rows::from_mask(mask);
@@ -567,13 +568,19 @@ mod steps {
             let x = Tensor::from_vec(test_input(k, d, t, step as u64), (k, d, t), &Device::Cpu)
                 .unwrap();
             let frames = Activations::Frames(super::super::bridge::to_frames(&x).unwrap());
-            let a = transform_step(model, &mut on_frames, frames, (&rows, None)).unwrap();
+            let a =
+                transform_step(model, (&mut on_frames, &mut ws), frames, (&rows, None)).unwrap();
             assert!(matches!(a, Activations::Frames(_)));
             let a = a.into_tensor(&Device::Cpu).unwrap();
-            let b = transform_step(model, &mut on_tensor, Activations::Tensor(x), (&rows, None))
-                .unwrap()
-                .expect_tensor()
-                .unwrap();
+            let b = transform_step(
+                model,
+                (&mut on_tensor, &mut ws),
+                Activations::Tensor(x),
+                (&rows, None),
+            )
+            .unwrap()
+            .expect_tensor()
+            .unwrap();
             let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
             assert_eq!(
                 a.to_vec1::<f32>().unwrap(),

@@ -7,7 +7,7 @@ use super::bridge::{from_tokens, tokens};
 use crate::conv::Frames;
 use crate::error::{Cancel, Result};
 use crate::rows::Rows;
-use crate::transformer::{State, Transformer};
+use crate::transformer::{State, Transformer, Workspace};
 use candle::Tensor;
 
 /// (B, D, T) -> the transformer over time -> (B, D, T), continuing `state`.
@@ -38,13 +38,13 @@ fn transform_rows(
 }
 
 /// The transformer over the stepping rows' activations: the native engine's frames as
-/// tokens through [`Transformer::step_host`] (the bits of the tensor entry point, which
-/// takes the same step on the same values), the candle engine's tensor through
-/// [`transform_rows`]. A model without the planned step (gating, another dtype or device)
-/// takes the native engine's frames as a tensor.
+/// tokens through [`Transformer::step_host`] in the caller's workspace `ws` (the bits of
+/// the tensor entry point, which takes the same step on the same values), the candle
+/// engine's tensor through [`transform_rows`]. A model without the planned step (gating,
+/// another dtype or device) takes the native engine's frames as a tensor.
 pub(crate) fn transform_step(
     model: &Transformer,
-    state: &mut State,
+    (state, ws): (&mut State, &mut Workspace),
     x: Activations,
     (rows, cancel): (&Rows, Cancel),
 ) -> Result<Activations> {
@@ -69,6 +69,6 @@ pub(crate) fn transform_step(
     let x = tokens(&xs);
     drop(xs);
     let mut out = Frames::uninit(x.channels, x.len);
-    model.step_host(state, &x.data, &rows.indices(), &mut out.data, cancel)?;
+    model.step_host(state, ws, &x.data, &rows.indices(), &mut out.data, cancel)?;
     Ok(Activations::Frames(from_tokens(&out.data, rows.count(), d)))
 }

@@ -32,6 +32,7 @@ mod step_buffers;
 
 pub use model::Transformer;
 pub use state::State;
+pub use step_buffers::Workspace;
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@
 use super::layer::Layer;
 use super::positions::ring_slots;
 use super::state::{HostRings, LayerCache, Rings, State};
-use super::step_buffers::{HostRing, StepScratch};
+use super::step_buffers::{HostRing, Workspace};
 use crate::config::TransformerConfig;
 use crate::error::{Cancel, Error, Result};
 use crate::host::{CheckedShape, HostArray, HostInput};
@@ -276,8 +276,9 @@ impl Transformer {
 
     /// One call on a host array `(b, t, d_model)`: all rows, or only the active `rows` (the
     /// others keep their state bit for bit and their output is zeros). A model that takes
-    /// the planned step computes it on the host values ([`Self::step_host`]); the others on
-    /// tensors ([`Self::forward`]).
+    /// the planned step computes it on the host values ([`Self::step_host`], in a workspace
+    /// of the call's own, as it allocates its output); the others on tensors
+    /// ([`Self::forward`]).
     pub fn forward_host(
         &self,
         state: &mut State,
@@ -306,9 +307,9 @@ impl Transformer {
             false => x.data,
         };
         let ys = if self.planned() {
-            let mut out = vec![0.0; xs.len()];
+            let (mut out, mut ws) = (vec![0.0; xs.len()], Workspace::new());
             in_pool_on(&self.device, || {
-                self.step_host(state, &xs, &rows.indices(), &mut out, None)
+                self.step_host(state, &mut ws, &xs, &rows.indices(), &mut out, None)
             })?;
             out
         } else {
@@ -359,11 +360,10 @@ impl Transformer {
         if self.planned() {
             let dims = vec![b, c.num_heads, c.context, c.head_dim()];
             let ring = HostRing::zeros(dims.iter().product());
-            state.rings = Rings::Host(Box::new(HostRings {
+            state.rings = Rings::Host(HostRings {
                 layers: vec![ring; self.layers.len()],
                 dims,
-                scratch: StepScratch::default(),
-            }));
+            });
             state.pos = vec![0; b];
             return Ok(());
         }

@@ -1,7 +1,9 @@
 //! The streaming state ([`State`]): each row's position and each layer's key/value rings,
 //! on the device for the block path ([`LayerCache`]) or on the host for the planned step.
+//! Only what the stream remembers: the planned step's working memory is its caller's
+//! ([`super::Workspace`]), so a copy of a state copies no scratch.
 
-use super::step_buffers::{HostRing, StepScratch};
+use super::step_buffers::HostRing;
 use crate::error::Result;
 use candle::Tensor;
 
@@ -47,16 +49,15 @@ pub(super) enum Rings {
     /// The block path's: candle tensors, one [`LayerCache`] per layer, any device and dtype.
     Device(Vec<LayerCache>),
     /// The planned step's: host values.
-    Host(Box<HostRings>),
+    Host(HostRings),
 }
 
-/// The planned step's rings: one [`HostRing`] per layer, their `(batch, heads, context,
-/// head_dim)`, and the stream's buffers for the step (not part of its contents).
+/// The planned step's rings: one [`HostRing`] per layer and their `(batch, heads, context,
+/// head_dim)`.
 #[derive(Clone)]
 pub(super) struct HostRings {
     pub(super) layers: Vec<HostRing>,
     pub(super) dims: Vec<usize>,
-    pub(super) scratch: StepScratch,
 }
 
 impl State {
@@ -106,11 +107,7 @@ impl State {
     pub fn deep_copy(&self) -> Result<State> {
         let rings = match &self.rings {
             Rings::Unstarted => Rings::Unstarted,
-            Rings::Host(h) => Rings::Host(Box::new(HostRings {
-                layers: h.layers.clone(),
-                dims: h.dims.clone(),
-                scratch: StepScratch::default(),
-            })),
+            Rings::Host(h) => Rings::Host(h.clone()),
             Rings::Device(caches) => Rings::Device(copy_caches(caches)?),
         };
         Ok(State {

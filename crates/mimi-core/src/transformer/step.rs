@@ -2,9 +2,10 @@
 //! rows, each a few tokens from its own position. Every product runs once over all the
 //! rows' tokens (the packed weights); each row's norms, rotary angles and attention are its
 //! own, so a row's bits do not depend on which other rows step or how many tokens a call
-//! holds. The buffers are the stream's ([`StepScratch`]), sized at the first call of a shape
-//! and reused: `Transformer::step_host` allocates nothing once warm (the `Tensor` entry
-//! point allocates its output).
+//! holds. The rings are the stream's ([`State`]); the working buffers are the caller's
+//! ([`Workspace`], out of the state), sized at the first call of a shape and reused:
+//! `Transformer::step_host` allocates nothing once warm (the `Tensor` entry point allocates
+//! its output and a workspace of its own).
 //!
 //! Attention writes each token's key and value into its ring slot (`position % context`)
 //! and then reads the slots its window holds, token by token, so a call of any length
@@ -13,8 +14,8 @@
 use super::layer::{add_scaled, FeedForward, HostParams, Layer};
 use super::model::Transformer;
 use super::positions::{block_len, rope_at, sin_embedding_at};
-use super::state::{ring_slot, HostRings, Rings, State};
-use super::step_buffers::{HostRing, StepScratch};
+use super::state::{ring_slot, Rings, State};
+use super::step_buffers::{HostRing, Workspace};
 use crate::config::PositionalEmbedding;
 use crate::error::{Error, Result};
 use crate::kernels::{attend_visible, gelu_erf_slice};
@@ -73,26 +74,65 @@ impl Transformer {
                 "the planned step takes f32 CPU input".into(),
             ));
         };
-        let mut out = vec![0f32; n * t * d];
-        self.step_host(state, &v[a..b], rows, &mut out, cancel)?;
+        let (mut out, mut ws) = (vec![0f32; n * t * d], Workspace::new());
+        self.step_host(state, &mut ws, &v[a..b], rows, &mut out, cancel)?;
         Ok(Tensor::from_vec(out, (n, t, d), &self.device)?)
     }
 
     /// The planned step on host values: `x` holds `t` tokens of `d_model` values for each
     /// of the batch rows `rows` (sorted, distinct, below the started state's batch size),
     /// row after row; `out` (the same length) gets the outputs, and those rows advance by
-    /// `t`. After the first call of a shape it allocates nothing (a test counts). Refused
-    /// before anything changes: a model that does not take the planned step, a state not
-    /// started ([`Transformer::start`]), rows out of order or range, lengths that do not
-    /// match.
+    /// `t`. It computes in the caller's workspace `ws` (any one: the results do not depend
+    /// on it), and once `ws` has seen a call of this shape it allocates nothing (a test
+    /// counts). Refused before anything changes: a model that does not take the planned
+    /// step, a state not started ([`Transformer::start`]), rows out of order or range,
+    /// lengths that do not match.
     pub fn step_host(
         &self,
         state: &mut State,
+        ws: &mut Workspace,
         x: &[f32],
         rows: &[usize],
         out: &mut [f32],
         cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<()> {
+        let (d, n) = (self.cfg.d_model, rows.len());
+        let t = self.check_host_call(state, rows, (x.len(), out.len()))?;
+        let State { pos, rings } = state;
+        let Rings::Host(host) = rings else {
+            return Err(Error::Internal(
+                "the planned step needs its host rings".into(),
+            ));
+        };
+        let block = block_len(self.cfg.context);
+        let mut start = 0;
+        while start < t {
+            crate::error::check_cancel(cancel)?;
+            let len = block.min(t - start);
+            let xb = take(&mut ws.x, n * len * d);
+            for i in 0..n {
+                let src = &x[(i * t + start) * d..][..len * d];
+                xb[i * len * d..][..len * d].copy_from_slice(src);
+            }
+            self.step_block(pos, &mut host.layers, ws, rows, len)?;
+            let xb = &ws.x;
+            for i in 0..n {
+                let dst = &mut out[(i * t + start) * d..][..len * d];
+                dst.copy_from_slice(&xb[i * len * d..][..len * d]);
+            }
+            rows.iter().for_each(|&r| pos[r] += len as u64);
+            start += len;
+        }
+        Ok(())
+    }
+
+    /// [`Self::step_host`]'s checks, before anything changes; the tokens per row.
+    fn check_host_call(
+        &self,
+        state: &State,
+        rows: &[usize],
+        (x_len, out_len): (usize, usize),
+    ) -> Result<usize> {
         let d = self.cfg.d_model;
         let batch = state.batch().unwrap_or(0);
         if !self.planned() {
@@ -112,57 +152,26 @@ impl Transformer {
             )));
         }
         let per_token = rows.len() * d;
-        if !x.len().is_multiple_of(per_token) || out.len() != x.len() {
+        if !x_len.is_multiple_of(per_token) || out_len != x_len {
             return Err(Error::Shape(format!(
-                "x and out must both hold t x {} rows x {d} values, got {} and {}",
+                "x and out must both hold t x {} rows x {d} values, got {x_len} and {out_len}",
                 rows.len(),
-                x.len(),
-                out.len()
             )));
         }
-        let (n, t) = (rows.len(), x.len() / per_token);
-        let State { pos, rings } = state;
-        let Rings::Host(host) = rings else {
-            return Err(Error::Internal(
-                "the planned step needs its host rings".into(),
-            ));
-        };
-        let block = block_len(self.cfg.context);
-        let mut start = 0;
-        while start < t {
-            crate::error::check_cancel(cancel)?;
-            let len = block.min(t - start);
-            let xb = take(&mut host.scratch.x, n * len * d);
-            for i in 0..n {
-                let src = &x[(i * t + start) * d..][..len * d];
-                xb[i * len * d..][..len * d].copy_from_slice(src);
-            }
-            self.step_block(pos, host, rows, len)?;
-            let xb = &host.scratch.x;
-            for i in 0..n {
-                let dst = &mut out[(i * t + start) * d..][..len * d];
-                dst.copy_from_slice(&xb[i * len * d..][..len * d]);
-            }
-            rows.iter().for_each(|&r| pos[r] += len as u64);
-            start += len;
-        }
-        Ok(())
+        Ok(x_len / per_token)
     }
 
-    /// One block of `t` tokens per row, from `host.scratch.x` (rows × t, d) into itself.
+    /// One block of `t` tokens per row, from `scratch.x` (rows × t, d) into itself, through
+    /// each layer's `rings`.
     fn step_block(
         &self,
         pos: &[u64],
-        host: &mut HostRings,
+        rings: &mut [HostRing],
+        scratch: &mut Workspace,
         rows: &[usize],
         t: usize,
     ) -> Result<()> {
         let (d, m) = (self.cfg.d_model, rows.len() * t);
-        let HostRings {
-            layers: rings,
-            scratch,
-            ..
-        } = host;
         scratch.pos.clear();
         for &r in rows {
             scratch.pos.extend((0..t as u64).map(|i| pos[r] + i));
@@ -194,7 +203,7 @@ impl Transformer {
         &self,
         layer: &Layer,
         host: &HostParams,
-        scratch: &mut StepScratch,
+        scratch: &mut Workspace,
         m: usize,
     ) -> Result<()> {
         let (d, f) = (self.cfg.d_model, self.cfg.dim_feedforward);
@@ -215,7 +224,7 @@ impl Transformer {
 
     /// Per token: the rotary cos/sin of its position, or its sinusoidal embedding added to
     /// `x` (the angles in f64 from the absolute position, as the block path computes them).
-    fn positions(&self, scratch: &mut StepScratch, m: usize) -> Result<()> {
+    fn positions(&self, scratch: &mut Workspace, m: usize) -> Result<()> {
         match self.cfg.positional_embedding {
             PositionalEmbedding::Rope => {
                 let half = self.cfg.head_dim() / 2;
@@ -246,7 +255,7 @@ impl Transformer {
 
     /// Rotates q and k of every token by its angles (interleaved pairs, candle's `rope_i`)
     /// and scales q by `head_dim^-1/2`.
-    fn rotate(&self, scratch: &mut StepScratch, m: usize) {
+    fn rotate(&self, scratch: &mut Workspace, m: usize) {
         let (d, hd) = (self.cfg.d_model, self.cfg.head_dim());
         let half = hd / 2;
         let scale = (hd as f64).powf(-0.5) as f32;
@@ -275,7 +284,7 @@ impl Transformer {
     fn attend_rows(
         &self,
         ring: &mut HostRing,
-        scratch: &mut StepScratch,
+        scratch: &mut Workspace,
         rows: &[usize],
         t: usize,
     ) -> Result<()> {

@@ -7,6 +7,7 @@ use super::model::Transformer;
 use super::positions::{ring_slots, STEP_TOKENS};
 use super::state::State;
 use super::state::{ring_slot, LayerCache};
+use super::step_buffers::Workspace;
 use crate::config::TransformerConfig;
 use crate::config::{Field, Value};
 use crate::error::{Error, Result};
@@ -138,18 +139,26 @@ fn the_host_step_refuses_bad_calls_before_anything_changes() {
     let model = load(&small_cfg("rope", "layer_norm", None, 4));
     let d = model.config().d_model;
     let (x, mut out) = (vec![0.1f32; 2 * d], vec![0f32; 2 * d]);
-    let mut s = State::default();
+    let (mut s, mut ws) = (State::default(), Workspace::new());
     let shape = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
-    assert!(shape(model.step_host(&mut s, &x, &[0], &mut out, None)));
+    assert!(shape(model.step_host(
+        &mut s,
+        &mut ws,
+        &x,
+        &[0],
+        &mut out,
+        None
+    )));
     model.start(&mut s, 2).unwrap();
     for rows in [&[1usize, 0][..], &[0, 0], &[2], &[]] {
         assert!(
-            shape(model.step_host(&mut s, &x, rows, &mut out, None)),
+            shape(model.step_host(&mut s, &mut ws, &x, rows, &mut out, None)),
             "{rows:?}"
         );
     }
     assert!(shape(model.step_host(
         &mut s,
+        &mut ws,
         &x[..d + 1],
         &[0],
         &mut out[..d + 1],
@@ -157,20 +166,21 @@ fn the_host_step_refuses_bad_calls_before_anything_changes() {
     )));
     assert!(shape(model.step_host(
         &mut s,
+        &mut ws,
         &x,
         &[0],
         &mut out[..d],
         None
     )));
     let gated = load(&small_cfg("rope", "layer_norm", Some("silu"), 4));
-    let r = gated.step_host(&mut State::default(), &x, &[0], &mut out, None);
+    let r = gated.step_host(&mut State::default(), &mut ws, &x, &[0], &mut out, None);
     assert!(matches!(r, Err(Error::InvalidInput(_))), "{r:?}");
     let other = load(&small_cfg("rope", "layer_norm", None, 6));
-    let r = other.step_host(&mut s, &x, &[0, 1], &mut out, None);
+    let r = other.step_host(&mut s, &mut ws, &x, &[0, 1], &mut out, None);
     assert!(matches!(r, Err(Error::IncompatibleState(_))), "{r:?}");
     assert_eq!(s.positions(), &[0, 0], "a refused call changes nothing");
     model
-        .step_host(&mut s, &x, &[0, 1], &mut out, None)
+        .step_host(&mut s, &mut ws, &x, &[0, 1], &mut out, None)
         .unwrap();
     assert_eq!(s.positions(), &[1, 1]);
 }
@@ -237,6 +247,50 @@ fn rows_are_independent_streams() {
         // product's rows do not depend on their neighbours.
         check_rows_independent(&model, pe, 0.0);
     }
+}
+
+/// The planned step's workspace holds nothing a result depends on: the streams of two
+/// models (rotary, sinusoidal) stepped in turn in one shared workspace, in calls of several
+/// lengths (past the ring's wrap), give the bits of each stream in a workspace of its own,
+/// and a copy of a state (deep or clone) steps on in a fresh workspace to the original's bits.
+#[test]
+fn the_workspace_holds_nothing_a_result_depends_on() {
+    let models = [
+        rows_model("rope", DType::F32),
+        rows_model("sin", DType::F32),
+    ];
+    let d = models[0].config().d_model;
+    let mut shared = Workspace::new();
+    let mut own = [Workspace::new(), Workspace::new()];
+    let mut states: [[State; 2]; 2] = Default::default();
+    let mut copies: Vec<(State, Workspace)> = Vec::new();
+    for (call, t) in [3, 1, 6, 1, 2].into_iter().enumerate() {
+        let x = test_input(2, t, d, call as u64);
+        for (i, model) in models.iter().enumerate() {
+            let [in_shared, in_own] = &mut states[i];
+            let (mut ys, mut zs) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+            for (s, ws, out) in [
+                (in_shared, &mut shared, &mut ys),
+                (in_own, &mut own[i], &mut zs),
+            ] {
+                model.start(s, 2).unwrap();
+                model.step_host(s, ws, &x, &[0, 1], out, None).unwrap();
+            }
+            assert_eq!(ys, zs, "model {i} call {call}");
+            if i == 0 {
+                for (s, ws) in &mut copies {
+                    model.step_host(s, ws, &x, &[0, 1], &mut zs, None).unwrap();
+                    assert_eq!(ys, zs, "a copy, call {call}");
+                }
+            }
+        }
+        if call == 1 {
+            let s = &states[0][0];
+            copies.push((s.deep_copy().unwrap(), Workspace::new()));
+            copies.push((s.clone(), Workspace::new()));
+        }
+    }
+    assert!(shared.nbytes() >= own[0].nbytes().max(own[1].nbytes()));
 }
 
 /// The same on candle's path (what a GPU or half precision runs: one gather of the rows'
