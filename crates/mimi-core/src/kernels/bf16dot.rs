@@ -334,6 +334,9 @@ impl PairPacked {
         y: &mut [f32],
         parallel: bool,
     ) {
+        if crate::runtime::profile::products_skipped() {
+            return;
+        }
         let panels = self.n.div_ceil(LANES);
         let task = if parallel { TASK_PANELS } else { panels.max(1) };
         let out = Out(y.as_mut_ptr());
