@@ -15,12 +15,12 @@ use mimi_core::error::Result;
 use mimi_core::host::HostInput;
 use mimi_core::runtime::device;
 use mimi_core::runtime::precision::Precision;
-use mimi_core::transformer::{State, Transformer};
+use mimi_core::transformer::{State, Transformer, Workspace};
 use mimi_core::weights::{LoadSpec, QkLayout, TensorSource};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Kyutai's Mimi streaming transformer, computed by candle, with an exact streaming state.
 ///
@@ -35,6 +35,9 @@ use std::sync::Arc;
 pub struct PyStreamingTransformer {
     model: Arc<Transformer>,
     state: Shared<State>,
+    /// The planned step's working memory, used under the state's lock (holding nothing
+    /// between calls, so a panic inside one leaves nothing to repair).
+    ws: Mutex<Workspace>,
     config: TransformerConfig,
     device_name: String,
     dtype_name: &'static str,
@@ -59,9 +62,11 @@ impl PyStreamingTransformer {
         let shape = self.model.check_call(&convert::shape_of(&arr))?;
         let active = row_args::active(active, shape.dims()[0])?;
         let host = HostInput::Shaped(shape, convert::copy_f32(&arr, "x")?);
-        let (model, state) = (self.model.clone(), &self.state);
+        let (model, state, ws) = (self.model.clone(), &self.state, &self.ws);
         let out = guard::detached(py, move |d| {
-            model.forward_host(&mut *state.lock(d)?, host, active)
+            let mut state = state.lock(d)?;
+            let mut ws = ws.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            model.forward_host((&mut state, &mut ws), host, active)
         })?;
         Ok(convert::to_numpy(py, out.data, &out.shape)?)
     }
@@ -72,6 +77,7 @@ impl PyStreamingTransformer {
         Ok(Self {
             model: self.model.clone(),
             state: Shared::new(copied),
+            ws: Mutex::default(),
             config: self.config.clone(),
             device_name: self.device_name.clone(),
             dtype_name: self.dtype_name,
@@ -131,6 +137,7 @@ impl PyStreamingTransformer {
         Ok(Self {
             model: Arc::new(model),
             state: Shared::default(),
+            ws: Mutex::default(),
             config,
             device_name,
             dtype_name,

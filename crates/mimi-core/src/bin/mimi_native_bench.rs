@@ -13,7 +13,7 @@
 
 use candle::{DType, Device, StreamingModule, Tensor};
 use mimi_core::config::TransformerConfig;
-use mimi_core::transformer::{State, Transformer};
+use mimi_core::transformer::{State, Transformer, Workspace};
 use mimi_core::weights::{LoadSpec, QkLayout, TensorSource};
 use mimi_core::HostArray;
 use std::collections::HashMap;
@@ -100,12 +100,12 @@ fn main() -> mimi_core::Result<()> {
         let data = t.flatten_all()?.to_vec1::<f32>()?;
         Ok(HostArray::new(data, t.dims().to_vec()))
     };
-    let mut state = State::default();
+    let (mut state, mut ws) = (State::default(), Workspace::new());
     let mut times = Vec::with_capacity(steps);
     for i in 0..steps + warm {
         let x = host(&xs.narrow(1, i, 1)?)?;
         let t0 = Instant::now();
-        let _y = model.forward_host(&mut state, x, None)?;
+        let _y = model.forward_host((&mut state, &mut ws), x, None)?;
         if i >= warm {
             times.push(t0.elapsed().as_secs_f64() * 1e6);
         }
@@ -114,7 +114,7 @@ fn main() -> mimi_core::Result<()> {
     let mut state = State::default();
     let chunk = host(&chunk)?;
     let t0 = Instant::now();
-    model.forward_host(&mut state, chunk, None)?;
+    model.forward_host((&mut state, &mut ws), chunk, None)?;
     let chunk_us = t0.elapsed().as_secs_f64() * 1e6;
     println!(
         "{{\"engine\": \"mimi_py-native\", \"batch\": {batch}, \"steps\": {steps}, \"step_median_us\": {med:.1}, \"step_p99_us\": {p99:.1}, \"chunk250_us\": {chunk_us:.1}}}"

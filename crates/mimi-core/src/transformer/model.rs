@@ -276,12 +276,12 @@ impl Transformer {
 
     /// One call on a host array `(b, t, d_model)`: all rows, or only the active `rows` (the
     /// others keep their state bit for bit and their output is zeros). A model that takes
-    /// the planned step computes it on the host values ([`Self::step_host`], in a workspace
-    /// of the call's own, as it allocates its output); the others on tensors
+    /// the planned step computes it on the host values ([`Self::step_host`], in the caller's
+    /// workspace `ws`, which a stream keeps beside its state); the others on tensors
     /// ([`Self::forward`]).
     pub fn forward_host(
         &self,
-        state: &mut State,
+        (state, ws): (&mut State, &mut Workspace),
         x: impl Into<HostInput<f32>>,
         rows: Option<Rows>,
     ) -> Result<HostArray<f32>> {
@@ -307,9 +307,9 @@ impl Transformer {
             false => x.data,
         };
         let ys = if self.planned() {
-            let (mut out, mut ws) = (vec![0.0; xs.len()], Workspace::new());
+            let mut out = vec![0.0; xs.len()];
             in_pool_on(&self.device, || {
-                self.step_host(state, &mut ws, &xs, &rows.indices(), &mut out, None)
+                self.step_host(state, ws, &xs, &rows.indices(), &mut out, None)
             })?;
             out
         } else {
