@@ -19,9 +19,9 @@
 /// Outputs per panel: one 512-bit vector of f32 sums.
 pub const LANES: usize = 16;
 
-/// Rows of one register tile: 8 rows x 2 panels are 16 independent AVX-512 sums, enough to
-/// hide `vdpbf16ps`'s latency (6 cycles on Zen 4) at two a cycle. Fewer rows take tiles of
-/// 4, 2 and 1.
+/// Rows of one register tile of the native and portable paths: 8 rows x 2 panels are 16
+/// independent AVX-512 sums, enough to hide `vdpbf16ps`'s latency (6 cycles on Zen 4) at two
+/// a cycle. Fewer rows take tiles of 4, 2 and 1.
 const ROWS: usize = 8;
 
 /// A register tile's sums: `[row][panel]`, 16 lanes each.
@@ -60,8 +60,8 @@ impl Path {
     /// The path products take here (the same bits on each): the instruction on AMD, whose
     /// Zen 4 and 5 run it at twice the f32 FMA rate; elsewhere the widest emulation first.
     /// On Intel, `vdpbf16ps` runs at half the f32 FMA rate, and its emulation by two
-    /// AVX-512 FMAs per pair measured faster (`paths_speed`, a Xeon with AVX-512 BF16: 115
-    /// against 100 GFLOP/s on one core).
+    /// AVX-512 FMAs per pair measured faster (`paths_speed`, a Xeon with AVX-512 BF16, one
+    /// core: 108-164 against 91-112 GFLOP/s since it reads its input widened, [`Wide`]).
     pub fn best() -> Path {
         static BEST: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
@@ -158,7 +158,7 @@ impl<'a> PairInput<'a> {
 enum Input<'a> {
     /// The rounded pairs.
     Pairs(PairInput<'a>),
-    /// The pairs widened to f32 (the AVX2 path).
+    /// The pairs widened to f32 (the AVX2 and AVX-512 emulation paths).
     #[cfg(target_arch = "x86_64")]
     Wide(Wide<'a>),
 }
@@ -168,17 +168,25 @@ enum Input<'a> {
 #[cfg(target_arch = "x86_64")]
 const AVX2_ROWS: usize = 6;
 
-/// The AVX2 path's blocks of row tiles: at most this many bytes of widened input, which an
+/// Rows per register tile of the AVX-512 emulation path: 12 rows x 2 panels are 24 sums, of
+/// its 32 registers, with 4 for the weights' odd and even halves. Timed against 8 x 2, 10 x 2
+/// and 6 x 4 over the products of `paths_speed` and streaming steps (a Xeon, one core): the
+/// fastest or within 3% of it on each, but where 6 x 4 won on a product of 1 to 4 rows
+/// ([`PairPacked::panels_avx512`] takes 4 panels there).
+#[cfg(target_arch = "x86_64")]
+const AVX512_ROWS: usize = 12;
+
+/// The widened paths' blocks of row tiles: at most this many bytes of widened input, which an
 /// L2 cache holds (256 KiB on the smallest AVX2 machines) while every panel takes the block.
 /// Timed over the products of a `"medium"` codec (a Xeon, one core, warm weights): 64 and 128
 /// KiB 1-5% faster than 512 KiB or each panel taking every row tile; within the noise of
 /// each other at the codec level.
 #[cfg(target_arch = "x86_64")]
-const AVX2_BLOCK_BYTES: usize = 128 << 10;
+const BLOCK_BYTES: usize = 128 << 10;
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// The AVX2 path's widened input, kept between calls.
+    /// The AVX2 and AVX-512 paths' widened input, kept between calls.
     static WIDE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -187,32 +195,47 @@ thread_local! {
 /// leaves the FMAs waiting on their latency).
 #[cfg(target_arch = "x86_64")]
 fn avx2_tiles(m: usize) -> impl Iterator<Item = (usize, usize)> {
-    let t = m.div_ceil(AVX2_ROWS);
+    row_tiles(m, AVX2_ROWS)
+}
+
+/// An `m`-row product's row tiles of at most `most` rows, `(first row, rows)`, as even as
+/// can be ([`avx2_tiles`]).
+#[cfg(target_arch = "x86_64")]
+fn row_tiles(m: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let t = m.div_ceil(most);
     (0..t).map(move |j| (j * m / t, (j + 1) * m / t - j * m / t))
 }
 
-/// A [`PairInput`] widened to f32 for the AVX2 path, once per product for every panel: its
-/// kernel broadcasts each value from memory (a load), where widening in registers would
-/// take two shuffles per value on the port the broadcasts need. Laid out tile by tile
-/// ([`avx2_tiles`]): tile `(r0, rows)` at `2 kp r0`, each pair `i` then `rows` odd elements
-/// and `rows` even ones, so the kernel reads one contiguous run. (Read in place, a
-/// convolution's pair-major input would stride by `4 m` bytes from pair to pair: with `m` a
-/// multiple of 1024, every pair in the same cache set.)
+/// A [`PairInput`] widened to f32 for the AVX2 and AVX-512 emulation paths, once per product
+/// for every panel: their kernels broadcast each value from memory (a load), where widening
+/// in registers takes two shuffles per value on the port the broadcasts need (and, for
+/// 512-bit vectors on Intel, one of the two FMA ports). Laid out tile by tile ([`row_tiles`]
+/// of at most `most` rows, the path's): tile `(r0, rows)` at `2 kp r0`, each pair `i` then
+/// `rows` odd elements and `rows` even ones, so the kernel reads one contiguous run. (Read
+/// in place, a convolution's pair-major input would stride by `4 m` bytes from pair to pair:
+/// with `m` a multiple of 1024, every pair in the same cache set.)
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Wide<'a> {
     data: &'a [f32],
     kp: usize,
+    most: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl<'a> Wide<'a> {
-    fn new(x: PairInput, m: usize, kp: usize, buf: &'a mut Vec<f32>) -> Self {
+    fn new(x: PairInput, m: usize, kp: usize, most: usize, buf: &'a mut Vec<f32>) -> Self {
         buf.truncate(2 * m * kp);
         buf.resize(2 * m * kp, 0.0);
-        for (r0, rows) in avx2_tiles(m) {
+        for (r0, rows) in row_tiles(m, most) {
             let (x, block) = (x.skip_rows(r0), &mut buf[2 * kp * r0..][..2 * kp * rows]);
             match rows {
+                12 => widen_tile::<12>(x, kp, block),
+                11 => widen_tile::<11>(x, kp, block),
+                10 => widen_tile::<10>(x, kp, block),
+                9 => widen_tile::<9>(x, kp, block),
+                8 => widen_tile::<8>(x, kp, block),
+                7 => widen_tile::<7>(x, kp, block),
                 6 => widen_tile::<6>(x, kp, block),
                 5 => widen_tile::<5>(x, kp, block),
                 4 => widen_tile::<4>(x, kp, block),
@@ -221,7 +244,16 @@ impl<'a> Wide<'a> {
                 _ => widen_tile::<1>(x, kp, block),
             }
         }
-        Self { data: buf, kp }
+        Self {
+            data: buf,
+            kp,
+            most,
+        }
+    }
+
+    /// The row tiles of an `m`-row product.
+    fn tiles(self, m: usize) -> impl Iterator<Item = (usize, usize)> {
+        row_tiles(m, self.most)
     }
 
     /// Tile `(r0, rows)`'s run.
@@ -323,8 +355,8 @@ impl PairPacked {
     }
 
     /// The product on `path` (shapes checked, a path this CPU runs): on this thread, or in
-    /// tasks of [`TASK_PANELS`] panels over the pool when `parallel`. The AVX2 path widens the
-    /// input to f32 first, once for all tasks ([`Wide`]).
+    /// tasks of [`TASK_PANELS`] panels over the pool when `parallel`. The AVX2 and AVX-512
+    /// paths widen the input to f32 first, once for all tasks ([`Wide`]).
     fn run(
         &self,
         path: Path,
@@ -353,9 +385,15 @@ impl PairPacked {
             }
         };
         #[cfg(target_arch = "x86_64")]
-        if path == Path::Avx2 {
+        if let Some(most) = match path {
+            Path::Avx2 => Some(AVX2_ROWS),
+            Path::Avx512 => Some(AVX512_ROWS),
+            _ => None,
+        } {
             let kp = self.k.div_ceil(2);
-            return super::with_scratch(&WIDE, |buf| go(Input::Wide(Wide::new(x, m, kp, buf))));
+            return super::with_scratch(&WIDE, |buf| {
+                go(Input::Wide(Wide::new(x, m, kp, most, buf)))
+            });
         }
         go(Input::Pairs(x))
     }
@@ -385,7 +423,13 @@ impl PairPacked {
     ) {
         let x = match x {
             #[cfg(target_arch = "x86_64")]
-            Input::Wide(x) => return self.panels_avx2((p0, p1), x, m, bias, y),
+            Input::Wide(x) if path == Path::Avx2 => {
+                return self.panels_avx2((p0, p1), x, m, bias, y)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Input::Wide(x) if m <= 4 => return self.panels_avx512::<4>((p0, p1), x, m, bias, y),
+            #[cfg(target_arch = "x86_64")]
+            Input::Wide(x) => return self.panels_avx512::<2>((p0, p1), x, m, bias, y),
             Input::Pairs(x) => x,
         };
         let (n, kp) = (self.n, self.k.div_ceil(2));
@@ -423,7 +467,7 @@ impl PairPacked {
     }
 
     /// [`Self::panels`] on the AVX2 path, MXCSR's flush bits set once: the row tiles
-    /// ([`avx2_tiles`]) in blocks of [`AVX2_BLOCK_BYTES`] of widened input, each block taking
+    /// ([`avx2_tiles`]) in blocks of [`BLOCK_BYTES`] of widened input, each block taking
     /// every panel in turn, each panel every tile of the block (its weights stay in L1).
     ///
     /// # Safety
@@ -439,7 +483,7 @@ impl PairPacked {
     ) {
         let (n, kp) = (self.n, self.k.div_ceil(2));
         let _flush = FlushDenormals::set();
-        let per_block = (AVX2_BLOCK_BYTES / (8 * AVX2_ROWS * kp).max(1)).max(1);
+        let per_block = (BLOCK_BYTES / (8 * AVX2_ROWS * kp).max(1)).max(1);
         for b0 in (0..m.div_ceil(AVX2_ROWS)).step_by(per_block) {
             for p in p0..p1 {
                 let (w, b) = (
@@ -457,9 +501,133 @@ impl PairPacked {
                         2 => tile_avx2::<2>(w, x, kp, a),
                         _ => tile_avx2::<1>(w, x, kp, a),
                     }
-                    store(y, n, (r, p), a);
+                    store(y, n, (r, p), a.iter());
                 }
             }
+        }
+    }
+
+    /// [`Self::panels`] on the AVX-512 emulation path, MXCSR's flush bits set once: as
+    /// [`Self::panels_avx2`], with tiles of up to [`AVX512_ROWS`] rows and `NP` panels (the
+    /// last panels of an uneven count one at a time). The caller takes `NP = 4` for a product
+    /// of up to 4 rows, so that it still has up to 16 independent sums (1 row x 2 panels would
+    /// leave 2 FMA chains waiting on their latency), and 2 otherwise.
+    ///
+    /// # Safety
+    /// As [`Self::panels`]; this CPU runs AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn panels_avx512<const NP: usize>(
+        &self,
+        (p0, p1): (usize, usize),
+        x: Wide,
+        m: usize,
+        bias: Option<&[f32]>,
+        y: Out,
+    ) {
+        let kp = self.k.div_ceil(2);
+        let _flush = FlushDenormals::set();
+        let per_block = (BLOCK_BYTES / (8 * AVX512_ROWS * kp).max(1)).max(1);
+        for b0 in (0..m.div_ceil(AVX512_ROWS)).step_by(per_block) {
+            let mut p = p0;
+            while p < p1 {
+                let tiles = (b0, per_block);
+                p += match p1 - p >= NP {
+                    true => self.group_avx512::<NP>(p, x, m, tiles, bias, y),
+                    false => self.group_avx512::<1>(p, x, m, tiles, bias, y),
+                };
+            }
+        }
+    }
+
+    /// Panels `p..p + NP` of row tiles `b0..b0 + count` ([`Wide::tiles`]) on the AVX-512
+    /// path; returns `NP`, the panels done.
+    ///
+    /// # Safety
+    /// As [`Self::panels_avx512`], the panels inside the product.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn group_avx512<const NP: usize>(
+        &self,
+        p: usize,
+        x: Wide,
+        m: usize,
+        (b0, count): (usize, usize),
+        bias: Option<&[f32]>,
+        y: Out,
+    ) -> usize {
+        let (n, kp) = (self.n, self.k.div_ceil(2));
+        let w: [&[u32]; NP] =
+            std::array::from_fn(|j| &self.data[(p + j) * kp * LANES..][..kp * LANES]);
+        let b: [[f32; LANES]; NP] = std::array::from_fn(|j| bias_lanes(bias, p + j, n));
+        for (r, rows) in x.tiles(m).skip(b0).take(count) {
+            let (xt, mut acc) = (x.tile((r, rows)), [b; AVX512_ROWS]);
+            let a = &mut acc[..rows];
+            match rows {
+                12 => tile_avx512::<12, NP>(w, xt, kp, a),
+                11 => tile_avx512::<11, NP>(w, xt, kp, a),
+                10 => tile_avx512::<10, NP>(w, xt, kp, a),
+                9 => tile_avx512::<9, NP>(w, xt, kp, a),
+                8 => tile_avx512::<8, NP>(w, xt, kp, a),
+                7 => tile_avx512::<7, NP>(w, xt, kp, a),
+                6 => tile_avx512::<6, NP>(w, xt, kp, a),
+                5 => tile_avx512::<5, NP>(w, xt, kp, a),
+                4 => tile_avx512::<4, NP>(w, xt, kp, a),
+                3 => tile_avx512::<3, NP>(w, xt, kp, a),
+                2 => tile_avx512::<2, NP>(w, xt, kp, a),
+                _ => tile_avx512::<1, NP>(w, xt, kp, a),
+            }
+            for j in 0..NP {
+                store(y, n, (r, p + j), a.iter().map(|s| &s[j]));
+            }
+        }
+        NP
+    }
+}
+
+/// AVX-512: `R` rows (up to [`AVX512_ROWS`]) of `NP` panels, from the widened input: each
+/// value broadcast from memory (a load, not a shuffle), the weights' odd and even halves
+/// widened in registers (exact), each sum taking its odd product, then its even one, pair by
+/// pair. MXCSR's flush bits are set by the caller.
+#[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_avx512<const R: usize, const NP: usize>(
+    w: [&[u32]; NP],
+    x: &[f32],
+    kp: usize,
+    acc: &mut [[[f32; LANES]; NP]],
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(acc.len() == R && x.len() == 2 * R * kp);
+    let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    let mut s = [[_mm512_setzero_ps(); NP]; R];
+    for r in 0..R {
+        for j in 0..NP {
+            s[r][j] = _mm512_loadu_ps(acc[r][j].as_ptr());
+        }
+    }
+    for i in 0..kp {
+        let xi = x.as_ptr().add(2 * R * i);
+        let wv: [__m512i; NP] =
+            std::array::from_fn(|j| _mm512_loadu_si512(w[j].as_ptr().add(i * LANES).cast()));
+        // each sum takes its odd product first, then its even one
+        let wo = wv.map(|v| _mm512_castsi512_ps(_mm512_and_si512(v, hi)));
+        for r in 0..R {
+            let v = _mm512_set1_ps(*xi.add(r));
+            for j in 0..NP {
+                s[r][j] = _mm512_fmadd_ps(wo[j], v, s[r][j]);
+            }
+        }
+        let we = wv.map(|v| _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+        for r in 0..R {
+            let v = _mm512_set1_ps(*xi.add(R + r));
+            for j in 0..NP {
+                s[r][j] = _mm512_fmadd_ps(we[j], v, s[r][j]);
+            }
+        }
+    }
+    for r in 0..R {
+        for j in 0..NP {
+            _mm512_storeu_ps(acc[r][j].as_mut_ptr(), s[r][j]);
         }
     }
 }
@@ -480,9 +648,14 @@ fn bias_lanes(bias: Option<&[f32]>, p: usize, n: usize) -> [f32; LANES] {
 /// # Safety
 /// The rows are inside `y`, and this thread owns the panel's columns.
 #[cfg(target_arch = "x86_64")]
-unsafe fn store(y: Out, n: usize, (r, p): (usize, usize), sums: &[[f32; LANES]]) {
+unsafe fn store<'s>(
+    y: Out,
+    n: usize,
+    (r, p): (usize, usize),
+    sums: impl Iterator<Item = &'s [f32; LANES]>,
+) {
     let o = p * LANES;
-    for (i, s) in sums.iter().enumerate() {
+    for (i, s) in sums.enumerate() {
         let dst = y.0.add((r + i) * n + o);
         match n - o >= LANES {
             true => dst.cast::<[f32; LANES]>().write_unaligned(*s), // no call to memcpy
@@ -518,7 +691,7 @@ fn flush(v: f32) -> f32 {
 }
 
 /// `acc[r][j] += x[r] . w[j]` for the tile's rows (1, 2, 4 or [`ROWS`]) and `np` panels
-/// (`x`: rows of `kp` pairs).
+/// (`x`: rows of `kp` pairs), natively or portably.
 fn tile(path: Path, w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [Acc]) {
     macro_rules! sized {
         ($f:ident) => {
@@ -538,10 +711,7 @@ fn tile(path: Path, w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mu
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul_on` / `matmul` checked the CPU runs the path.
         Path::Native => unsafe { sized!(tile_native) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Path::Avx512 => unsafe { sized!(tile_avx512) },
-        // (the AVX2 path reads its input widened: `panels_avx2`)
+        // (the AVX2 and AVX-512 paths read their input widened: `panels_avx2`, `panels_avx512`)
         _ => tile_portable(w, np, x, kp, acc),
     }
 }
@@ -563,6 +733,9 @@ fn tile_portable(w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [
     }
 }
 
+/// Native: `R` rows of `NP` panels by `vdpbf16ps`. Each pair is broadcast as the
+/// instruction's memory operand (`{1to16}`, a load, no shuffle), so the pairs need no
+/// widening ([`Wide`]).
 #[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
@@ -672,48 +845,6 @@ unsafe fn tile_avx2<const R: usize>(panel: &[u32], x: &[f32], kp: usize, acc: &m
     }
 }
 
-#[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512<const R: usize, const NP: usize>(
-    w: [&[u32]; 2],
-    x: PairInput,
-    kp: usize,
-    acc: &mut [Acc],
-) {
-    use std::arch::x86_64::*;
-    let _flush = FlushDenormals::set();
-    let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
-    let mut s = [[_mm512_setzero_ps(); NP]; R];
-    for r in 0..R {
-        for j in 0..NP {
-            s[r][j] = _mm512_loadu_ps(acc[r][j].as_ptr());
-        }
-    }
-    for i in 0..kp {
-        let wv: [__m512i; NP] =
-            std::array::from_fn(|j| _mm512_loadu_si512(w[j].as_ptr().add(i * LANES).cast()));
-        let wo = wv.map(|v| _mm512_castsi512_ps(_mm512_and_si512(v, hi)));
-        let we = wv.map(|v| _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-        for r in 0..R {
-            let xp = x.at(r, i);
-            let (xo, xe) = (
-                _mm512_set1_ps(widen((xp >> 16) as u16)),
-                _mm512_set1_ps(widen(xp as u16)),
-            );
-            for j in 0..NP {
-                s[r][j] = _mm512_fmadd_ps(wo[j], xo, s[r][j]);
-                s[r][j] = _mm512_fmadd_ps(we[j], xe, s[r][j]);
-            }
-        }
-    }
-    for r in 0..R {
-        for j in 0..NP {
-            _mm512_storeu_ps(acc[r][j].as_mut_ptr(), s[r][j]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -773,9 +904,12 @@ mod tests {
     #[test]
     fn every_path_gives_the_same_bits() {
         assert!(paths().contains(&Path::Portable));
-        // (50, 1030, 70): the AVX2 path's tiles of 5 and 6 rows, in blocks
+        // (50, 1030, 70): the AVX2 path's tiles of 5 and 6 rows, the AVX-512 path's of 10, in
+        // blocks; (2, 40, 70): the AVX-512 path's 4 panels and a last one; (24, 9, 33): its
+        // tiles of 12 rows
         let shapes = [(1, 2, 1), (3, 7, 17), (5, 64, 33), (9, 513, 40), (4, 1, 16)];
-        for (m, k, n) in shapes.into_iter().chain([(50, 1030, 70)]) {
+        let more = [(50, 1030, 70), (2, 40, 70), (24, 9, 33)];
+        for (m, k, n) in shapes.into_iter().chain(more) {
             let (x, w) = (test_input(1, m, k, 11), test_input(1, n, k, 12));
             let bias = test_input(1, 1, n, 13);
             for b in [None, Some(&bias[..])] {
