@@ -33,13 +33,9 @@ pub struct PyMimiCodec {
     dec: Shared<Option<DecodeStream>>,
 }
 
-/// The `(batch, length)` of an input whose shape its codec checked (`lengths=` counts along
-/// the last axis).
-fn dims<T>(x: &HostInput<T>) -> (usize, usize) {
-    match x {
-        HostInput::Shaped(s, _) => (s.dims()[0], s.dims()[2]),
-        HostInput::Unchecked(a) => (a.shape[0], a.shape[2]),
-    }
+/// The `(batch, length)` of a checked input `(batch, _, length)`: what `lengths=` counts along.
+fn batch_and_length<T>(x: &HostInput<T>) -> (usize, usize) {
+    (x.shape()[0], x.shape()[2])
 }
 
 /// A stream that has not started yet is `None`.
@@ -127,7 +123,7 @@ impl PyMimiCodec {
         lengths: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(HostInput<f32>, Option<Vec<usize>>)> {
         let (host, _) = self.read_pcm_rows(pcm, None)?;
-        let lengths = row_args::lengths(lengths, dims(&host), "samples")?;
+        let lengths = row_args::lengths(lengths, batch_and_length(&host), "samples")?;
         Ok((host, lengths))
     }
 
@@ -140,7 +136,7 @@ impl PyMimiCodec {
         decoded: bool,
     ) -> PyResult<(HostInput<u32>, Option<Vec<usize>>)> {
         let (codes, _) = self.read_codes_rows(codes, None, decoded)?;
-        let lengths = row_args::lengths(lengths, dims(&codes), "frames")?;
+        let lengths = row_args::lengths(lengths, batch_and_length(&codes), "frames")?;
         Ok((codes, lengths))
     }
 

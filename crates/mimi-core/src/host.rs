@@ -58,6 +58,14 @@ impl<T> From<HostArray<T>> for HostInput<T> {
 }
 
 impl<T> HostInput<T> {
+    /// The input's shape: its model's reading of it when checked, else as given.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            HostInput::Shaped(s, _) => s.dims(),
+            HostInput::Unchecked(a) => &a.shape,
+        }
+    }
+
     /// The array, its shape checked by `check` (which may rewrite it, as the model reads it)
     /// unless `owner` checked it already (a shape checked by another model or for another
     /// kind of input is checked again); refuses values that do not fill the shape.
