@@ -145,7 +145,7 @@ const ROWS_TASK: usize = 1 << 13;
 
 /// `f(row index, row)` over the rows of `data`, in parallel when large: tasks of about
 /// [`ROWS_TASK`] values (a few µs of copying, against ~1 µs to hand a task over).
-pub(super) fn par_rows(data: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(super) fn par_rows<T: Send>(data: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     if data.len() >= 2 * ROWS_TASK && rayon::current_num_threads() > 1 {
         let per = ROWS_TASK / len.max(1) + 1; // rows per task
         crate::kernels::for_each_chunk_mut(data, per * len.max(1), |i, rows| {

@@ -2,11 +2,13 @@
 //! `vdpbf16ps`'s order ([`crate::kernels::bf16dot`]), for a [`Conv1d`] or [`ConvTr1d`] whose
 //! weights were pair-packed at load (`pair_pack`).
 //!
-//! One strategy serves every call, offline and streaming: tiles of output frames over the
-//! pool, each gathering its im2col columns in the weights' layout, rounding them to bf16
-//! pairs, and multiplying; then bias and residual are added in f32. A frame's output depends
-//! on its own inputs alone, and each output sums its pairs in one fixed order, so streaming
-//! equals offline and a batched row equals the row alone, bit for bit, on every CPU.
+//! One strategy serves every call, offline and streaming: each row's input is rounded to
+//! bf16 once, padding included ([`Rounded`]: half the bytes, and no rounding left in the
+//! tiles); then tiles of output frames over the pool each gather their im2col columns as
+//! pairs of those values, in the weights' layout, and multiply; then bias and residual are
+//! added in f32. A frame's output depends on its own inputs alone, and each output sums its
+//! pairs in one fixed order, so streaming equals offline and a batched row equals the row
+//! alone, bit for bit, on every CPU.
 
 use std::sync::Arc;
 
@@ -14,43 +16,100 @@ use crate::rows::RowList;
 
 use super::conv1d::Conv1d;
 use super::conv_tr1d::ConvTr1d;
-use super::frames::{Frames, Padded};
+use super::frames::{par_rows, Frames, Padded};
 use super::spec::Matrix;
 use super::tiles::{for_tiles, max_cols, tiles, SharedMut};
-use crate::kernels::bf16dot::{pair, PairInput, PairPacked, Path};
+use crate::kernels::bf16dot::{to_bf16, PairInput, PairPacked, Path};
 use crate::kernels::with_scratch;
 
 thread_local! {
     /// A tile's columns as pairs, kept between calls.
     static PAIRS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The rows' inputs rounded to bf16 ([`Rounded`]), kept between calls.
+    static ROUNDED: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// `cols` (`kk` rows of `tn` frames) as `kk / 2` rows of `tn` pairs (odd `kk`: a zero
-/// last): the pair-major input of the product ([`PairInput::columns`]), each row one
-/// vectorizable pass.
-fn pair_columns(cols: &[f32], kk: usize, tn: usize, out: &mut Vec<u32>) {
-    let kp = kk.div_ceil(2);
-    out.clear();
-    out.resize(tn * kp, 0);
-    for (i, dst) in out.chunks_exact_mut(tn.max(1)).enumerate().take(kp) {
-        let even = &cols[2 * i * tn..][..tn];
-        match cols.get((2 * i + 1) * tn..(2 * i + 2) * tn) {
-            Some(odd) => {
-                (dst.iter_mut().zip(even.iter().zip(odd))).for_each(|(d, (&e, &o))| *d = pair(e, o))
+/// `dst[i] = to_bf16(src[i])`.
+fn round_into(src: &[f32], dst: &mut [u16]) {
+    (dst.iter_mut().zip(src)).for_each(|(d, &x)| *d = to_bf16(x));
+}
+
+/// Several rows' inputs rounded to bf16 once, padding included, one after the other: row
+/// `r`'s channel `c` at `at[r] + c * len[r]` of `data`. The tiles read 2 bytes an input where
+/// they read 4, and round nothing: a pair of two rounded values is the pair of the two f32s.
+struct Rounded<'a> {
+    data: &'a [u16],
+    at: RowList<usize>,
+    len: RowList<usize>,
+}
+
+impl<'a> Rounded<'a> {
+    /// The rows (`None`: no input), each `(channels, frames)` and written channel by channel
+    /// by `fill(row, channel, dst)`, into `buf` (grown as needed, in parallel when large).
+    fn new(
+        buf: &'a mut Vec<u16>,
+        shapes: &[Option<(usize, usize)>],
+        fill: impl Fn(usize, usize, &mut [u16]) + Sync,
+    ) -> Self {
+        let (mut at, mut len) = (RowList::new(), RowList::new());
+        let mut total = 0;
+        for &(channels, n) in shapes.iter().map(|s| s.as_ref().unwrap_or(&(0, 0))) {
+            at.push(total);
+            len.push(n);
+            total += channels * n;
+        }
+        if buf.len() < total {
+            buf.resize(total, 0);
+        }
+        for (r, shape) in shapes.iter().enumerate() {
+            if let Some((channels, n)) = *shape {
+                let row = &mut buf[at[r]..at[r] + channels * n];
+                par_rows(row, n, |c, dst| fill(r, c, dst));
             }
-            None => (dst.iter_mut().zip(even)).for_each(|(d, &e)| *d = pair(e, 0.0)),
+        }
+        Self {
+            data: &buf[..total],
+            at,
+            len,
+        }
+    }
+
+    /// Where channel `c` of row `r`, frame `t`, is in [`Self::data`].
+    fn index(&self, r: usize, c: usize, t: usize) -> usize {
+        self.at[r] + c * self.len[r] + t
+    }
+
+    /// `dst[t]` = the pair of values `t * step` after `even` and after `odd` (`None`: zero).
+    fn pairs(&self, even: Option<usize>, odd: Option<usize>, step: usize, dst: &mut [u32]) {
+        let n = dst.len();
+        let lanes = |o: Option<usize>| o.map(|o| self.data[o..].iter().step_by(step).take(n));
+        let word = |e: u16, o: u16| e as u32 | (o as u32) << 16;
+        match (even, odd) {
+            (Some(e), Some(o)) if step == 1 => {
+                let (e, o) = (&self.data[e..e + n], &self.data[o..o + n]);
+                (dst.iter_mut().zip(e.iter().zip(o))).for_each(|(d, (&e, &o))| *d = word(e, o))
+            }
+            _ => match (lanes(even), lanes(odd)) {
+                (Some(e), Some(o)) => {
+                    (dst.iter_mut().zip(e.zip(o))).for_each(|(d, (&e, &o))| *d = word(e, o))
+                }
+                (Some(e), None) => (dst.iter_mut().zip(e)).for_each(|(d, &e)| *d = word(e, 0)),
+                (None, Some(o)) => (dst.iter_mut().zip(o)).for_each(|(d, &o)| *d = word(0, o)),
+                (None, None) => dst.fill(0),
+            },
         }
     }
 }
 
 /// The product of `w` `(n, kk)` with `frames` frames of columns, tile by tile over the pool:
-/// `gather(t0, tn, cols)` fills a tile's columns (`kk` rows of `tn`), `store(t0, tn, y)`
-/// takes its products (`tn` rows of `n`). A single tile spreads its product's panels over the
-/// pool instead (a streaming step's few frames). The bits do not depend on the tiling.
+/// `gather(t0, tn, pairs)` fills a tile's columns as pairs (`kk / 2` rows of `tn`, odd `kk`:
+/// a zero last; the pair-major input of [`PairInput::columns`]), `store(t0, tn, y)` takes its
+/// products (`tn` rows of `n`). A single tile spreads its product's panels over the pool
+/// instead (a streaming step's few frames). The bits do not depend on the tiling.
 fn product_tiles(
     w: &PairPacked,
     frames: usize,
-    gather: impl Fn(usize, usize, &mut [f32]) + Sync,
+    gather: impl Fn(usize, usize, &mut [u32]) + Sync,
     store: impl Fn(usize, usize, &[f32]) + Sync,
 ) {
     let (n, kk) = w.dims();
@@ -59,10 +118,16 @@ fn product_tiles(
     let (path, single) = (Path::best(), tiles.len() == 1);
     for_tiles(&tiles, flops, |scratch, (_, _, t0, tn)| {
         with_scratch(&PAIRS, |xp| {
-            scratch.resize((kk * tn).max(n * tn), 0.0);
-            gather(t0, tn, &mut scratch[..kk * tn]);
-            pair_columns(&scratch[..kk * tn], kk, tn, xp);
-            let (x, y) = (PairInput::columns(xp, tn), &mut scratch[..n * tn]);
+            let kp = kk.div_ceil(2);
+            if xp.len() < kp * tn {
+                xp.resize(kp * tn, 0);
+            }
+            gather(t0, tn, &mut xp[..kp * tn]);
+            scratch.resize(n * tn, 0.0);
+            let (x, y) = (
+                PairInput::columns(&xp[..kp * tn], tn),
+                &mut scratch[..n * tn],
+            );
             match single {
                 true => w.matmul(x, tn, None, y),
                 false => w.matmul_on(path, x, tn, None, y),
@@ -70,6 +135,27 @@ fn product_tiles(
             store(t0, tn, y);
         })
     });
+}
+
+/// [`product_tiles`] on rows' inputs rounded once: row `r` is `shapes[r]` (`None`: no input),
+/// filled by `fill` ([`Rounded::new`]), and `gather` reads its pairs from them.
+fn rounded_product(
+    w: &PairPacked,
+    frames: usize,
+    (shapes, fill): (
+        &[Option<(usize, usize)>],
+        impl Fn(usize, usize, &mut [u16]) + Sync,
+    ),
+    gather: impl Fn(&Rounded, usize, usize, &mut [u32]) + Sync,
+    store: impl Fn(usize, usize, &[f32]) + Sync,
+) {
+    if frames == 0 {
+        return;
+    }
+    with_scratch(&ROUNDED, |buf| {
+        let x = Rounded::new(buf, shapes, fill);
+        product_tiles(w, frames, |t0, tn, xp| gather(&x, t0, tn, xp), store)
+    })
 }
 
 /// Several rows' frames side by side on one axis (row `r`'s at `starts[r] ..
@@ -122,7 +208,7 @@ impl Conv1d {
 
     /// Weight column `r`'s input: (channel, first frame read) for output frame 0; `None`
     /// for a phase-major column past the kernel (a zero weight).
-    fn pair_column(&self, r: usize) -> Option<(usize, usize)> {
+    pub(super) fn pair_column(&self, r: usize) -> Option<(usize, usize)> {
         let (k, s) = (self.k, self.stride);
         if self.phases == 0 {
             return Some((r / k, (r % k) * self.dilation));
@@ -164,15 +250,20 @@ impl Conv1d {
             .map(|o| SharedMut(o.data.as_mut_ptr()))
             .collect();
         let bias = self.b.as_deref();
-        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
+        let kk = w.dims().1;
+        let shapes: RowList<Option<(usize, usize)>> =
+            xs.iter().map(|x| x.map(|x| (self.cin, x.len()))).collect();
+        let fill = |r: usize, c: usize, dst: &mut [u16]| {
+            round_padded(xs[r].expect("a row's shape is its input's"), c, dst)
+        };
+        let gather = |x: &Rounded, t0: usize, tn: usize, xp: &mut [u32]| {
             for (r, f0, fn_, at) in rows.parts(t0, tn) {
-                let x = xs[r].expect("a row with frames has an input");
-                for (c, dst) in cols.chunks_exact_mut(tn).enumerate() {
-                    let dst = &mut dst[at..at + fn_];
-                    match self.pair_column(c) {
-                        Some((ci, off)) => x.gather(ci, f0 * s + off, s, dst),
-                        None => dst.fill(0.0),
-                    }
+                let src = |col: usize| {
+                    let (ci, off) = (col < kk).then(|| self.pair_column(col))??;
+                    Some(x.index(r, ci, f0 * s + off))
+                };
+                for (i, dst) in xp.chunks_exact_mut(tn).enumerate() {
+                    x.pairs(src(2 * i), src(2 * i + 1), s, &mut dst[at..at + fn_]);
                 }
             }
         };
@@ -190,11 +281,18 @@ impl Conv1d {
                 }
             }
         };
-        if rows.frames() > 0 {
-            product_tiles(w, rows.frames(), gather, store);
-        }
+        rounded_product(w, rows.frames(), (&shapes, fill), gather, store);
         outs
     }
+}
+
+/// Channel `c` of `x` with its padding, rounded to bf16 (`dst` is `x.len()` long).
+fn round_padded(x: &Padded, c: usize, dst: &mut [u16]) {
+    let (l, n) = (x.left, x.x.len);
+    let pad = |v: &Option<Vec<f32>>| to_bf16(v.as_ref().map_or(0.0, |v| v[c]));
+    dst[..l].fill(pad(&x.lval));
+    round_into(x.x.row(c), &mut dst[l..l + n]);
+    dst[l + n..].fill(pad(&x.rval));
 }
 
 impl ConvTr1d {
@@ -241,13 +339,20 @@ impl ConvTr1d {
             .map(|o| SharedMut(o.data.as_mut_ptr()))
             .collect();
         let bias = self.b.as_deref();
-        let gather = |t0: usize, tn: usize, cols: &mut [f32]| {
+        let kk = w.dims().1;
+        let shapes: RowList<Option<(usize, usize)>> =
+            fulls.iter().map(|f| f.map(|f| (cin, f.len))).collect();
+        let fill = |r: usize, c: usize, dst: &mut [u16]| {
+            round_into(fulls[r].expect("a row's shape is its input's").row(c), dst)
+        };
+        let gather = |x: &Rounded, t0: usize, tn: usize, xp: &mut [u32]| {
             for (r, f0, fn_, at) in rows.parts(t0, tn) {
-                let x = fulls[r].expect("a row with frames has an input");
-                for (c, dst) in cols.chunks_exact_mut(tn).enumerate() {
-                    let (m, ci) = (c / cin, c % cin);
-                    let src = &x.data[ci * x.len + taps - 1 + f0 - m..][..fn_];
-                    dst[at..at + fn_].copy_from_slice(src);
+                let src = |col: usize| {
+                    let (m, ci) = (col / cin, col % cin);
+                    (col < kk).then(|| x.index(r, ci, taps - 1 + f0 - m))
+                };
+                for (i, dst) in xp.chunks_exact_mut(tn).enumerate() {
+                    x.pairs(src(2 * i), src(2 * i + 1), 1, &mut dst[at..at + fn_]);
                 }
             }
         };
@@ -266,9 +371,7 @@ impl ConvTr1d {
                 }
             }
         };
-        if rows.frames() > 0 {
-            product_tiles(w, rows.frames(), gather, store);
-        }
+        rounded_product(w, rows.frames(), (&shapes, fill), gather, store);
         outs
     }
 }

@@ -494,3 +494,96 @@ fn pair_packed_convolutions_stream_bit_exactly() -> Result<()> {
     }
     Ok(())
 }
+
+/// `y (n, cout) = cols (n, kk) . w^T` with each row of f32 columns rounded to pairs by
+/// itself ([`round_pairs`](crate::kernels::bf16dot::round_pairs)): the medium product by its
+/// definition, for [`pair_products_are_those_of_rounded_columns`].
+fn rounded_product(w: &crate::kernels::bf16dot::PairPacked, cols: &[f32], n: usize) -> Vec<f32> {
+    use crate::kernels::bf16dot::{round_pairs, PairInput};
+    let (cout, kk) = w.dims();
+    let mut xp = Vec::new();
+    round_pairs(cols, n, kk, &mut xp);
+    let mut y = vec![0f32; n * cout];
+    w.matmul(PairInput::rows(&xp, kk.div_ceil(2)), n, None, &mut y);
+    y
+}
+
+/// The medium convolutions round each input once and gather its pairs
+/// (`pairs.rs`'s `Rounded`): their bits are those of f32 im2col columns (the padded gather,
+/// replicate values, phase-split layout, zero taps, odd depth) each rounded to pairs and
+/// multiplied, with the bias added after.
+#[test]
+fn pair_products_are_those_of_rounded_columns() -> Result<()> {
+    for (cin, cout, k, s, d, len) in [
+        (3, 5, 7, 1, 1, 50),
+        (8, 16, 3, 1, 2, 90),
+        (16, 12, 7, 3, 1, 100),
+        (5, 4, 5, 2, 1, 9),
+    ] {
+        let (_vm, vb) = randn_vb((cout, cin, k), cout)?;
+        let mut conv = Conv1d::load(vb, ConvSpec::new(cin, cout, k).stride(s).dilation(d))?;
+        conv.pair_pack();
+        let w = conv.pairs.clone().expect("packed");
+        let x = frames_of(&Tensor::randn(0f32, 1., (1, cin, len), &Device::Cpu)?);
+        let (lval, rval) = ((0..cin).map(|c| c as f32 - 2.5).collect(), vec![0.3; cin]);
+        let (lval, rval) = (Some(lval), Some(rval));
+        let p = Padded {
+            x: &x,
+            left: 4,
+            right: 3,
+            lval,
+            rval,
+        };
+        let (n, kk) = (conv.frames(p.len()), w.dims().1);
+        let mut cols = vec![0f32; n * kk];
+        for (t, row) in cols.chunks_exact_mut(kk).enumerate() {
+            for (c, v) in row.iter_mut().enumerate() {
+                if let Some((ci, off)) = conv.pair_column(c) {
+                    p.gather(ci, t * s + off, 1, std::slice::from_mut(v));
+                }
+            }
+        }
+        let y = rounded_product(&w, &cols, n);
+        let b = conv.b.clone().expect("a bias");
+        let got = conv.run_pairs(&w, &p, n, None);
+        for (co, t) in (0..cout).flat_map(|co| (0..n).map(move |t| (co, t))) {
+            let want = y[t * cout + co] + b[co] + 0.0;
+            let at = format!("conv {cin} {cout} {k} {s} {d}: ({co}, {t})");
+            assert_eq!(got.data[co * n + t].to_bits(), want.to_bits(), "{at}");
+        }
+    }
+    for (cin, cout, k, s, len) in [(16, 8, 8, 4, 40), (3, 2, 4, 2, 7), (5, 3, 6, 3, 11)] {
+        let (_vm, vb) = randn_vb((cin, cout, k), cout)?;
+        let mut tr = ConvTr1d::load(vb, ConvSpec::new(cin, cout, k).stride(s))?;
+        tr.pair_pack();
+        let w = tr.pairs.clone().expect("packed");
+        let taps = tr.taps;
+        let x = frames_of(&Tensor::randn(
+            0f32,
+            1.,
+            (1, cin, len + taps - 1),
+            &Device::Cpu,
+        )?);
+        let (n, kk) = (len, w.dims().1);
+        let mut cols = vec![0f32; n * kk];
+        for (t, row) in cols.chunks_exact_mut(kk).enumerate() {
+            for (c, v) in row.iter_mut().enumerate() {
+                let (m, ci) = (c / cin, c % cin);
+                *v = x.row(ci)[taps - 1 + t - m];
+            }
+        }
+        let y = rounded_product(&w, &cols, n);
+        let b = tr.b.clone().expect("a bias");
+        let got = tr.run_pairs(&w, &x, n);
+        for (co, t, j) in (0..cout).flat_map(|co| (0..n * s).map(move |t| (co, t / s, t % s))) {
+            let want = y[t * s * cout + co * s + j] + b[co];
+            let at = format!("tr {cin} {cout} {k} {s}: ({co}, {t}, {j})");
+            assert_eq!(
+                got.data[co * n * s + t * s + j].to_bits(),
+                want.to_bits(),
+                "{at}"
+            );
+        }
+    }
+    Ok(())
+}
