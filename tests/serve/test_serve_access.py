@@ -1,5 +1,6 @@
 """Who may connect, against the real server: cross-origin browsers get 403, a missing or wrong
-token 401 (the same answer), a non-loopback bind without a token does not start, a handshake
+token 401 (the same answer), a request that repeats Host, Origin or Authorization 400, a
+non-loopback bind without a token does not start, a handshake
 over the cap gets 503 and one that stalls is dropped, TLS handshakes included (the Host check is
 in test_serve_hosts.py); TLS serves wss:// and https://. Every
 refusal leaves the client already streaming exact, and /metrics (Prometheus' text format, read
@@ -8,6 +9,7 @@ with prometheus_client's own parser) counts them."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 
@@ -269,3 +271,70 @@ def test_bad_tls_files_are_one_line_errors(tmp_path):
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "cannot load" in r.stderr
     r = serve_cmd("--keyfile", str(tmp_path / "junk.pem"))
     assert r.returncode == 1 and "--keyfile needs --certfile" in r.stderr
+
+
+# The headers of a valid WebSocket upgrade, besides Host, Origin and Authorization.
+UPGRADE = [
+    ("Upgrade", "websocket"),
+    ("Connection", "Upgrade"),
+    ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ("Sec-WebSocket-Version", "13"),
+]
+
+
+async def raw_request(port: int, path: str, headers: list[tuple[str, str]]) -> tuple[int, bytes]:
+    """(HTTP status, body) of a GET of `path` on 127.0.0.1:`port` with exactly these header lines,
+    repeated ones included (what no ordinary client sends); the connection is then closed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    lines = [f"GET {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers), ""]
+    writer.write("".join(f"{line}\r\n" for line in lines).encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+    length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.I)
+    body = await reader.readexactly(int(length[1])) if length else b""
+    writer.close()
+    await writer.wait_closed()
+    return int(head.split(b" ", 2)[1]), body
+
+
+def test_a_request_repeating_a_single_valued_header_gets_400_and_everyone_else_is_served(
+    serve_checkpoint, serve_offline
+):
+    from mimi_py.serve import Server, run_server
+    from mimi_py.serve.access import Access
+
+    server = Server(mimi_py.MimiCodec(serve_checkpoint), 3, access=Access(token=TOKEN))
+    good, later = noise(40, 7), noise(5, 8)
+
+    async def scenario():
+        stop, ports = asyncio.Event(), asyncio.Queue()
+        task = asyncio.create_task(run_server(server, "127.0.0.1", 0, stop, ports.put_nowait))
+        port = await ports.get()
+        url = f"ws://127.0.0.1:{port}"
+        honest = asyncio.create_task(loadgen.encode_stream(url, good, additional_headers=BEARER))
+        await until(lambda: server.stats.frames_served >= 1, "served the honest client")
+        own = {"Host": f"127.0.0.1:{port}", "Origin": f"http://127.0.0.1:{port}", **BEARER}
+        valid = [*own.items(), *UPGRADE]
+        seen = {"none": await raw_request(port, "/encode", valid)}
+        for name, value in [*own.items(), UPGRADE[2]]:  # twice the same value: still refused
+            seen[name] = await raw_request(port, "/encode", [*valid, (name, value)])
+        for path in ("/health", "/metrics", "/"):
+            seen[path] = await raw_request(port, path, [*own.items(), ("Host", "localhost")])
+        after = await loadgen.encode_stream(url, later, realtime=False, additional_headers=BEARER)
+        result = await honest
+        stop.set()
+        await task
+        return seen, after, result
+
+    seen, after, honest = asyncio.run(asyncio.wait_for(scenario(), timeout=60))
+    assert seen["none"][0] == 101, seen["none"]
+    for name in protocol.SINGLE_HEADERS:
+        body = f"the request repeats {name}: a header read as one value may come once\n"
+        assert seen[name] == (400, body.encode()), name
+    for path in ("/health", "/metrics", "/"):
+        assert seen[path][0] == 400 and b"repeats Host" in seen[path][1], (path, seen[path])
+    assert seen["Sec-WebSocket-Key"][0] == 400  # websockets' own check
+    assert server.stats.refused == {protocol.Refusal.DUPLICATE: 6}
+    np.testing.assert_array_equal(honest.codes(), serve_offline.encode(good)[0])
+    assert honest.close_code == 1000 and honest.done == 40
+    np.testing.assert_array_equal(after.codes(), serve_offline.encode(later)[0])
+    assert after.close_code == 1000

@@ -197,7 +197,7 @@ def test_the_host_rule_loopback_the_bound_host_allow_host_and_star():
     for host in refused:
         assert access.check(request(host), "/health") is protocol.Refusal.HOST, host
     assert access.check(request(), "/") is protocol.Refusal.HOST  # no Host
-    assert access.check(request("localhost", "localhost"), "/") is protocol.Refusal.HOST  # two
+    assert access.check(request("localhost", "localhost"), "/") is protocol.Refusal.DUPLICATE  # two
     anyone = Access(allow_hosts=["*"])
     assert anyone.check(request("evil.example"), "/encode") is None
     token = Access(token=TOKEN)

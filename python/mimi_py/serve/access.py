@@ -1,5 +1,9 @@
-"""Who may connect: the ``Host`` check, the ``Origin`` check, the token, and the cap on
-handshakes in flight.
+"""Who may connect: one of each header read as one value, the ``Host`` check, the ``Origin``
+check, the token, and the cap on handshakes in flight.
+
+A request that carries ``Host``, ``Origin`` or ``Authorization`` (``protocol.SINGLE_HEADERS``)
+more than once gets HTTP 400 before any other check, whatever its path, token or not: the checks
+below then read exactly one of each (or none).
 
 DNS rebinding: a page on ``evil.example``, whose name its owner then makes resolve to 127.0.0.1,
 reaches a loopback server with ``Host: evil.example`` and ``Origin: http://evil.example``, which
@@ -29,7 +33,7 @@ import socket
 from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit
 
-from .protocol import METRICS_PATH, STREAM_PATHS, Refusal
+from .protocol import METRICS_PATH, SINGLE_HEADERS, STREAM_PATHS, Refusal
 
 __all__ = [
     "ANY_HOST",
@@ -38,6 +42,7 @@ __all__ = [
     "host_name",
     "is_loopback",
     "loopback_name",
+    "repeated_headers",
     "request_token",
 ]
 
@@ -93,8 +98,15 @@ def loopback_name(name: str) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
+def repeated_headers(headers) -> list[str]:
+    """The headers of :data:`~mimi_py.serve.protocol.SINGLE_HEADERS` that `headers` (websockets'
+    multidict) carries more than once, in that order."""
+    return [name for name in SINGLE_HEADERS if len(headers.get_all(name)) > 1]
+
+
 def request_token(headers, path: str) -> str | None:
-    """The token a request carries: ``Authorization: Bearer ...``, else ``?token=``."""
+    """The token a request carries: ``Authorization: Bearer ...``, else ``?token=``. `headers`
+    carries at most one ``Authorization`` (:meth:`Access.check` refused the others)."""
     auth = headers.get("Authorization")
     if auth is not None:
         scheme, _, value = auth.strip().partition(" ")
@@ -149,7 +161,8 @@ class Access:
 
     def origin_allowed(self, headers) -> bool:
         """No ``Origin`` (not a browser), the server's own host (the ``Host`` header, whatever
-        the scheme: TLS may end at a proxy), or one of ``--allow-origin``."""
+        the scheme: TLS may end at a proxy), or one of ``--allow-origin``. `headers` carries at
+        most one of each (:meth:`check` refused the others)."""
         origin = headers.get("Origin")
         if origin is None:
             return True
@@ -167,8 +180,11 @@ class Access:
         return given is not None and hmac.compare_digest(given.encode(), self._token)
 
     def check(self, request, base: str) -> Refusal | None:
-        """Why a request for the path `base` is refused, if it is: its ``Host`` (every path),
+        """Why a request for the path `base` is refused, if it is: a repeated header of
+        :data:`~mimi_py.serve.protocol.SINGLE_HEADERS`, then its ``Host`` (both on every path),
         then a stream's ``Origin``, then a stream's or ``/metrics``' token."""
+        if repeated_headers(request.headers):
+            return Refusal.DUPLICATE
         if not self.host_allowed(request.headers):
             return Refusal.HOST
         stream = base in STREAM_PATHS

@@ -1,8 +1,9 @@
 """The server's plain HTTP side: the page, ``/health``, ``/metrics``, the handshake's checks,
 and the paths that are not WebSockets.
 
-``process_request`` (websockets' hook) first refuses, without a token, a request whose ``Host``
-is not allowed (403, whatever its path: a DNS-rebinding page); then answers ``GET /``, the
+``process_request`` (websockets' hook) first refuses a request that repeats ``Host``, ``Origin``
+or ``Authorization`` (400, whatever its path), then, without a token, one whose ``Host`` is not
+allowed (403, whatever its path: a DNS-rebinding page); then answers ``GET /``, the
 page's files and ``/health`` itself; refuses a stream whose ``Origin`` is not allowed (403), a
 stream or ``/metrics`` without the token (401), unknown paths (404) and unknown formats (400),
 all before any upgrade, so a WebSocket handler only ever sees an allowed, valid
@@ -21,7 +22,7 @@ from importlib import resources
 
 from websockets.asyncio.server import ServerConnection
 
-from .access import HandshakeGate, host_name
+from .access import HandshakeGate, host_name, repeated_headers
 from .metrics import metrics_text
 from .protocol import HANDSHAKE_TIMEOUT, HEALTH_PATH, METRICS_PATH, Refusal, parse_route
 
@@ -77,9 +78,19 @@ def host_refused_body(hosts: list[str]) -> str:
     )
 
 
+def _refused_body(why: Refusal, headers) -> str:
+    """What a request refused before its upgrade is told: the repeated headers, the ``Host``, or
+    the refusal's fixed text."""
+    if why is Refusal.DUPLICATE:
+        return f"the request repeats {', '.join(repeated_headers(headers))}: a header read as one value may come once\n"
+    if why is Refusal.HOST:
+        return host_refused_body(headers.get_all("Host"))
+    return REFUSED_BODY[why]
+
+
 def _refused(connection, status: int, why: Refusal, request):
-    """403 or 401, with ``WWW-Authenticate: Bearer`` on a 401."""
-    text = host_refused_body(request.headers.get_all("Host")) if why is Refusal.HOST else REFUSED_BODY[why]
+    """400, 403 or 401, with ``WWW-Authenticate: Bearer`` on a 401."""
+    text = _refused_body(why, request.headers)
     r = _response(connection, status, text.encode(), "text/plain; charset=utf-8")
     if why is Refusal.TOKEN:
         r.headers["WWW-Authenticate"] = "Bearer"

@@ -26,6 +26,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "METRICS_PATH",
     "REFUSALS",
+    "SINGLE_HEADERS",
     "STREAM_PATHS",
     "TOKEN_ENV",
     "Close",
@@ -56,6 +57,12 @@ TOKEN_ENV = "MIMI_PY_SERVE_TOKEN"
 # The paths: WebSocket streams, and plain HTTP (the page's files are in http.PAGE_FILES).
 STREAM_PATHS = ("/encode", "/decode")
 HEALTH_PATH, METRICS_PATH = "/health", "/metrics"
+# The request headers the server reads as one value. A request that carries one of them more
+# than once, even twice the same, is ambiguous (which Host does it name? which token counts?) and
+# gets HTTP 400 before any other check, on every path: RFC 9112 section 3.2 asks this of a repeated
+# Host, and Origin (RFC 6454 section 7.3) and Authorization are single-valued too. The
+# Sec-WebSocket-* headers are websockets' to read: it answers a repeated one with 400 itself.
+SINGLE_HEADERS = ("Host", "Origin", "Authorization")
 
 
 class Close(enum.IntEnum):
@@ -88,6 +95,7 @@ class Refusal(enum.Enum):
     """Why a connection was turned away (the ``reason`` label of ``mimi_serve_refused_total``)."""
 
     HANDSHAKES = "handshakes"
+    DUPLICATE = "duplicate"
     HOST = "host"
     ORIGIN = "origin"
     TOKEN = "token"
@@ -106,6 +114,11 @@ REFUSALS: dict[Refusal, tuple[int, str]] = {
         503,
         "64 connections are already between their TCP accept and the end of their upgrade, TLS "
         "handshakes included (over TLS the connection is closed at once, before a TLS handshake)",
+    ),
+    Refusal.DUPLICATE: (
+        400,
+        f"the request carries one of {', '.join(f'`{h}`' for h in SINGLE_HEADERS)} more than once "
+        "(which one counts would be ambiguous), whatever its path and whether or not a token is set",
     ),
     Refusal.HOST: (
         403,

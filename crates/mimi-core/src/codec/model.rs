@@ -46,8 +46,11 @@ impl Codec {
         Self::check_weights_memory(cfg)?;
         let source = Arc::new(source);
         let vb = source.var_builder(dtype, device);
+        // The layer groups "medium" pairs, read from the settings once for both loads below;
+        // None at the other precisions (nothing is paired).
+        let medium = (precision == Precision::Medium).then(MediumLayers::from_settings);
         let engine: Arc<dyn Engine> = match engine {
-            EngineKind::Native => Arc::new(Native::load(cfg, &vb, precision)?),
+            EngineKind::Native => Arc::new(Native::load(cfg, &vb, precision, medium)?),
             EngineKind::Candle => Arc::new(Candle::load(cfg, &vb)?),
         };
         // The quantizer always computes in f32, whatever the codec's dtype: a code is an
@@ -55,7 +58,8 @@ impl Codec {
         // latents are cast to f32 on the way in (and back to `dtype` on the way out).
         let quantizer =
             Quantizer::load(cfg, &source.var_builder(DType::F32, device).pp("quantizer"))?;
-        let [enc_tr, dec_tr] = Self::load_transformers(cfg, &source, (device, dtype, precision))?;
+        let [enc_tr, dec_tr] =
+            Self::load_transformers(cfg, &source, (device, dtype, precision), medium)?;
         let parts = Parts {
             cfg: cfg.clone(),
             offline: Offline::default(),
@@ -101,13 +105,15 @@ impl Codec {
     /// seed (`seed + 1`, `seed + 2`) over unprefixed names.
     /// Reads both transformers' weights, then finishes reading `source` (every problem
     /// reported together, unread tensors named), and builds them; "medium" stores their
-    /// matrices in bf16 only where it pairs them.
+    /// matrices in bf16, paired, only where `medium` (the groups it pairs; None at the other
+    /// precisions) names the transformers.
     fn load_transformers(
         cfg: &CodecConfig,
         source: &TensorSource,
         (device, dtype, precision): (&Device, DType, Precision),
+        medium: Option<MediumLayers>,
     ) -> Result<[Transformer; 2]> {
-        let pairs = precision == Precision::Medium && MediumLayers::from_settings().transformers;
+        let pairs = medium.is_some_and(|layers| layers.transformers);
         let spec = weights::LoadSpec {
             prefix: "",
             layout: QkLayout::Interleaved,

@@ -318,7 +318,7 @@ mod engines {
         let vb = Arc::new(TensorSource::seeded(7, None)).var_builder(DType::F32, &Device::Cpu);
         let Native {
             encoder, decoder, ..
-        } = Native::load(&small, &vb, Default::default()).unwrap();
+        } = Native::load(&small, &vb, Default::default(), None).unwrap();
         assert_eq!(
             (encoder.hop(), decoder.hop()),
             (cfg.seanet.hop_length(), 960)

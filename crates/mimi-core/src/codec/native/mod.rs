@@ -39,8 +39,14 @@ pub(crate) struct Native {
 impl Native {
     /// The SEANets and the down/upsampling, from `vb` (f32); at `precision="high"`, the
     /// large layers then converted to bf16, one at a time; at `"medium"`, the groups of
-    /// `MIMI_PY_MEDIUM_LAYERS` in bf16 pairs.
-    pub(crate) fn load(cfg: &CodecConfig, vb: &VarBuilder, precision: Precision) -> Result<Self> {
+    /// `medium` (`MIMI_PY_MEDIUM_LAYERS`, which the caller read; None at the other
+    /// precisions) in bf16 pairs.
+    pub(crate) fn load(
+        cfg: &CodecConfig,
+        vb: &VarBuilder,
+        precision: Precision,
+        medium: Option<MediumLayers>,
+    ) -> Result<Self> {
         let bf16 = precision == Precision::High;
         let dim = cfg.seanet.dimension;
         let stride = cfg.downsample_stride();
@@ -65,8 +71,7 @@ impl Native {
         downsample.pack();
         decoder.pack();
         upsample.pack();
-        if precision == Precision::Medium {
-            let layers = MediumLayers::from_settings();
+        if let Some(layers) = medium {
             encoder.pair_pack(layers);
             decoder.pair_pack(layers);
             if layers.frame_rate {
