@@ -101,12 +101,11 @@ impl Codec {
         )
     }
 
-    /// The encoder's and decoder's transformer weights. A seeded source gives each its own
-    /// seed (`seed + 1`, `seed + 2`) over unprefixed names.
-    /// Reads both transformers' weights, then finishes reading `source` (every problem
-    /// reported together, unread tensors named), and builds them; "medium" stores their
-    /// matrices in bf16, paired, only where `medium` (the groups it pairs; None at the other
-    /// precisions) names the transformers.
+    /// The encoder's and decoder's transformers: reads both one's weights, then finishes
+    /// reading `source` (every problem reported together, unread tensors named), and builds
+    /// them. A seeded source gives each its own seed (`seed + 1`, `seed + 2`) over unprefixed
+    /// names. Their matrices are stored in bf16 pairs only where `medium` (the groups
+    /// `"medium"` pairs; None at the other precisions) names the transformers.
     fn load_transformers(
         cfg: &CodecConfig,
         source: &TensorSource,
