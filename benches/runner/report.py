@@ -200,7 +200,7 @@ def _render_targets(L: list, res) -> None:
             op = "≤" if t["kind"] == "max" else "≥"
             met = "—" if t["met"] is None else ("✅ met" if t["met"] else "❌ not met")
             if not t["meaningful"]:
-                met = "— (tiny sizes)"
+                met = f"— ({t.get('not_a_verdict') or 'tiny sizes'})"
             L.append(
                 f"| {t['what']} ({t['threads']} thread{'s' if t['threads'] != 1 else ''}) | {op} {b} | {mm} | {fmt_x(t['measured_over_bound'])} | {met} |"
             )

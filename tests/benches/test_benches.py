@@ -244,6 +244,56 @@ def test_bench_suites_run_tiny(tmp_path):
     check_readme((tmp_path / "README.md").read_text())
 
 
+def test_medium_targets_are_verdicts_only_where_vdpbf16ps_runs(monkeypatch):
+    """Issue 49's "medium" targets from a run's rows (no process, no timing): each ratio within
+    the run, met or not by its bound, and a verdict only where "medium" ran `vdpbf16ps`."""
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(REPO / "benches"))
+    from runner.targets import evaluate_targets
+
+    def suites(isa):
+        def row(p, **kw):
+            return dict(ok=True, engine="mimi_py", precision=p, threads=2, kernel_isa=isa, **kw)
+
+        ratios = [
+            dict(peer=peer, threads=2, precision="medium", encode_speed_ratio=e, decode_speed_ratio=d)
+            for peer, e, d in [("moshi", 2.1, 1.9), ("moshi (torch bf16)", 1.4, 1.2)]
+        ]
+        batches = [dict(batch=b, over_offline=o) for b, o in [(4, 1.5), (8, 1.14), (16, 1.16)]]
+        return {
+            "codec": {
+                "runs": [
+                    row("highest", encode_rtf=20.0, decode_rtf=30.0),
+                    row("medium", encode_rtf=34.0, decode_rtf=45.0),
+                ],
+                "speed_ratios": ratios,
+            },
+            "serving": {"runs": [row("highest", streams_held=8), row("medium", streams_held=12)]},
+            "efficiency": {"runs": [row("medium", batches=batches)]},
+        }
+
+    args = SimpleNamespace(main_threads=2, tiny=False)
+    got = {t["key"]: t for t in evaluate_targets(args, suites("avx512bf16"))}
+    want = {
+        "medium_encode_speedup": (1.7, True),
+        "medium_decode_speedup": (1.5, False),
+        "medium_encode_over_moshi": (2.1, True),
+        "medium_decode_over_moshi": (1.9, False),
+        "medium_encode_over_moshi_bf16": (1.4, True),
+        "medium_decode_over_moshi_bf16": (1.2, False),
+        "medium_streams_held": (1.5, True),
+        "medium_batched_over_offline": (1.16, False),  # the worst B >= 8, B = 4 left out
+    }
+    assert {k: (got[k]["measured"], got[k]["met"]) for k in want} == want
+    assert all(got[k]["meaningful"] and got[k]["not_a_verdict"] is None for k in want)
+    emulated = [t for t in evaluate_targets(args, suites("avx512")) if t["key"] in want]
+    assert len(emulated) == len(want) and not any(t["meaningful"] for t in emulated)
+    assert {t["not_a_verdict"] for t in emulated} == {"medium ran avx512, not avx512bf16"}
+    no_medium = evaluate_targets(args, {"codec": {"runs": [], "speed_ratios": []}})
+    assert not any(t["key"] in want for t in no_medium)
+
+
 def test_precision_variants_and_ratios(monkeypatch):
     """The rows --precisions plans (moshi's torch bf16 mode only with medium), their labels, the
     like-for-like pairs of the ratios and the ratio table (no process, no timing)."""
