@@ -199,7 +199,7 @@ def test_the_protocol_document_lists_every_close_code_and_format():
         r: (f"HTTP {n}" if n < 1000 else f"close {n}", text) for r, (n, text) in protocol.REFUSALS.items()
     }
     rows = {
-        r: (a, t) for r, a, t in re.findall(r"^\| ([a-z]+) \| ((?:HTTP|close) \d+) \| (.+) \|$", doc, re.M)
+        r: (a, t) for r, a, t in re.findall(r"^\| ([a-z_]+) \| ((?:HTTP|close) \d+) \| (.+) \|$", doc, re.M)
     }
     assert rows == {r.value: v for r, v in refusals.items()} and set(protocol.REFUSALS) == set(
         protocol.Refusal

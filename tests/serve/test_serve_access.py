@@ -1,5 +1,6 @@
 """Who may connect, against the real server: cross-origin browsers get 403, a missing or wrong
-token 401 (the same answer), a request that repeats Host, Origin or Authorization 400, a
+token 401 (the same answer), a request that repeats Host, Origin or Authorization or has no Host
+400, a
 non-loopback bind without a token does not start, a handshake
 over the cap gets 503 and one that stalls is dropped, TLS handshakes included (the Host check is
 in test_serve_hosts.py); TLS serves wss:// and https://. Every
@@ -296,7 +297,7 @@ async def raw_request(port: int, path: str, headers: list[tuple[str, str]]) -> t
     return int(head.split(b" ", 2)[1]), body
 
 
-def test_a_request_repeating_a_single_valued_header_gets_400_and_everyone_else_is_served(
+def test_a_request_repeating_a_single_valued_header_or_without_host_gets_400_and_everyone_else_is_served(
     serve_checkpoint, serve_offline
 ):
     from mimi_py.serve import Server, run_server
@@ -319,6 +320,8 @@ def test_a_request_repeating_a_single_valued_header_gets_400_and_everyone_else_i
             seen[name] = await raw_request(port, "/encode", [*valid, (name, value)])
         for path in ("/health", "/metrics", "/"):
             seen[path] = await raw_request(port, path, [*own.items(), ("Host", "localhost")])
+        no_host = [(k, v) for k, v in valid if k != "Host"]
+        seen["no Host"] = await raw_request(port, "/encode", no_host)
         after = await loadgen.encode_stream(url, later, realtime=False, additional_headers=BEARER)
         result = await honest
         stop.set()
@@ -333,7 +336,8 @@ def test_a_request_repeating_a_single_valued_header_gets_400_and_everyone_else_i
     for path in ("/health", "/metrics", "/"):
         assert seen[path][0] == 400 and b"repeats Host" in seen[path][1], (path, seen[path])
     assert seen["Sec-WebSocket-Key"][0] == 400  # websockets' own check
-    assert server.stats.refused == {protocol.Refusal.DUPLICATE: 6}
+    assert seen["no Host"] == (400, b"the request has no Host header: HTTP/1.1 requires one\n")
+    assert server.stats.refused == {protocol.Refusal.DUPLICATE: 6, protocol.Refusal.NO_HOST: 1}
     np.testing.assert_array_equal(honest.codes(), serve_offline.encode(good)[0])
     assert honest.close_code == 1000 and honest.done == 40
     np.testing.assert_array_equal(after.codes(), serve_offline.encode(later)[0])

@@ -196,11 +196,13 @@ def test_the_host_rule_loopback_the_bound_host_allow_host_and_star():
     refused = ["evil.example", "localhost.evil.example", "192.0.2.1", "[::2]x", "app.example.evil", "[::]"]
     for host in refused:
         assert access.check(request(host), "/health") is protocol.Refusal.HOST, host
-    assert access.check(request(), "/") is protocol.Refusal.HOST  # no Host
+    assert access.check(request(), "/") is protocol.Refusal.NO_HOST
     assert access.check(request("localhost", "localhost"), "/") is protocol.Refusal.DUPLICATE  # two
     anyone = Access(allow_hosts=["*"])
     assert anyone.check(request("evil.example"), "/encode") is None
+    assert anyone.check(request(), "/encode") is protocol.Refusal.NO_HOST
     token = Access(token=TOKEN)
+    assert token.check(request(), "/health") is protocol.Refusal.NO_HOST  # a token or not
     assert token.check(request("evil.example"), "/health") is None
     assert token.check(request("evil.example"), "/encode") is protocol.Refusal.TOKEN
     with pytest.raises(ValueError, match="not a host name"):

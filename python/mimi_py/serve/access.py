@@ -2,8 +2,9 @@
 check, the token, and the cap on handshakes in flight.
 
 A request that carries ``Host``, ``Origin`` or ``Authorization`` (``protocol.SINGLE_HEADERS``)
-more than once gets HTTP 400 before any other check, whatever its path, token or not: the checks
-below then read exactly one of each (or none).
+more than once, or no ``Host`` (HTTP/1.1 requires one), gets HTTP 400 before any other check,
+whatever its path, token or not: the checks below then read exactly one ``Host`` and at most one
+of the others.
 
 DNS rebinding: a page on ``evil.example``, whose name its owner then makes resolve to 127.0.0.1,
 reaches a loopback server with ``Host: evil.example`` and ``Origin: http://evil.example``, which
@@ -181,10 +182,13 @@ class Access:
 
     def check(self, request, base: str) -> Refusal | None:
         """Why a request for the path `base` is refused, if it is: a repeated header of
-        :data:`~mimi_py.serve.protocol.SINGLE_HEADERS`, then its ``Host`` (both on every path),
+        :data:`~mimi_py.serve.protocol.SINGLE_HEADERS`, no ``Host``, then its ``Host`` (all three
+        on every path),
         then a stream's ``Origin``, then a stream's or ``/metrics``' token."""
         if repeated_headers(request.headers):
             return Refusal.DUPLICATE
+        if not request.headers.get_all("Host"):
+            return Refusal.NO_HOST
         if not self.host_allowed(request.headers):
             return Refusal.HOST
         stream = base in STREAM_PATHS

@@ -2,7 +2,7 @@
 and the paths that are not WebSockets.
 
 ``process_request`` (websockets' hook) first refuses a request that repeats ``Host``, ``Origin``
-or ``Authorization`` (400, whatever its path), then, without a token, one whose ``Host`` is not
+or ``Authorization``, or has no ``Host`` (400, whatever its path), then, without a token, one whose ``Host`` is not
 allowed (403, whatever its path: a DNS-rebinding page); then answers ``GET /``, the
 page's files and ``/health`` itself; refuses a stream whose ``Origin`` is not allowed (403), a
 stream or ``/metrics`` without the token (401), unknown paths (404) and unknown formats (400),
@@ -38,6 +38,7 @@ __all__ = [
 
 # What a refused request is told (never which of missing or wrong a token was).
 REFUSED_BODY = {
+    Refusal.NO_HOST: "the request has no Host header: HTTP/1.1 requires one\n",
     Refusal.ORIGIN: "this Origin may not open streams here (the server's own host, or --allow-origin)\n",
     Refusal.TOKEN: "a valid token is needed: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
 }

@@ -96,6 +96,7 @@ class Refusal(enum.Enum):
 
     HANDSHAKES = "handshakes"
     DUPLICATE = "duplicate"
+    NO_HOST = "no_host"
     HOST = "host"
     ORIGIN = "origin"
     TOKEN = "token"
@@ -119,6 +120,11 @@ REFUSALS: dict[Refusal, tuple[int, str]] = {
         400,
         f"the request carries one of {', '.join(f'`{h}`' for h in SINGLE_HEADERS)} more than once "
         "(which one counts would be ambiguous), whatever its path and whether or not a token is set",
+    ),
+    Refusal.NO_HOST: (
+        400,
+        "the request has no `Host` (HTTP/1.1 requires one), whatever its path and whether or not "
+        "a token is set",
     ),
     Refusal.HOST: (
         403,
