@@ -491,17 +491,15 @@ impl PairPacked {
                     bias_lanes(bias, p, n),
                 );
                 for (r, rows) in avx2_tiles(m).skip(b0).take(per_block) {
-                    let (x, mut acc) = (x.tile((r, rows)), [b; AVX2_ROWS]);
-                    let a = &mut acc[..rows];
+                    let (x, out) = (x.tile((r, rows)), (y, n, r, p));
                     match rows {
-                        6 => tile_avx2::<6>(w, x, kp, a),
-                        5 => tile_avx2::<5>(w, x, kp, a),
-                        4 => tile_avx2::<4>(w, x, kp, a),
-                        3 => tile_avx2::<3>(w, x, kp, a),
-                        2 => tile_avx2::<2>(w, x, kp, a),
-                        _ => tile_avx2::<1>(w, x, kp, a),
+                        6 => tile_avx2::<6>(w, x, kp, &b, out),
+                        5 => tile_avx2::<5>(w, x, kp, &b, out),
+                        4 => tile_avx2::<4>(w, x, kp, &b, out),
+                        3 => tile_avx2::<3>(w, x, kp, &b, out),
+                        2 => tile_avx2::<2>(w, x, kp, &b, out),
+                        _ => tile_avx2::<1>(w, x, kp, &b, out),
                     }
-                    store(y, n, (r, p), a.iter());
                 }
             }
         }
@@ -559,24 +557,20 @@ impl PairPacked {
             std::array::from_fn(|j| &self.data[(p + j) * kp * LANES..][..kp * LANES]);
         let b: [[f32; LANES]; NP] = std::array::from_fn(|j| bias_lanes(bias, p + j, n));
         for (r, rows) in x.tiles(m).skip(b0).take(count) {
-            let (xt, mut acc) = (x.tile((r, rows)), [b; AVX512_ROWS]);
-            let a = &mut acc[..rows];
+            let (xt, out) = (x.tile((r, rows)), (y, n, r, p));
             match rows {
-                12 => tile_avx512::<12, NP>(w, xt, kp, a),
-                11 => tile_avx512::<11, NP>(w, xt, kp, a),
-                10 => tile_avx512::<10, NP>(w, xt, kp, a),
-                9 => tile_avx512::<9, NP>(w, xt, kp, a),
-                8 => tile_avx512::<8, NP>(w, xt, kp, a),
-                7 => tile_avx512::<7, NP>(w, xt, kp, a),
-                6 => tile_avx512::<6, NP>(w, xt, kp, a),
-                5 => tile_avx512::<5, NP>(w, xt, kp, a),
-                4 => tile_avx512::<4, NP>(w, xt, kp, a),
-                3 => tile_avx512::<3, NP>(w, xt, kp, a),
-                2 => tile_avx512::<2, NP>(w, xt, kp, a),
-                _ => tile_avx512::<1, NP>(w, xt, kp, a),
-            }
-            for j in 0..NP {
-                store(y, n, (r, p + j), a.iter().map(|s| &s[j]));
+                12 => tile_avx512::<12, NP>(w, xt, kp, &b, out),
+                11 => tile_avx512::<11, NP>(w, xt, kp, &b, out),
+                10 => tile_avx512::<10, NP>(w, xt, kp, &b, out),
+                9 => tile_avx512::<9, NP>(w, xt, kp, &b, out),
+                8 => tile_avx512::<8, NP>(w, xt, kp, &b, out),
+                7 => tile_avx512::<7, NP>(w, xt, kp, &b, out),
+                6 => tile_avx512::<6, NP>(w, xt, kp, &b, out),
+                5 => tile_avx512::<5, NP>(w, xt, kp, &b, out),
+                4 => tile_avx512::<4, NP>(w, xt, kp, &b, out),
+                3 => tile_avx512::<3, NP>(w, xt, kp, &b, out),
+                2 => tile_avx512::<2, NP>(w, xt, kp, &b, out),
+                _ => tile_avx512::<1, NP>(w, xt, kp, &b, out),
             }
         }
         NP
@@ -585,8 +579,13 @@ impl PairPacked {
 
 /// AVX-512: `R` rows (up to [`AVX512_ROWS`]) of `NP` panels, from the widened input: each
 /// value broadcast from memory (a load, not a shuffle), the weights' odd and even halves
-/// widened in registers (exact), each sum taking its odd product, then its even one, pair by
-/// pair. MXCSR's flush bits are set by the caller.
+/// widened in registers (exact), each sum starting from its bias lane `b` and taking its odd
+/// product, then its even one, pair by pair; the sums go from the registers straight to `y`
+/// (`out`: `y`, its row length `n`, the tile's first row and first panel; a last panel past
+/// `n` masked). MXCSR's flush bits are set by the caller.
+///
+/// # Safety
+/// This CPU runs AVX-512F; the rows and panels are inside `y`, and this thread owns them.
 #[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
@@ -594,17 +593,14 @@ unsafe fn tile_avx512<const R: usize, const NP: usize>(
     w: [&[u32]; NP],
     x: &[f32],
     kp: usize,
-    acc: &mut [[[f32; LANES]; NP]],
+    b: &[[f32; LANES]; NP],
+    (y, n, r0, p): (Out, usize, usize, usize),
 ) {
     use std::arch::x86_64::*;
-    debug_assert!(acc.len() == R && x.len() == 2 * R * kp);
+    debug_assert!(x.len() == 2 * R * kp && (p + NP - 1) * LANES < n);
     let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
-    let mut s = [[_mm512_setzero_ps(); NP]; R];
-    for r in 0..R {
-        for j in 0..NP {
-            s[r][j] = _mm512_loadu_ps(acc[r][j].as_ptr());
-        }
-    }
+    let bias: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(b[j].as_ptr()));
+    let mut s = [bias; R];
     for i in 0..kp {
         let xi = x.as_ptr().add(2 * R * i);
         let wv: [__m512i; NP] =
@@ -625,9 +621,14 @@ unsafe fn tile_avx512<const R: usize, const NP: usize>(
             }
         }
     }
-    for r in 0..R {
-        for j in 0..NP {
-            _mm512_storeu_ps(acc[r][j].as_mut_ptr(), s[r][j]);
+    for j in 0..NP {
+        let o = (p + j) * LANES;
+        let mask = match n - o >= LANES {
+            true => !0,
+            false => (1u16 << (n - o)) - 1,
+        };
+        for r in 0..R {
+            _mm512_mask_storeu_ps(y.0.add((r0 + r) * n + o), mask, s[r][j]);
         }
     }
 }
@@ -641,27 +642,6 @@ fn bias_lanes(bias: Option<&[f32]>, p: usize, n: usize) -> [f32; LANES] {
         (b.iter_mut().zip(&bias[o..n.min(o + LANES)])).for_each(|(d, &v)| *d = flush(v));
     }
     b
-}
-
-/// Writes panel `p`'s sums of rows `r..` (`sums`, one per row) to `y` (`m x n`).
-///
-/// # Safety
-/// The rows are inside `y`, and this thread owns the panel's columns.
-#[cfg(target_arch = "x86_64")]
-unsafe fn store<'s>(
-    y: Out,
-    n: usize,
-    (r, p): (usize, usize),
-    sums: impl Iterator<Item = &'s [f32; LANES]>,
-) {
-    let o = p * LANES;
-    for (i, s) in sums.enumerate() {
-        let dst = y.0.add((r + i) * n + o);
-        match n - o >= LANES {
-            true => dst.cast::<[f32; LANES]>().write_unaligned(*s), // no call to memcpy
-            false => std::ptr::copy_nonoverlapping(s.as_ptr(), dst, n - o),
-        }
-    }
 }
 
 /// Panels per parallel task of [`PairPacked::matmul`].
@@ -796,23 +776,31 @@ impl Drop for FlushDenormals {
     }
 }
 
-/// AVX2: `R` rows (up to [`AVX2_ROWS`]) of one panel, from the widened input: 12 sums in
-/// the 16 registers, two for the panel's weights (widened in registers, exact) and one for
-/// an input broadcast from memory. MXCSR's flush bits are set by the caller. (Weights kept
-/// widened at load, two f32 planes and twice the bytes, measured no faster.)
+/// AVX2: `R` rows (up to [`AVX2_ROWS`]) of one panel (two 8-lane halves), from the widened
+/// input: 12 sums in the 16 registers, two for the panel's weights (widened in registers,
+/// exact) and one for an input broadcast from memory. Each sum starts from its bias lane `b`
+/// and takes its odd product, then its even one, pair by pair; the sums go from the registers
+/// straight to `y` (`out`: `y`, its row length `n`, the tile's first row and the panel; lanes
+/// past `n` masked). MXCSR's flush bits are set by the caller. (Weights kept widened at load,
+/// two f32 planes and twice the bytes, measured no faster.)
+///
+/// # Safety
+/// This CPU runs AVX2 and FMA; the rows and the panel are inside `y`, and this thread owns them.
 #[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const R: usize>(panel: &[u32], x: &[f32], kp: usize, acc: &mut [[f32; LANES]]) {
+unsafe fn tile_avx2<const R: usize>(
+    panel: &[u32],
+    x: &[f32],
+    kp: usize,
+    b: &[f32; LANES],
+    (y, n, r0, p): (Out, usize, usize, usize),
+) {
     use std::arch::x86_64::*;
-    debug_assert!(acc.len() == R && panel.len() == kp * LANES && x.len() == 2 * R * kp);
+    debug_assert!(panel.len() == kp * LANES && x.len() == 2 * R * kp && p * LANES < n);
     let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
-    let mut s = [[_mm256_setzero_ps(); 2]; R];
-    for r in 0..R {
-        for h in 0..2 {
-            s[r][h] = _mm256_loadu_ps(acc[r].as_ptr().add(8 * h));
-        }
-    }
+    let bias: [__m256; 2] = std::array::from_fn(|h| _mm256_loadu_ps(b.as_ptr().add(8 * h)));
+    let mut s = [bias; R];
     for i in 0..kp {
         let (w, xi) = (
             panel.as_ptr().add(i * LANES).cast::<__m256i>(),
@@ -838,9 +826,20 @@ unsafe fn tile_avx2<const R: usize>(panel: &[u32], x: &[f32], kp: usize, acc: &m
             }
         }
     }
-    for r in 0..R {
-        for h in 0..2 {
-            _mm256_storeu_ps(acc[r].as_mut_ptr().add(8 * h), s[r][h]);
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for h in 0..2 {
+        let o = p * LANES + 8 * h;
+        let live = n.saturating_sub(o).min(8);
+        if live == 0 {
+            continue;
+        }
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(live as i32), lane);
+        for r in 0..R {
+            let dst = y.0.add((r0 + r) * n + o);
+            match live {
+                8 => _mm256_storeu_ps(dst, s[r][h]),
+                _ => _mm256_maskstore_ps(dst, mask, s[r][h]),
+            }
         }
     }
 }
