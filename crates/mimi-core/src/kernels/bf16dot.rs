@@ -451,8 +451,18 @@ impl PairPacked {
                     .into_iter()
                     .find(|&t| t <= m - r)
                     .unwrap_or(1);
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = path; // the portable path only
+                #[cfg(target_arch = "x86_64")]
+                if path == Path::Native {
+                    // SAFETY: `matmul_on` / `matmul` checked the CPU runs the path; the rows
+                    // and panels are inside `y`, this call's.
+                    tile_native_sized((rows, np), w, x.skip_rows(r), kp, &b, (y, n, r, p));
+                    r += rows;
+                    continue;
+                }
                 let mut acc = [b; ROWS];
-                tile(path, w, np, x.skip_rows(r), kp, &mut acc[..rows]);
+                tile_portable(w, np, x.skip_rows(r), kp, &mut acc[..rows]);
                 for (i, a) in acc[..rows].iter().enumerate() {
                     for (j, aj) in a.iter().enumerate().take(np) {
                         let o = (p + j) * LANES;
@@ -671,31 +681,7 @@ fn flush(v: f32) -> f32 {
 }
 
 /// `acc[r][j] += x[r] . w[j]` for the tile's rows (1, 2, 4 or [`ROWS`]) and `np` panels
-/// (`x`: rows of `kp` pairs), natively or portably.
-fn tile(path: Path, w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [Acc]) {
-    macro_rules! sized {
-        ($f:ident) => {
-            match (acc.len(), np) {
-                (8, 2) => $f::<8, 2>(w, x, kp, acc),
-                (8, _) => $f::<8, 1>(w, x, kp, acc),
-                (4, 2) => $f::<4, 2>(w, x, kp, acc),
-                (4, _) => $f::<4, 1>(w, x, kp, acc),
-                (2, 2) => $f::<2, 2>(w, x, kp, acc),
-                (2, _) => $f::<2, 1>(w, x, kp, acc),
-                (_, 2) => $f::<1, 2>(w, x, kp, acc),
-                _ => $f::<1, 1>(w, x, kp, acc),
-            }
-        };
-    }
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul_on` / `matmul` checked the CPU runs the path.
-        Path::Native => unsafe { sized!(tile_native) },
-        // (the AVX2 and AVX-512 paths read their input widened: `panels_avx2`, `panels_avx512`)
-        _ => tile_portable(w, np, x, kp, acc),
-    }
-}
-
+/// (`x`: rows of `kp` pairs), in plain Rust, the flushes explicit.
 fn tile_portable(w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [Acc]) {
     for (r, a) in acc.iter_mut().enumerate() {
         for (aj, wj) in a.iter_mut().zip(w).take(np) {
@@ -713,9 +699,39 @@ fn tile_portable(w: [&[u32]; 2], np: usize, x: PairInput, kp: usize, acc: &mut [
     }
 }
 
+/// [`tile_native`] of `rows` rows (1, 2, 4 or [`ROWS`]) and `np` panels (1 or 2).
+///
+/// # Safety
+/// As [`tile_native`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_native_sized(
+    (rows, np): (usize, usize),
+    w: [&[u32]; 2],
+    x: PairInput,
+    kp: usize,
+    b: &Acc,
+    out: (Out, usize, usize, usize),
+) {
+    match (rows, np) {
+        (8, 2) => tile_native::<8, 2>(w, x, kp, b, out),
+        (8, _) => tile_native::<8, 1>(w, x, kp, b, out),
+        (4, 2) => tile_native::<4, 2>(w, x, kp, b, out),
+        (4, _) => tile_native::<4, 1>(w, x, kp, b, out),
+        (2, 2) => tile_native::<2, 2>(w, x, kp, b, out),
+        (2, _) => tile_native::<2, 1>(w, x, kp, b, out),
+        (_, 2) => tile_native::<1, 2>(w, x, kp, b, out),
+        _ => tile_native::<1, 1>(w, x, kp, b, out),
+    }
+}
+
 /// Native: `R` rows of `NP` panels by `vdpbf16ps`. Each pair is broadcast as the
 /// instruction's memory operand (`{1to16}`, a load, no shuffle), so the pairs need no
-/// widening ([`Wide`]).
+/// widening ([`Wide`]). Each sum starts from its bias lane `b` in a register, and goes from
+/// the register straight to `y` (`out`: `y`, its row length `n`, the tile's first row and
+/// first panel; lanes past `n` masked).
+///
+/// # Safety
+/// This CPU runs AVX-512 BF16; the rows and panels are inside `y`, and this thread owns them.
 #[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
@@ -723,15 +739,13 @@ unsafe fn tile_native<const R: usize, const NP: usize>(
     w: [&[u32]; 2],
     x: PairInput,
     kp: usize,
-    acc: &mut [Acc],
+    b: &Acc,
+    (y, n, r0, p): (Out, usize, usize, usize),
 ) {
     use std::arch::x86_64::*;
-    let mut s = [[_mm512_setzero_ps(); NP]; R];
-    for r in 0..R {
-        for j in 0..NP {
-            s[r][j] = _mm512_loadu_ps(acc[r][j].as_ptr());
-        }
-    }
+    debug_assert!((p + NP - 1) * LANES < n);
+    let bias: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(b[j].as_ptr()));
+    let mut s = [bias; R];
     for i in 0..kp {
         let wv: [__m512bh; NP] = std::array::from_fn(|j| {
             std::mem::transmute(_mm512_loadu_si512(w[j].as_ptr().add(i * LANES).cast()))
@@ -743,9 +757,14 @@ unsafe fn tile_native<const R: usize, const NP: usize>(
             }
         }
     }
-    for r in 0..R {
-        for j in 0..NP {
-            _mm512_storeu_ps(acc[r][j].as_mut_ptr(), s[r][j]);
+    for j in 0..NP {
+        let o = (p + j) * LANES;
+        let mask = match n - o >= LANES {
+            true => !0,
+            false => (1u16 << (n - o)) - 1,
+        };
+        for r in 0..R {
+            _mm512_mask_storeu_ps(y.0.add((r0 + r) * n + o), mask, s[r][j]);
         }
     }
 }
