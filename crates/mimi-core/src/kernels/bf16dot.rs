@@ -605,10 +605,10 @@ unsafe fn tile_avx512<const R: usize, const NP: usize>(
     x: &[f32],
     kp: usize,
     b: &[[f32; LANES]; NP],
-    (y, n, r0, p): (Out, usize, usize, usize),
+    out: (Out, usize, usize, usize),
 ) {
     use std::arch::x86_64::*;
-    debug_assert!(x.len() == 2 * R * kp && (p + NP - 1) * LANES < n);
+    debug_assert!(x.len() == 2 * R * kp && (out.3 + NP - 1) * LANES < out.1);
     let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
     let bias: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(b[j].as_ptr()));
     let mut s = [bias; R];
@@ -632,6 +632,22 @@ unsafe fn tile_avx512<const R: usize, const NP: usize>(
             }
         }
     }
+    store_sums(&s, out);
+}
+
+/// Writes an AVX-512 tile's sums `s` (`R` rows of `NP` panels) to `y` (`out`: `y`, its row
+/// length `n`, the tile's first row and first panel), lanes past `n` masked.
+///
+/// # Safety
+/// This CPU runs AVX-512F; the rows and panels are inside `y`, and this thread owns them.
+#[allow(clippy::needless_range_loop)] // register-indexed loops mirror the accumulators
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store_sums<const R: usize, const NP: usize>(
+    s: &[[std::arch::x86_64::__m512; NP]; R],
+    (y, n, r0, p): (Out, usize, usize, usize),
+) {
     for j in 0..NP {
         let o = (p + j) * LANES;
         let mask = match n - o >= LANES {
@@ -639,7 +655,7 @@ unsafe fn tile_avx512<const R: usize, const NP: usize>(
             false => (1u16 << (n - o)) - 1,
         };
         for r in 0..R {
-            _mm512_mask_storeu_ps(y.0.add((r0 + r) * n + o), mask, s[r][j]);
+            std::arch::x86_64::_mm512_mask_storeu_ps(y.0.add((r0 + r) * n + o), mask, s[r][j]);
         }
     }
 }
@@ -741,10 +757,10 @@ unsafe fn tile_native<const R: usize, const NP: usize>(
     x: PairInput,
     kp: usize,
     b: &Acc,
-    (y, n, r0, p): (Out, usize, usize, usize),
+    out: (Out, usize, usize, usize),
 ) {
     use std::arch::x86_64::*;
-    debug_assert!((p + NP - 1) * LANES < n);
+    debug_assert!((out.3 + NP - 1) * LANES < out.1);
     let bias: [__m512; NP] = std::array::from_fn(|j| _mm512_loadu_ps(b[j].as_ptr()));
     let mut s = [bias; R];
     for i in 0..kp {
@@ -758,16 +774,7 @@ unsafe fn tile_native<const R: usize, const NP: usize>(
             }
         }
     }
-    for j in 0..NP {
-        let o = (p + j) * LANES;
-        let mask = match n - o >= LANES {
-            true => !0,
-            false => (1u16 << (n - o)) - 1,
-        };
-        for r in 0..R {
-            _mm512_mask_storeu_ps(y.0.add((r0 + r) * n + o), mask, s[r][j]);
-        }
-    }
+    store_sums(&s, out);
 }
 
 /// Sets MXCSR's flush-to-zero and denormals-are-zero bits for its lifetime (this thread).
