@@ -14,14 +14,18 @@
 #      masked streaming (active=, 3 rows in 4) at the same sizes, and its transformer alone,
 #      masked and unmasked; full rings at B=1, 8, 64, 256; streams held per GPU (frame p99
 #      <= 80 ms); a kernel census through torch.profiler), within a 230 s budget;
-#   5. the switches, before and after in one run, alternating (mimi_py only, streaming and
-#      full rings at B=1 and 64): MIMI_PY_FIXED_STEP=0 (the earlier candle paths) and
-#      MIMI_PY_CUDA_EVENTS=0 against the defaults. Their results go to $OUT/switches.
+#   5. graph replays against eager steps, bit for bit (scripts/gpu_graph_check.py: the same
+#      streamed frames with MIMI_PY_CUDA_GRAPHS=1 and =0, each in its own process, float32 and
+#      bfloat16, unmasked, masked, with a row reset, and the transformer alone on full rings);
+#   6. the switches table, before and after in one run, alternating (mimi_py only: offline at
+#      B=16, streaming and full rings at B=1 and 64): the defaults, cuDNN on
+#      (MIMI_PY_CUDA_CUDNN=1), graphs on (MIMI_PY_CUDA_GRAPHS=1) and both; each variant's codes
+#      against the defaults'. Their results go to $OUT/switches.
 # Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
 # test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
 # compared with the CPU's (at least 99% equal, tests/support/ondevice.py).
-# Sized for about 7.5 minutes (tests ~65 s of their 180, codes ~30 s of 90, bench 230 s,
-# switches ~100 s of 120; the worst case is longer). Prepare .gpu/
+# Sized for about 7.5 minutes (tests ~65 s of their 150, codes ~30 s of 60, graph check ~20 s
+# of 40, bench 170 s, switches ~120 s of 140; the worst case is longer). Prepare .gpu/
 # first (scripts/prepare_gpu_check.sh), then, with the device tool:
 #   run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
 #
@@ -39,13 +43,13 @@ step() { echo "== $*"; }
 
 if [ "$DEVICE" = cpu ]; then
     BENCH_SIZE=(--tiny --dtypes float32)
-    SWITCH_SIZE=(--tiny --dtypes float32 --codec small --stream-batches 1 --steady-batches 1)
+    SWITCH_SIZE=(--tiny --dtypes float32 --codec small --batches 2 --stream-batches 1 --steady-batches 1)
     PYTHON="${PYTHON:-python}"
 else
     # Four (engine, dtype) workers of at most 45 s each fit inside the bench's 190 s, so a
     # slow worker loses its own rows, not the whole table.
-    BENCH_SIZE=(--budget 230 --timeout 90 --held-budget 20)
-    SWITCH_SIZE=(--budget 110 --timeout 30)
+    BENCH_SIZE=(--budget 170 --timeout 80 --held-budget 15)
+    SWITCH_SIZE=(--budget 130 --timeout 25 --batches 16 --stream-batches 1,64 --steady-batches 1,64)
     step "environment"
     (nvidia-smi || true) >"$OUT/nvidia-smi.txt" 2>&1
     head -15 "$OUT/nvidia-smi.txt"
@@ -78,7 +82,7 @@ print(c, "->", c.encode(np.zeros((1, 1, 1920), np.float32)).shape)
 PY
 
 step "tests on $DEVICE"
-timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" \
+timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" \
     tests/transformer/test_fixtures.py tests/transformer/test_state.py tests/codec/test_codec.py \
     tests/codec/test_half.py tests/inputs/test_input_arrays.py tests/transformer/test_transformer_inputs.py \
     tests/codec/test_codec_inputs.py tests/transformer/test_config.py tests/weights/test_weights.py \
@@ -91,7 +95,7 @@ step "real-size codes on $DEVICE against the CPU's"
 # The tests use the small codec; here the real-size seeded one: float32 codes on the device
 # must equal the CPU's (>= 99%), offline and streaming (the streamed frames equal offline's),
 # each streaming step called from a new thread (a GPU's work is queued per thread).
-timeout 90 "$PYTHON" - "$DEVICE" <<'PY' 2>&1 | tee "$OUT/agreement.txt"
+timeout 60 "$PYTHON" - "$DEVICE" <<'PY' 2>&1 | tee "$OUT/agreement.txt"
 import sys
 import threading
 import numpy as np
@@ -133,17 +137,23 @@ PY
 step "bench on $DEVICE"
 # The wheel's commit (scripts/prepare_gpu_check.sh writes it; the copy here has no .git).
 [ -f .gpu/commit ] && export MIMI_BENCH_COMMIT="$(cat .gpu/commit)"
-timeout 250 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
+timeout 190 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
     | tee "$OUT/bench.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 [ -f "$OUT/gpu_results.md" ] && cat "$OUT/gpu_results.md"
 
+step "graph replays against eager steps on $DEVICE"
+timeout 40 "$PYTHON" scripts/gpu_graph_check.py --device "$DEVICE" --out "$OUT/graphs.json" 2>&1 \
+    | tee "$OUT/graphs.log" | tail -20
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
 step "switches on $DEVICE, alternating"
 mkdir -p "$OUT/switches"
-timeout 130 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT/switches" --engines mimi_py \
-    --sections streaming,steady --stream-batches 1,64 --steady-batches 1,64 \
-    --variant defaults: --variant earlier:MIMI_PY_FIXED_STEP=0 --variant noevents:MIMI_PY_CUDA_EVENTS=0 \
-    --rounds 1 "${SWITCH_SIZE[@]}" 2>&1 | tee "$OUT/switches/bench.log" | tail -30
+timeout 140 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT/switches" --engines mimi_py \
+    --sections offline,streaming,steady \
+    --variant defaults: --variant cudnn:MIMI_PY_CUDA_CUDNN=1 --variant graphs:MIMI_PY_CUDA_GRAPHS=1 \
+    --variant both:MIMI_PY_CUDA_CUDNN=1,MIMI_PY_CUDA_GRAPHS=1 \
+    --rounds 2 "${SWITCH_SIZE[@]}" 2>&1 | tee "$OUT/switches/bench.log" | tail -30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "gpu_check status=$status (results in $OUT)"
 exit "$status"
