@@ -7,7 +7,8 @@
 # What it does:
 #   1. A throwaway venv ($MIMI_CUDA_BUILD_DIR/venv, default target/cuda-build/venv) gets NVIDIA's
 #      compiler and headers from PyPI, pinned to CUDA 13.0: nvidia-cuda-nvcc, nvidia-nvvm,
-#      nvidia-cuda-crt, nvidia-cuda-runtime, nvidia-cuda-cccl (== 13.0.*), plus maturin.
+#      nvidia-cuda-crt, nvidia-cuda-runtime, nvidia-cuda-cccl, nvidia-cuda-nvrtc (== 13.0.*; NVRTC
+#      for scripts/check_cuda.sh's kernel-compile test), plus maturin.
 #      Not 13.5+: nvcc 13.5 writes PTX ISA 9.5, which the target driver (580, CUDA 13.0) refuses.
 #      CUDA_ROOT is <site-packages>/nvidia/cu13 and its bin/ (nvcc) goes first on PATH.
 #   2. Run-time loading instead of link-time linking. candle-core 0.11.1 asks cudarc 0.19.10 for
@@ -24,7 +25,7 @@
 #      cargo sees them through [patch.crates-io] in a .cargo/config.toml of a copy of the source
 #      tree in the build folder, so the checkout (its Cargo.lock, normal CPU builds) is untouched
 #      and no candle/cudarc source is vendored in the repository.
-#   3. `maturin build --release --features cuda,ext-module,abi3` (ext-module and abi3 are what
+#   3. `maturin build --release --features cuda,cudnn,ext-module,abi3` (ext-module and abi3 are what
 #      [tool.maturin] in pyproject.toml sets; named here so the command says it all) writes one
 #      abi3 wheel (CPython >= 3.10) into DIST_DIR.
 #
@@ -59,6 +60,7 @@ NVIDIA_PINS=(
     "nvidia-cuda-crt==13.0.*"
     "nvidia-cuda-runtime==13.0.*"
     "nvidia-cuda-cccl==13.0.*"
+    "nvidia-cuda-nvrtc==13.0.*"
 )
 
 # The registry copy of a crate (cargo fetch puts it there).
@@ -158,7 +160,7 @@ main() {
     dist="$(cd "$dist" && pwd)"
     setup_cuda_build
     local start=$SECONDS
-    maturin build --release --features cuda,ext-module,abi3 --out "$dist"
+    maturin build --release --features cuda,cudnn,ext-module,abi3 --out "$dist"
     echo "maturin build: $((SECONDS - start)) s"
     local so
     so="$(find "$CARGO_TARGET_DIR/release" -maxdepth 1 -name 'libmimi_py.so' | head -n 1)"

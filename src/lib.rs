@@ -93,6 +93,21 @@ mod _core {
         crate::py::errors::class_names()
     }
 
+    /// Device-check hook: this process's fixed-shape transformer steps by what the graph
+    /// plan did with them (`eager`, `captured`, `replayed`) and failed captures (`failed`);
+    /// all zero unless `MIMI_PY_CUDA_GRAPHS=1` (scripts/gpu_graph_check.py).
+    #[pyfunction]
+    fn _graph_counts() -> std::collections::BTreeMap<&'static str, u64> {
+        mimi_core::gpu::graphs::graph_counts().into_iter().collect()
+    }
+
+    /// Device-check hook: why cuDNN convolutions were asked for but not used (libcudnn did not
+    /// load), or `None`.
+    #[pyfunction]
+    fn _cudnn_unavailable() -> Option<String> {
+        mimi_core::gpu::cudnn::unavailable()
+    }
+
     /// Test hook: how many input shapes the models have checked in this process.
     #[pyfunction]
     fn _shape_checks_made() -> usize {

@@ -16,7 +16,9 @@ __all__ = [
     "StreamingTransformer",
     "TransformerConfig",
     "__version__",
+    "_cudnn_unavailable",
     "_error_class_names",
+    "_graph_counts",
     "_panic_for_tests",
     "_poison_for_tests",
     "_settings_table",
@@ -379,3 +381,10 @@ def _error_class_names() -> list[str]:
 
 def _shape_checks_made() -> int:
     """Test hook: how many input shapes the models have checked in this process."""
+
+def _graph_counts() -> dict[str, int]:
+    """Device-check hook: fixed-shape transformer steps by what the graph plan did with them
+    (eager, captured, replayed) and failed captures (failed); zero unless MIMI_PY_CUDA_GRAPHS=1."""
+
+def _cudnn_unavailable() -> str | None:
+    """Device-check hook: why cuDNN convolutions were asked for but not used, or None."""

@@ -38,13 +38,14 @@
 //! ```
 //!
 //! Modules, each importing only those above it: [`error`] → [`config`], [`runtime`] →
-//! [`kernels`] → [`weights`] → [`conv`] → [`seanet`], [`quantizer`], [`transformer`] →
+//! [`gpu`] → [`kernels`] → [`weights`] → [`conv`] → [`seanet`], [`quantizer`], [`transformer`] →
 //! [`codec`]. ARCHITECTURE.md in the repository is the map.
 
 pub mod codec;
 pub mod config;
 pub mod conv;
 pub mod error;
+pub mod gpu;
 pub mod host;
 pub mod kernels;
 pub mod quantizer;

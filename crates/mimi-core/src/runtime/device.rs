@@ -166,9 +166,10 @@ fn set_up_cuda(dev: &Device) -> candle::Result<()> {
         return Ok(());
     };
     let s = super::settings::get();
-    if !s.cuda_events {
+    if !s.cuda_events || s.cuda_graphs {
         // SAFETY: see above: no tensor is used on a stream other than its allocating one
-        // while work on that stream is pending.
+        // while work on that stream is pending. Graphs need it off: a captured step may not
+        // wait on an event recorded before its capture began.
         unsafe { cuda.disable_event_tracking() };
     }
     let keep: u64 = match s.cuda_pool_keep_mb {

@@ -103,6 +103,20 @@ switches! {
         doc "0: no CUDA event per allocation (cross-stream tracking, which no call needs: \
              each runs on its thread's stream and waits for it); 1: candle's default (read \
              when a CUDA device is opened)";
+    /// Whether the candle engine's convolutions on CUDA run through cuDNN (`gpu::cudnn`).
+    cuda_cudnn: bool = "MIMI_PY_CUDA_CUDNN", default "0", read |n| flag(n, false), show on,
+        doc "1: convolutions on CUDA run as cuDNN forward convolutions, their descriptors, \
+             algorithm and workspace planned once per layer and shape, float32 in FMA math \
+             (TF32 only with MIMI_PY_CUDA_TF32=1); 0: candle's im2col and cuBLAS. Off until a \
+             device run shows it faster and exact (docs/devices.md); without libcudnn a \
+             call falls back to candle's path";
+    /// Whether streaming steps on CUDA are captured as CUDA graphs and replayed (`gpu::graphs`).
+    cuda_graphs: bool = "MIMI_PY_CUDA_GRAPHS", default "0", read |n| flag(n, false), show on,
+        doc "1: the candle path's fixed-shape transformer steps are captured as a CUDA graph \
+             per stream and shape, and replayed with the step's tables written to fixed \
+             buffers first (the CPU runs the same plan without capture); turns off \
+             MIMI_PY_CUDA_EVENTS. 0: every step launched eagerly. Off until a device run shows \
+             it faster and bit-equal (docs/devices.md)";
     /// Whether `mimi_py/_cuda.py` skips preloading pip's nvidia-* libraries.
     no_cuda_preload: bool = "MIMI_PY_NO_CUDA_PRELOAD", default "0", read |n| flag(n, false),
         show on,

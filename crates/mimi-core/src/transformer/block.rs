@@ -136,7 +136,8 @@ impl Transformer {
             let len = block.min(t - start);
             let x = xs.narrow(1, start, len)?.contiguous()?;
             if self.takes_fixed_step(len) {
-                outs.push(self.step_fixed(&state.pos, rows, state.device_rings(), &x)?);
+                let pos = state.pos.clone();
+                outs.push(self.step_fixed(&pos, rows, state.rings_and_graphs(), &x)?);
             } else {
                 let pos: Vec<u64> = rows.iter().map(|&r| state.pos[r]).collect();
                 outs.push(self.block_rows(&pos, rows, state.device_rings(), &x)?);
@@ -154,7 +155,7 @@ impl Transformer {
     pub(super) fn blocks(
         &self,
         pos: u64,
-        caches: &[LayerCache],
+        state: &mut State,
         xs: &Tensor,
         cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<Tensor> {
@@ -170,9 +171,9 @@ impl Transformer {
             if self.takes_fixed_step(len) {
                 let b = x.dim(0)?;
                 let all: Vec<usize> = (0..b).collect();
-                outs.push(self.step_fixed(&vec![p; b], &all, caches, &x)?);
+                outs.push(self.step_fixed(&vec![p; b], &all, state.rings_and_graphs(), &x)?);
             } else {
-                outs.push(self.forward_block(p, caches, &x)?);
+                outs.push(self.forward_block(p, state.device_rings(), &x)?);
             }
             start += len;
         }

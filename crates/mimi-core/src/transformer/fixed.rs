@@ -12,19 +12,23 @@
 //!   hidden), so no ring is copied, gathered or narrowed;
 //! * rows that do not step are computed too (from zeros) and dropped; their slots are not
 //!   written (`u32::MAX`, which candle's scatter skips) and their positions do not move;
-//! * the per-step tables (mask, rotary angles, write slots) are built on the host in one
-//!   buffer each and copied to the device once per step.
+//! * the per-step tables (mask, rotary angles, write slots, the stepping rows) are built on
+//!   the host in one buffer each ([`HostTables`]) and copied to the device once per step; the
+//!   step itself ([`Transformer::run_fixed`]) reads only device tensors, so it can be
+//!   captured as a CUDA graph (`MIMI_PY_CUDA_GRAPHS`, [`crate::gpu::graphs`]) and replayed
+//!   with the next step's tables written into the captured buffers ([`StepBuffers`]).
 //!
 //! `MIMI_PY_FIXED_STEP=0` keeps the earlier paths (rings of `context` slots, attention over
 //! the filled slots, masked rows gathered and scattered) for comparison.
 
 use super::model::Transformer;
-use super::positions::STEP_TOKENS;
+use super::positions::{rope_at, sin_embedding_at, STEP_TOKENS};
 use super::state::{ring_slot, slot_position, LayerCache};
 use crate::config::PositionalEmbedding;
 use crate::error::Result;
+use crate::gpu::graphs::{with_param_cache, Action, GraphKey, Graphs};
 use crate::runtime::device::cast;
-use candle::{Device, Tensor};
+use candle::Tensor;
 
 /// Each batch row's ring slot for the `t` new keys of a step from `pos[r]`, repeated over
 /// heads and head values as candle's scatter wants it (`(batch, heads, t, hd)`); `u32::MAX`
@@ -67,6 +71,36 @@ pub(super) fn step_mask(pos: &[u64], t: usize, context: usize, slots: usize) -> 
     mask
 }
 
+/// A step's tables on the host: the stepping rows (when not all), the rotary angles or the
+/// sinusoidal embedding of each row's tokens, the ring slots its keys go to, and the mask.
+struct HostTables {
+    ids: Option<Vec<u32>>,
+    rope: Option<(Vec<f32>, Vec<f32>)>,
+    sin: Option<Vec<f32>>,
+    slots: Vec<u32>,
+    mask: Vec<f32>,
+}
+
+/// What a fixed-shape step reads besides the weights and the rings, on the device: its input
+/// `(n, t, d)` and the tables of [`HostTables`] (f32, cast in the step).
+pub(super) struct StepInputs {
+    x: Tensor,
+    ids: Option<Tensor>,
+    rope: Option<(Tensor, Tensor)>,
+    sin: Option<Tensor>,
+    slots: Tensor,
+    mask: Tensor,
+}
+
+/// A captured step's fixed buffers: its inputs and its output `(n, t, d)`.
+pub(super) struct StepBuffers {
+    inputs: StepInputs,
+    out: Tensor,
+}
+
+/// Each stream's graphs of fixed-shape steps.
+pub(super) type StepGraphs = Graphs<StepBuffers>;
+
 impl Transformer {
     /// Whether a call of `t` tokens takes the fixed-shape step.
     pub(super) fn takes_fixed_step(&self, t: usize) -> bool {
@@ -75,62 +109,178 @@ impl Transformer {
 
     /// One step of `t <= STEP_TOKENS` tokens for the batch rows `rows` (sorted, distinct;
     /// `xs` holds theirs, `(rows.len(), t, d)`), each at its position in `pos` (one per batch
-    /// row), over the rings `caches`, written in place. Returns the rows' outputs; the
-    /// caller advances their positions.
+    /// row), over the rings `caches`, written in place. With graphs on, the step runs as the
+    /// stream's plan says (`graphs`). Returns the rows' outputs; the caller advances their
+    /// positions.
     pub(super) fn step_fixed(
         &self,
         pos: &[u64],
         rows: &[usize],
-        caches: &[LayerCache],
+        (caches, graphs): (&[LayerCache], &mut StepGraphs),
         xs: &Tensor,
     ) -> Result<Tensor> {
-        let (n, t, d) = xs.dims3()?;
-        let b = pos.len();
+        let (n, t, _) = xs.dims3()?;
+        let tables = self.host_tables(pos, rows, t);
+        let key = match (self.graphs, caches.first()) {
+            (true, Some(ring)) => GraphKey {
+                batch: pos.len(),
+                rows: n,
+                tokens: t,
+                dtype: self.dtype,
+                rings: ring.k.id(),
+            },
+            _ => return self.run_fixed(&self.upload(&tables, xs)?, caches),
+        };
         let dev = &self.device;
-        let every = n == b;
-        let ids = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect(), n, dev)?;
-        let mut h = match every {
-            true => xs.clone(),
-            false => Tensor::zeros((b, t, d), xs.dtype(), dev)?.index_add(&ids, xs, 0)?,
+        let eager = || {
+            let inputs = self.upload(&tables, xs)?;
+            with_param_cache(dev, || self.run_fixed(&inputs, caches))
         };
-        let rope = match self.cfg.positional_embedding {
-            PositionalEmbedding::Rope => Some(self.rope_tables(pos, t)?),
-            PositionalEmbedding::Sin => {
-                h = h.broadcast_add(&self.sin_embedding(pos, t)?)?;
-                None
+        let step = |b: &StepBuffers| {
+            with_param_cache(dev, || {
+                let h = self.run_fixed(&b.inputs, caches)?.contiguous()?;
+                Ok(b.out.slice_set(&h, 0, 0)?)
+            })
+        };
+        let fill = |b: &StepBuffers| self.write(&b.inputs, &tables, xs);
+        let bufs = match graphs.decide(key) {
+            Action::Eager => return eager(),
+            Action::Replay => graphs.replay(dev, key, fill, step)?,
+            Action::Capture => {
+                let make = || self.buffers(&tables, xs);
+                match graphs.capture(dev, key, make, |_| Ok(()), step)? {
+                    Some(b) => b,
+                    None => return eager(),
+                }
             }
-            PositionalEmbedding::None => None,
         };
-        let (slots, mask) = self.step_tables(pos, rows, t, dev)?;
+        Ok(bufs.out.copy()?)
+    }
+
+    /// The step over device inputs only (what a graph captures): scatters the rows in,
+    /// writes the new keys into the rings, attends over the whole rings, gathers the rows out.
+    fn run_fixed(&self, inp: &StepInputs, caches: &[LayerCache]) -> Result<Tensor> {
+        let (_, t, d) = inp.x.dims3()?;
+        let b = inp.slots.dim(0)?;
+        let mut h = match &inp.ids {
+            None => inp.x.clone(),
+            Some(ids) => {
+                Tensor::zeros((b, t, d), inp.x.dtype(), &self.device)?.index_add(ids, &inp.x, 0)?
+            }
+        };
+        if let Some(sin) = &inp.sin {
+            h = h.broadcast_add(&cast(sin, self.dtype)?)?;
+        }
+        let mask = cast(&inp.mask, self.dtype)?;
         for (layer, cache) in self.layers.iter().zip(caches) {
-            let (q, k, v) = self.project(layer, &h, rope.as_ref())?;
-            cache.k.scatter_set(&slots, &k.contiguous()?, 2)?;
-            cache.v.scatter_set(&slots, &v.contiguous()?, 2)?;
+            let (q, k, v) = self.project(layer, &h, inp.rope.as_ref())?;
+            cache.k.scatter_set(&inp.slots, &k.contiguous()?, 2)?;
+            cache.v.scatter_set(&inp.slots, &v.contiguous()?, 2)?;
             let scores = q.matmul(&cache.k.t()?)?.broadcast_add(&mask)?;
             let attn = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&cache.v)?;
             h = self.finish_layer(layer, h, &attn)?;
         }
-        match every {
-            true => Ok(h),
-            false => Ok(h.index_select(&ids, 0)?),
+        match &inp.ids {
+            None => Ok(h),
+            Some(ids) => Ok(h.index_select(ids, 0)?),
         }
     }
 
-    /// The step's write slots `(batch, heads, t, hd)` (u32) and mask `(batch, 1, t, slots)`
-    /// (in the model's dtype) on the device.
-    fn step_tables(
-        &self,
-        pos: &[u64],
-        rows: &[usize],
-        t: usize,
-        dev: &Device,
-    ) -> Result<(Tensor, Tensor)> {
+    /// The step's tables, on the host.
+    fn host_tables(&self, pos: &[u64], rows: &[usize], t: usize) -> HostTables {
         let (heads, hd, slots) = (self.cfg.num_heads, self.cfg.head_dim(), self.ring_slots);
-        let b = pos.len();
-        let write = write_slots(pos, rows, t, (heads, hd, slots));
-        let write = Tensor::from_vec(write, (b, heads, t, hd), dev)?;
-        let mask = step_mask(pos, t, self.cfg.context, slots);
-        let mask = Tensor::from_vec(mask, (b, 1, t, slots), dev)?;
-        Ok((write, cast(&mask, self.dtype)?))
+        let every = rows.len() == pos.len();
+        let tokens = || pos.iter().flat_map(|&p| p..p + t as u64);
+        let (mut rope, mut sin) = (None, None);
+        match self.cfg.positional_embedding {
+            PositionalEmbedding::Rope => {
+                let half = hd / 2;
+                let (mut c, mut s) = (
+                    vec![0f32; pos.len() * t * half],
+                    vec![0f32; pos.len() * t * half],
+                );
+                for (p, (c, s)) in
+                    tokens().zip(c.chunks_exact_mut(half).zip(s.chunks_exact_mut(half)))
+                {
+                    rope_at(&self.cfg, p, c, s);
+                }
+                rope = Some((c, s));
+            }
+            PositionalEmbedding::Sin => {
+                let d = self.cfg.d_model;
+                let mut e = vec![0f32; pos.len() * t * d];
+                for (p, row) in tokens().zip(e.chunks_exact_mut(d)) {
+                    let (c, s) = row.split_at_mut(d / 2);
+                    sin_embedding_at(&self.cfg, p, c, s);
+                }
+                sin = Some(e);
+            }
+            PositionalEmbedding::None => {}
+        }
+        HostTables {
+            ids: (!every).then(|| rows.iter().map(|&r| r as u32).collect()),
+            rope,
+            sin,
+            slots: write_slots(pos, rows, t, (heads, hd, slots)),
+            mask: step_mask(pos, t, self.cfg.context, slots),
+        }
+    }
+
+    /// The tables and a contiguous copy of `xs` as new device tensors.
+    fn upload(&self, tab: &HostTables, xs: &Tensor) -> Result<StepInputs> {
+        let (n, t, d) = xs.dims3()?;
+        let (b, dev) = (tab.mask.len() / (t * self.ring_slots), &self.device);
+        let (heads, hd, half) = (
+            self.cfg.num_heads,
+            self.cfg.head_dim(),
+            self.cfg.head_dim() / 2,
+        );
+        let f32s = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, dev);
+        Ok(StepInputs {
+            x: xs.copy()?,
+            ids: match &tab.ids {
+                Some(ids) => Some(Tensor::from_slice(ids, n, dev)?),
+                None => None,
+            },
+            rope: match &tab.rope {
+                Some((c, s)) => Some((f32s(c, &[b, t, half])?, f32s(s, &[b, t, half])?)),
+                None => None,
+            },
+            sin: match &tab.sin {
+                Some(e) => Some(f32s(e, &[b, t, d])?),
+                None => None,
+            },
+            slots: Tensor::from_slice(&tab.slots, (b, heads, t, hd), dev)?,
+            mask: f32s(&tab.mask, &[b, 1, t, self.ring_slots])?,
+        })
+    }
+
+    /// A captured step's buffers: its first inputs, and an output of the rows' shape.
+    fn buffers(&self, tab: &HostTables, xs: &Tensor) -> Result<StepBuffers> {
+        Ok(StepBuffers {
+            inputs: self.upload(tab, xs)?,
+            out: Tensor::zeros(xs.shape(), self.dtype, &self.device)?,
+        })
+    }
+
+    /// Writes a step's tables and input into a captured step's buffers, in place (outside
+    /// the graph, before it is replayed).
+    fn write(&self, bufs: &StepInputs, tab: &HostTables, xs: &Tensor) -> Result<()> {
+        let new = self.upload(tab, xs)?;
+        let pairs = [
+            (&bufs.x, &new.x),
+            (&bufs.slots, &new.slots),
+            (&bufs.mask, &new.mask),
+        ];
+        let rope = match (&bufs.rope, &new.rope) {
+            (Some((c, s)), Some((nc, ns))) => vec![(c, nc), (s, ns)],
+            _ => vec![],
+        };
+        let opt = [(&bufs.ids, &new.ids), (&bufs.sin, &new.sin)];
+        let opt = opt.iter().filter_map(|(a, b)| a.as_ref().zip(b.as_ref()));
+        for (dst, src) in pairs.into_iter().chain(rope).chain(opt) {
+            dst.slice_set(src, 0, 0)?;
+        }
+        Ok(())
     }
 }

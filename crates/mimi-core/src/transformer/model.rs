@@ -28,6 +28,8 @@ pub struct Transformer {
     pub(super) weights: BTreeMap<String, Tensor>,
     /// Whether the candle path steps in fixed shapes (`fixed.rs`; `MIMI_PY_FIXED_STEP`).
     pub(super) fixed_step: bool,
+    /// Whether fixed-shape steps run as each stream's graph plan says (`MIMI_PY_CUDA_GRAPHS`).
+    pub(super) graphs: bool,
     /// Slots of each ring: `context` on the planned step's host rings, `fixed::ring_slots`
     /// on the candle path's. Every ring keeps position `p` in slot `p % ring_slots`.
     pub(super) ring_slots: usize,
@@ -109,6 +111,7 @@ impl Transformer {
             dtype,
             weights,
             fixed_step,
+            graphs: crate::runtime::settings::get().cuda_graphs,
             ring_slots: ring_slots(cfg.context, fixed_step),
             id: crate::host::owner_id(),
         })
@@ -116,6 +119,14 @@ impl Transformer {
 
     pub fn config(&self) -> &TransformerConfig {
         &self.cfg
+    }
+
+    /// This model with the fixed-shape steps' graph plan on or off, whatever
+    /// `MIMI_PY_CUDA_GRAPHS` says (tests compare the two in one process).
+    #[cfg(test)]
+    pub(crate) fn with_graphs(mut self, on: bool) -> Self {
+        self.graphs = on;
+        self
     }
 
     /// This model with the candle path's fixed-shape step on or off, whatever
@@ -403,7 +414,7 @@ impl Transformer {
             let rows: Vec<usize> = (0..b).collect();
             return self.uneven(state, xs, &rows, cancel);
         }
-        let ys = self.blocks(pos, state.device_rings(), xs, cancel)?;
+        let ys = self.blocks(pos, state, xs, cancel)?;
         state.pos.iter_mut().for_each(|p| *p += t as u64);
         Ok(ys)
     }

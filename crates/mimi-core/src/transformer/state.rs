@@ -3,6 +3,7 @@
 //! Only what the stream remembers: the planned step's working memory is its caller's
 //! ([`super::Workspace`]), so a copy of a state copies no scratch.
 
+use super::fixed::StepGraphs;
 use super::step_buffers::HostRing;
 use crate::error::Result;
 use candle::Tensor;
@@ -38,6 +39,9 @@ pub(super) struct LayerCache {
 pub struct State {
     pub(super) pos: Vec<u64>,
     pub(super) rings: Rings,
+    /// The fixed-shape steps' CUDA graphs over these rings (`MIMI_PY_CUDA_GRAPHS`); a copy
+    /// of the state starts with none.
+    pub(super) graphs: StepGraphs,
 }
 
 /// Each layer's key/value rings, as the path that computes the model keeps them.
@@ -113,6 +117,7 @@ impl State {
         Ok(State {
             pos: self.pos.clone(),
             rings,
+            graphs: StepGraphs::default(),
         })
     }
 
@@ -122,6 +127,15 @@ impl State {
             Rings::Device(caches) => caches,
             _ => &[],
         }
+    }
+
+    /// The block path's rings with the stream's graphs over them (the fixed-shape step's).
+    pub(super) fn rings_and_graphs(&mut self) -> (&[LayerCache], &mut StepGraphs) {
+        let rings = match &self.rings {
+            Rings::Device(caches) => &caches[..],
+            _ => &[],
+        };
+        (rings, &mut self.graphs)
     }
 
     /// `(num_layers, batch, heads, context, head_dim)` of the buffers, if allocated.

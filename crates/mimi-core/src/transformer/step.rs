@@ -98,7 +98,7 @@ impl Transformer {
     ) -> Result<()> {
         let (d, n) = (self.cfg.d_model, rows.len());
         let t = self.check_host_call(state, rows, (x.len(), out.len()))?;
-        let State { pos, rings } = state;
+        let State { pos, rings, .. } = state;
         let Rings::Host(host) = rings else {
             return Err(Error::Internal(
                 "the planned step needs its host rings".into(),

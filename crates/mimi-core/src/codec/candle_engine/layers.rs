@@ -7,6 +7,9 @@
 //! ([`crate::conv`]): the same causal left padding (zeros, or the first column replicated),
 //! and with `last` the same right padding as the offline call.
 //!
+//! The convolution itself is candle's `conv1d`, or on CUDA with `MIMI_PY_CUDA_CUDNN=1` our
+//! cuDNN op ([`crate::gpu::cudnn`]), planned once per layer and shape.
+//!
 //! A transposed convolution of stride `s` is computed as an ordinary convolution with `s`
 //! output channels per channel (its phases), interleaved afterwards: one batched `conv1d`,
 //! never candle's `conv_transpose1d` (wrong for batch items after the first on the CPU in
@@ -18,6 +21,7 @@ use super::step_rows::{cat_time, take, StepRows};
 use crate::config::PadMode;
 use crate::conv::ConvSpec;
 use crate::error::{Error, Result};
+use crate::gpu::cudnn::conv1d;
 use crate::runtime::device::zeros_on;
 use candle::{Tensor, D};
 use candle_nn::VarBuilder;
@@ -276,7 +280,7 @@ impl Conv {
         if full.dim(2)? < keff {
             return Ok(zeros_on((r, self.cout, 0), x.dtype(), x.device())?);
         }
-        let y = full.conv1d(&self.w, 0, s, self.dilation, 1)?;
+        let y = conv1d(&full, &self.w, s, self.dilation)?;
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -354,7 +358,7 @@ impl ConvTr {
         }
         let p = self.input.prepare(st, rows, x)?;
         let full = cat_time(&[p.hist, p.x])?;
-        let y = full.conv1d(&self.w, 0, 1, 1, 1)?;
+        let y = conv1d(&full, &self.w, 1, 1)?;
         let s = self.stride;
         let y = y
             .reshape((r, self.cout, s, n))?
