@@ -3,8 +3,8 @@
 # nvcc and NVRTC from PyPI, candle patched for run-time loading, a source copy), then, in its own
 # target folder,
 #
-#   cargo clippy --profile fast --all-targets --features cuda,cudnn -- -D warnings
-#   cargo test --profile fast -p mimi-core --features cuda,cudnn --lib gpu::
+#   cargo clippy --all-targets --features cuda,cudnn -- -D warnings
+#   cargo test -p mimi-core --features cuda,cudnn --lib gpu::
 #
 # (or the command given as arguments). The tests are the GPU modules' CPU-side ones, run with
 # the cuda and cudnn code compiled in: the graph plan and its capture-free replays, the cuDNN
@@ -35,6 +35,6 @@ run() {
 if [[ $# -gt 0 ]]; then
     run "$@"
 else
-    run cargo clippy --profile fast --all-targets --features cuda,cudnn -- -D warnings
-    run cargo test --profile fast -p mimi-core --features cuda,cudnn --lib gpu::
+    run cargo clippy --all-targets --features cuda,cudnn -- -D warnings
+    run cargo test -p mimi-core --features cuda,cudnn --lib gpu::
 fi

@@ -14,7 +14,8 @@
 #      masked streaming (active=, 3 rows in 4) at the same sizes, and its transformer alone,
 #      masked and unmasked; full rings at B=1, 8, 64, 256; streams held per GPU (frame p99
 #      <= 80 ms); a kernel census through torch.profiler), within a 230 s budget;
-#   5. graph replays against eager steps, bit for bit (scripts/gpu_graph_check.py: the same
+#   5. cuDNN (MIMI_PY_CUDA_CUDNN=1): the real-size codes against the CPU's, and whether libcudnn
+#      loaded and took every convolution; graph replays against eager steps, bit for bit (scripts/gpu_graph_check.py: the same
 #      streamed frames with MIMI_PY_CUDA_GRAPHS=1 and =0, each in its own process, float32 and
 #      bfloat16, unmasked, masked, with a row reset, and the transformer alone on full rings);
 #   6. the switches table, before and after in one run, alternating (mimi_py only: offline at
@@ -24,8 +25,9 @@
 # Per-row streaming (active=, reset_state(rows=), last=True) runs on CUDA too: test_half and
 # test_codec check it there. TF32 stays off (MIMI_PY_CUDA_TF32 unset) so float32 codes can be
 # compared with the CPU's (at least 99% equal, tests/support/ondevice.py).
-# Sized for about 7.5 minutes (tests ~65 s of their 150, codes ~30 s of 60, graph check ~20 s
-# of 40, bench 170 s, switches ~120 s of 140; the worst case is longer). Prepare .gpu/
+# Sized for about 7.5 minutes (tests ~65 s of their 150, codes ~30 s of 60, cuDNN ~15 s of 40,
+# graph check ~20 s of 40, bench 160 s of 180, switches ~115 s of 130; typically 7 minutes, the
+# worst case is longer). Prepare .gpu/
 # first (scripts/prepare_gpu_check.sh), then, with the device tool:
 #   run(command="bash scripts/gpu_check.sh", carry=[".gpu"], timeout_s=540).
 #
@@ -43,13 +45,15 @@ step() { echo "== $*"; }
 
 if [ "$DEVICE" = cpu ]; then
     BENCH_SIZE=(--tiny --dtypes float32)
+    GRAPH_SIZE=(--dtypes bfloat16 --frames 6 --tokens 24) # f32 on a CPU takes the planned step
     SWITCH_SIZE=(--tiny --dtypes float32 --codec small --batches 2 --stream-batches 1 --steady-batches 1)
     PYTHON="${PYTHON:-python}"
 else
     # Four (engine, dtype) workers of at most 45 s each fit inside the bench's 190 s, so a
     # slow worker loses its own rows, not the whole table.
-    BENCH_SIZE=(--budget 170 --timeout 80 --held-budget 15)
-    SWITCH_SIZE=(--budget 130 --timeout 25 --batches 16 --stream-batches 1,64 --steady-batches 1,64)
+    BENCH_SIZE=(--budget 160 --timeout 75 --held-budget 15)
+    GRAPH_SIZE=()
+    SWITCH_SIZE=(--budget 120 --timeout 25 --batches 16 --stream-batches 1,64 --steady-batches 1,64)
     step "environment"
     (nvidia-smi || true) >"$OUT/nvidia-smi.txt" 2>&1
     head -15 "$OUT/nvidia-smi.txt"
@@ -134,22 +138,43 @@ if worst < 0.99:
 PY
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+step "cuDNN convolutions on $DEVICE against candle's"
+# MIMI_PY_CUDA_CUDNN=1 in its own process (the switch is read once): the real-size codec's codes
+# against the CPU's, float32 and bfloat16, and whether cuDNN was used (libcudnn loaded, no call
+# refused: mimi_py._core._cudnn_unavailable()).
+MIMI_PY_CUDA_CUDNN=1 timeout 40 "$PYTHON" - "$DEVICE" <<'PY' 2>&1 | tee "$OUT/cudnn.txt"
+import sys
+import numpy as np
+import mimi_py
+dev = sys.argv[1]
+pcm = (np.random.default_rng(1).standard_normal((2, 1, 2 * 24000)) * 0.1).astype(np.float32)
+ref = mimi_py.MimiCodec(seed=0, num_codebooks=8).encode(pcm)
+for dtype in ("float32", "bfloat16"):
+    codes = mimi_py.MimiCodec(seed=0, num_codebooks=8, device=dev, dtype=dtype).encode(pcm)
+    print(f"{dtype}: codes equal to the CPU's {float((codes == ref).mean()):.1%}")
+why = mimi_py._core._cudnn_unavailable()
+print("cuDNN used:", why is None, why or "")
+sys.exit(1 if why and dev != "cpu" else 0)
+PY
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
 step "bench on $DEVICE"
 # The wheel's commit (scripts/prepare_gpu_check.sh writes it; the copy here has no .git).
 [ -f .gpu/commit ] && export MIMI_BENCH_COMMIT="$(cat .gpu/commit)"
-timeout 190 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
+timeout 180 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
     | tee "$OUT/bench.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 [ -f "$OUT/gpu_results.md" ] && cat "$OUT/gpu_results.md"
 
 step "graph replays against eager steps on $DEVICE"
-timeout 40 "$PYTHON" scripts/gpu_graph_check.py --device "$DEVICE" --out "$OUT/graphs.json" 2>&1 \
+timeout 40 "$PYTHON" scripts/gpu_graph_check.py --device "$DEVICE" --out "$OUT/graphs.json" \
+    "${GRAPH_SIZE[@]}" 2>&1 \
     | tee "$OUT/graphs.log" | tail -20
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 step "switches on $DEVICE, alternating"
 mkdir -p "$OUT/switches"
-timeout 140 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT/switches" --engines mimi_py \
+timeout 130 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT/switches" --engines mimi_py \
     --sections offline,streaming,steady \
     --variant defaults: --variant cudnn:MIMI_PY_CUDA_CUDNN=1 --variant graphs:MIMI_PY_CUDA_GRAPHS=1 \
     --variant both:MIMI_PY_CUDA_CUDNN=1,MIMI_PY_CUDA_GRAPHS=1 \

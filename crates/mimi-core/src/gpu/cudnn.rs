@@ -9,8 +9,8 @@
 //! The math type is explicit ([`math_for`]): float32 in FMA math, so float32 stays float32
 //! (cuDNN's default math lets Ampere and later GPUs use TF32), unless `MIMI_PY_CUDA_TF32=1`;
 //! half precision on tensor cores. Without libcudnn (the `nvidia-cudnn-cu13` wheel, or a
-//! system cuDNN 9), the first call finds out and every call takes candle's path
-//! ([`unavailable`] says why).
+//! system cuDNN 9), the first call finds out and every call takes candle's path; a call cuDNN
+//! refuses takes it too ([`unavailable`] says why, for the device check).
 //!
 //! The shapes (NCHW with H = 1) and the cache are device-independent and tested on the CPU;
 //! the calls into cuDNN are behind the `cudnn` feature.
@@ -224,7 +224,8 @@ pub fn conv1d(x: &Tensor, w: &Tensor, stride: usize, dilation: usize) -> Result<
     Ok(x.conv1d(w, 0, stride, dilation, 1)?)
 }
 
-/// Why cuDNN is not used although asked for (libcudnn did not load), if so.
+/// Why cuDNN is not used although asked for, if so: libcudnn did not load, or the last call
+/// it refused (which then took candle's path).
 pub fn unavailable() -> Option<String> {
     #[cfg(feature = "cudnn")]
     return cuda::unavailable();

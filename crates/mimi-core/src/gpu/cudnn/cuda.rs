@@ -10,13 +10,16 @@ use candle::cuda_backend::cudarc::driver::{CudaSlice, CudaStream};
 use candle::cuda_backend::{CudaDType, CudaStorage};
 use candle::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
 use std::cell::RefCell;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why libcudnn could not be used, once it was found out (then every call takes candle's path).
 static UNAVAILABLE: OnceLock<String> = OnceLock::new();
+/// The last call cuDNN refused (its shape and error), which then took candle's path.
+static REFUSED: Mutex<Option<String>> = Mutex::new(None);
 
 pub fn unavailable() -> Option<String> {
-    UNAVAILABLE.get().cloned()
+    let refused = REFUSED.lock().ok().and_then(|r| r.clone());
+    UNAVAILABLE.get().cloned().or(refused)
 }
 
 /// One planned convolution: its descriptors, algorithm and workspace.
@@ -71,8 +74,13 @@ pub fn conv1d(x: &Tensor, w: &Tensor, stride: usize, dilation: usize) -> Result<
     let (x, w) = (x.contiguous()?, w.contiguous()?);
     match x.apply_op2_no_bwd(&w, &op) {
         Ok(y) => Ok(Some(y)),
-        Err(_) if UNAVAILABLE.get().is_some() => Ok(None),
-        Err(e) => Err(e.into()),
+        Err(e) => {
+            // A shape or dtype cuDNN refuses takes candle's path; the device check reads why.
+            if let Ok(mut r) = REFUSED.lock() {
+                *r = Some(format!("cuDNN refused {:?}: {e}", op.key.shape));
+            }
+            Ok(None)
+        }
     }
 }
 
