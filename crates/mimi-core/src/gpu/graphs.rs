@@ -295,6 +295,10 @@ mod cuda {
             return Err(Error::Internal("a CUDA graph replayed off CUDA".into()));
         };
         let stream = cuda.cuda_stream();
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| failed("launch", e))?;
         // SAFETY: the graph's buffers (its owner's) outlive it; the stream is this thread's.
         unsafe { result::graph::launch(graph.0.cu_graph_exec(), stream.cu_stream()) }
             .map_err(|e| failed("launch", e))

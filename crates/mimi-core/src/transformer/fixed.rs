@@ -24,9 +24,10 @@
 use super::model::Transformer;
 use super::positions::{rope_at, sin_embedding_at, STEP_TOKENS};
 use super::state::{ring_slot, slot_position, LayerCache};
+use super::step_graphs::{StepBuffers, StepGraphs, StepInputs};
 use crate::config::PositionalEmbedding;
 use crate::error::Result;
-use crate::gpu::graphs::{with_param_cache, Action, GraphKey, Graphs};
+use crate::gpu::graphs::{with_param_cache, Action, GraphKey};
 use crate::runtime::device::cast;
 use candle::Tensor;
 
@@ -80,26 +81,6 @@ struct HostTables {
     slots: Vec<u32>,
     mask: Vec<f32>,
 }
-
-/// What a fixed-shape step reads besides the weights and the rings, on the device: its input
-/// `(n, t, d)` and the tables of [`HostTables`] (f32, cast in the step).
-pub(super) struct StepInputs {
-    x: Tensor,
-    ids: Option<Tensor>,
-    rope: Option<(Tensor, Tensor)>,
-    sin: Option<Tensor>,
-    slots: Tensor,
-    mask: Tensor,
-}
-
-/// A captured step's fixed buffers: its inputs and its output `(n, t, d)`.
-pub(super) struct StepBuffers {
-    inputs: StepInputs,
-    out: Tensor,
-}
-
-/// Each stream's graphs of fixed-shape steps.
-pub(super) type StepGraphs = Graphs<StepBuffers>;
 
 impl Transformer {
     /// Whether a call of `t` tokens takes the fixed-shape step.

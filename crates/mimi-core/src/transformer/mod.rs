@@ -29,6 +29,7 @@ mod positions;
 mod state;
 mod step;
 mod step_buffers;
+mod step_graphs;
 
 pub use model::Transformer;
 pub use state::State;

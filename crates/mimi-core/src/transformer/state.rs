@@ -3,8 +3,8 @@
 //! Only what the stream remembers: the planned step's working memory is its caller's
 //! ([`super::Workspace`]), so a copy of a state copies no scratch.
 
-use super::fixed::StepGraphs;
 use super::step_buffers::HostRing;
+use super::step_graphs::StepGraphs;
 use crate::error::Result;
 use candle::Tensor;
 

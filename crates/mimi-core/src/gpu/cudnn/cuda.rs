@@ -22,9 +22,10 @@ pub fn unavailable() -> Option<String> {
     UNAVAILABLE.get().cloned().or(refused)
 }
 
-/// One planned convolution: its descriptors, algorithm and workspace.
+/// One planned convolution: its descriptors (the convolution's computed in float32 for every
+/// data type, as cuDNN's half and bfloat16 configurations want), algorithm and workspace.
 struct Plan<T: CudnnDataType> {
-    conv: ConvDescriptor<T>,
+    conv: ConvDescriptor<f32>,
     x: TensorDescriptor<T>,
     w: FilterDescriptor<T>,
     y: TensorDescriptor<T>,
@@ -233,7 +234,8 @@ fn with_plans<R>(
 /// A handle on `stream`; loading libcudnn panics in cudarc when it is missing, which is
 /// caught and remembered.
 fn new_thread_plans(stream: Arc<CudaStream>) -> Result<ThreadPlans> {
-    let made = std::panic::catch_unwind(|| Cudnn::new(stream.clone()));
+    let made =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Cudnn::new(stream.clone())));
     let handle = match made {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => return Err(failed("handle", e)),
@@ -263,7 +265,7 @@ fn plan<T: Cached>(
     let (pad, stride, dilation) = s.conv_params();
     let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
     let mut conv = handle
-        .create_conv2d::<T>(pad, stride, dilation, mode)
+        .create_conv2d::<f32>(pad, stride, dilation, mode)
         .map_err(|e| failed("convolution descriptor", e))?;
     conv.set_math_type(math_type(math))
         .map_err(|e| failed("math type", e))?;
