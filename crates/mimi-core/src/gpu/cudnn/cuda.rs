@@ -202,10 +202,10 @@ impl CudnnConv {
 }
 
 /// The contiguous view of a storage as its layout says (the op's inputs are contiguous).
-fn contiguous<T: Cached>(
-    s: &CudaStorage,
+fn contiguous<'a, T: Cached>(
+    s: &'a CudaStorage,
     l: &Layout,
-) -> Result<candle::cuda_backend::cudarc::driver::CudaView<'_, T>> {
+) -> Result<candle::cuda_backend::cudarc::driver::CudaView<'a, T>> {
     let Some((a, b)) = l.contiguous_offsets() else {
         return Err(failed("convolution", "a non-contiguous input"));
     };
