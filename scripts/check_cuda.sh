@@ -3,12 +3,13 @@
 # nvcc and NVRTC from PyPI, candle patched for run-time loading, a source copy), then, in its own
 # target folder,
 #
-#   cargo clippy --all-targets --features cuda,cudnn -- -D warnings
+#   cargo clippy -p mimi-core --all-targets --features cuda,cudnn -- -D warnings
 #   cargo test -p mimi-core --features cuda,cudnn --lib gpu::
 #
-# (or the command given as arguments). The tests are the GPU modules' CPU-side ones, run with
-# the cuda and cudnn code compiled in: the graph plan and its capture-free replays, the cuDNN
-# shapes and plan cache, and NVRTC compiling every fused kernel's source (libnvrtc from the
+# (or the command given as arguments). Both select only mimi-core, so they resolve the same
+# features and share candle-kernels' build (the binding has no CUDA code). The tests are the GPU
+# modules' CPU-side ones, with the cuda and cudnn code compiled in: the graph plan and its
+# capture-free replays, the cuDNN shapes and plan cache, and NVRTC compiling every fused kernel's source (libnvrtc from the
 # nvidia-cuda-nvrtc wheel; no GPU needed). It still runs candle-kernels' build script, i.e. nvcc
 # compiles every PTX kernel and the MoE/GGUF static library for CUDA_COMPUTE_CAP (default 90):
 # that is most of a first run's 20 minutes on 2 cores. CLEAN=1 starts from an empty target folder.
@@ -35,6 +36,6 @@ run() {
 if [[ $# -gt 0 ]]; then
     run "$@"
 else
-    run cargo clippy --all-targets --features cuda,cudnn -- -D warnings
+    run cargo clippy -p mimi-core --all-targets --features cuda,cudnn -- -D warnings
     run cargo test -p mimi-core --features cuda,cudnn --lib gpu::
 fi
