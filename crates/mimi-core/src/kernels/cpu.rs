@@ -4,8 +4,6 @@
 //! a variant compiled with `#[target_feature]`; [`has`] is never true for a feature the CPU
 //! lacks, whatever the switch says. `gemm`, which the convolutions call, picks its own.
 
-use crate::runtime::precision::Precision;
-use candle::{DType, Device};
 use std::sync::OnceLock;
 
 /// The instruction sets the kernels are written for, in the order each implies the ones
@@ -103,21 +101,6 @@ pub fn level() -> Level {
 /// Whether the kernels may use `l`'s instructions (the CPU has them and the switch allows).
 pub fn has(l: Level) -> bool {
     level() >= l
-}
-
-/// The instruction set a model's products run with, for `precision` on `device` in `dtype`
-/// (`None` off the native CPU engine): `"avx512bf16"`, `"avx512"`, `"avx2"` or `"portable"`,
-/// capped by `MIMI_PY_ISA`. float32 products use AVX-512 at most; bf16-stored weights also
-/// `vdpbf16ps` in the matrix-vector kernel; `"medium"` runs
-/// [`Path::best`](super::bf16dot::Path::best). Asked of the kernels by the layer that reports
-/// it (the binding's `kernel_isa`), so that `runtime/` names no kernel.
-pub fn kernel_isa(precision: Precision, device: &Device, dtype: DType) -> Option<&'static str> {
-    let isa = match precision {
-        Precision::Highest => level().min(Level::Avx512),
-        Precision::High => level(),
-        Precision::Medium => super::bf16dot::Path::best().level(),
-    };
-    (device.is_cpu() && dtype == DType::F32).then(|| isa.name())
 }
 
 #[cfg(test)]
