@@ -1,5 +1,6 @@
-"""Shared helpers of the benchmark suite: statistics, machine facts, test signals and random
-weights of the real Mimi architecture in Kyutai's moshi checkpoint layout.
+"""What every suite shares: statistics, memory and machine facts, test signals, and random
+weights of the real Mimi architecture in Kyutai's moshi checkpoint layout (the tests build
+the same weights through this file: tests/support/real_size.py).
 
 Pure Python + numpy: the worker processes import this before any engine, so nothing here may
 start a thread pool.
@@ -71,114 +72,40 @@ def summary_us(values_s) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# memory
+# memory and machine facts
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    """A `/proc/self/status` line in bytes (VmRSS, VmHWM), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) * 1024 for x in f if x.startswith(field))
+    except (OSError, StopIteration):
+        return None
 
 
 def rss_now_bytes() -> int | None:
-    """Current resident set size (VmRSS) in bytes, or None off Linux."""
-    return _proc_status_kib("VmRSS:")
+    return _proc_status_bytes("VmRSS:")
 
 
 def rss_peak_bytes() -> int | None:
-    """Peak resident set size of this process: VmHWM, else ru_maxrss."""
-    hwm = _proc_status_kib("VmHWM:")
-    if hwm is not None:
-        return hwm
-    try:
-        import resource
-
-        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(r if platform.system() == "Darwin" else r * 1024)
-    except Exception:  # pragma: no cover
-        return None
-
-
-def _proc_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def minor_faults() -> int | None:
-    try:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
-    except Exception:  # pragma: no cover
-        return None
-
-
-def context_switches() -> dict | None:
-    """Voluntary and involuntary context switches of every thread of this process so far
-    (`/proc/self/task/*/status`; threads that already exited are not counted)."""
-    total = {"voluntary": 0, "nonvoluntary": 0}
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/status") as f:
-                for line in f:
-                    for kind in total:
-                        if line.startswith(f"{kind}_ctxt_switches:"):
-                            total[kind] += int(line.split()[1])
-        except OSError:
-            continue  # the thread ended
-    return total
-
-
-# ---------------------------------------------------------------------------------------------
-# machine facts
+    """Peak resident set size of this process (VmHWM)."""
+    return _proc_status_bytes("VmHWM:")
 
 
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_count() -> int:
-    return os.cpu_count() or 1
+            return next(x.split(":", 1)[1].strip() for x in f if x.lower().startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def cpu_count_available() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover
-        return cpu_count()
-
-
-def cpu_times() -> dict | None:
-    """Aggregate jiffies from /proc/stat (user..steal), to report steal and busy time of a run."""
-    try:
-        with open("/proc/stat") as f:
-            parts = f.readline().split()
-        names = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
-        return {n: int(v) for n, v in zip(names, parts[1:9])}
-    except (OSError, ValueError):
-        return None
-
-
-def memory_total_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+        return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -130,9 +130,7 @@ def ray_address():
         yield ray.get_runtime_context().gcs_address
         return
     # On the loopback address: the test instance is reachable from this machine only.
-    ray.init(
-        num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, _node_ip_address="127.0.0.1"
-    )
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

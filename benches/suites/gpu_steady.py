@@ -1,4 +1,4 @@
-"""benches/gpu.py's steady-state rows: streams whose key/value rings are full, as in a stream
+"""The GPU suites' steady-state rows: streams whose key/value rings are full, as in a stream
 that has run for minutes, and how many such streams one device holds in real time.
 
 A fresh stream attends over the keys it has; after `context` tokens (250: 10 s of audio at the
@@ -13,7 +13,7 @@ Both engines take the same masks: mimi_py through `active=`, moshi through its s
 modules' `set_exec_mask` (its rows that sit out still compute; their state is kept), set before
 each frame and counted in its `encode_step` time. moshi runs its warm-up with its CUDA graphs
 off (`no_cuda_graph`: a graph replays one shape only); its timed frames capture and replay them
-as in `gpu.py`'s other rows, after `--warmup` untimed frames.
+as in the young-stream rows (gpu_rows.py), after `--warmup` untimed frames.
 """
 
 from __future__ import annotations
@@ -24,8 +24,126 @@ import time
 import numpy as np
 
 import common
+from suites import REAL_TIME_US
 
-REAL_TIME_US = 80_000.0
+PEERS = ("moshi",)
+SIZES = {
+    "tiny": {
+        "steady_batches": [1, 2],
+        "steady_warmup": 130,
+        "steady_frames": 3,
+        "warmup": 1,
+        "held_max": 4,
+        "held_frames": 3,
+        "held_budget": 10.0,
+        "held_start": 2,
+    },
+    "full": {
+        "steady_batches": [1, 8, 64, 256],
+        "steady_warmup": 130,
+        "steady_frames": 30,
+        "warmup": 5,
+        "held_max": 4096,
+        "held_frames": 20,
+        "held_budget": 30.0,
+        "held_start": 256,
+    },
+}
+COLUMNS = [
+    ("engine", "label"),
+    ("dtype", "dtype"),
+    ("variant", "variant"),
+    ("row", "kind"),
+    ("B", "batch"),
+    ("frame median ms", "median_ms"),
+    ("frame p99 ms", "p99_ms"),
+    ("per stream ms", "per_stream_ms"),
+    ("masked ÷ unmasked", "masked_over_unmasked"),
+    ("streams held", "streams_held"),
+]
+# Kept for the census out of a worker's time when its streams-held search would reach the
+# worker's deadline: torch's import, then each census batch.
+CENSUS_RESERVE_S = (4.0, 8.0)
+
+
+def jobs(ctx, sizes):
+    from suites.gpu_rows import gpu_jobs
+
+    return gpu_jobs(ctx, sizes, {"steady": "steady_batches", "held": None})
+
+
+def measure(w, task) -> dict:
+    known = w.shared.setdefault("known", {})
+    eng = w.engine()
+    if task["kind"] == "steady":
+        from suites.gpu_rows import save_codes
+
+        codes = []
+        row = steady_row(eng, task, task["batch"], known, codes)
+        row["codes_file"] = save_codes(w, task, "steady", np.concatenate(codes, axis=-1)) if codes else None
+        return row
+    budget = task["held_budget"]
+    if w.job.get("deadline_unix"):
+        census = [t for t in w.job["tasks"] if t["kind"] == "census"]
+        reserve = CENSUS_RESERVE_S[0] * bool(census) + CENSUS_RESERVE_S[1] * len(census)
+        budget = min(budget, w.job["deadline_unix"] - time.time() - reserve)
+    return dict(held_row(eng, dict(task, held_budget=budget), known), budget_s=round(budget, 1))
+
+
+def flat(r: dict) -> dict:
+    """A GPU row's table cells: its frame figures (the unmasked ones of a full-ring row) in ms."""
+    out = {
+        k: r.get(k) for k in ("ok", "error", "label", "engine", "dtype", "variant", "round", "kind", "batch")
+    }
+    out.update({k: r.get(k) for k in ("encode_rtf", "decode_rtf", "streams_held", "masked_over_unmasked")})
+    t = (r.get("unmasked") or r).get("frame_total")
+    if t:
+        out.update(median_ms=round(t["median_us"] / 1e3, 2), p99_ms=round(t["p99_us"] / 1e3, 2))
+        out["per_stream_ms"] = round(t["median_us"] / 1e3 / (r.get("batch") or 1), 3)
+    if r.get("young_masked_over_unmasked"):
+        out["masked_over_unmasked"] = (
+            f"young {r['young_masked_over_unmasked']}, full {r['full_masked_over_unmasked']}"
+        )
+    return out
+
+
+def switches(rows: list[dict]) -> list[dict]:
+    """mimi_py's frame medians per variant (`--variant`), each round's and their mean, over the
+    first variant's mean: the before and after of a switch, rounds alternated."""
+    mine = [
+        flat(r) for r in rows if r["engine"] == "mimi_py" and r["ok"] and r["kind"] in ("streaming", "steady")
+    ]
+    variants = list(dict.fromkeys(r["variant"] for r in mine))
+    out = []
+    for key in dict.fromkeys((r["dtype"], r["kind"], r["batch"]) for r in mine):
+        base = None
+        for v in variants:
+            vals = [
+                r["median_ms"]
+                for r in mine
+                if (r["dtype"], r["kind"], r["batch"]) == key and r["variant"] == v
+            ]
+            mean = sum(vals) / len(vals) if vals else None
+            base = base or mean
+            row = {
+                "ok": True,
+                "dtype": key[0],
+                "row": f"{key[1]} B = {key[2]}",
+                "variant": v,
+                "rounds_ms": vals,
+            }
+            out.append(
+                dict(row, mean_ms=mean and round(mean, 3), over_first=mean and base and round(mean / base, 3))
+            )
+    return out
+
+
+def summarize(ctx, rows) -> dict:
+    from suites import agreement
+
+    return {"table": [flat(r) for r in rows], "agreement": agreement(rows), "switches": switches(rows)}
+
+
 WARM_ROWS = 8  # distinct rows of audio; a batch repeats them (B = 4096 × 2.5 min would not fit)
 WARM_CALL_ROW_FRAMES = 1024  # frames × rows of one warm-up call, at most 26 frames
 

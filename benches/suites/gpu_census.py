@@ -1,8 +1,8 @@
-"""benches/gpu.py's kernel census: what one streaming frame launches on the device.
+"""The GPU suites' kernel census: what one streaming frame launches on the device.
 
 torch.profiler records through CUPTI every kernel the process runs on the GPU, candle's as well
-as torch's. Over `--census-frames` frames (unmasked, then masked) on full rings at each of
-`--census-batches`, the worker exports the profile as a Chrome trace, and `census_from_trace`
+as torch's. Over `census_frames` frames (unmasked, then masked) on full rings at each of
+`census_batches`, the worker exports the profile as a Chrome trace, and `census_from_trace`
 counts it:
 
 * kernels: the GPU's kernel events (category "kernel"), and the 5 costliest by summed time;
@@ -26,7 +26,48 @@ import os
 import tempfile
 import time
 
-import gpu_steady as steady
+from suites import gpu_steady as steady
+
+PEERS = ("moshi",)
+SIZES = {
+    "tiny": {"census_batches": [1, 2], "census_frames": 2, "steady_warmup": 130, "warmup": 1},
+    "full": {"census_batches": [1, 64], "census_frames": 5, "steady_warmup": 130, "warmup": 5},
+}
+COLUMNS = [
+    ("engine", "label"),
+    ("dtype", "dtype"),
+    ("variant", "variant"),
+    ("B", "batch"),
+    ("kernels / frame", "kernels"),
+    ("launch calls / frame", "launches"),
+    ("copies / frame", "copies"),
+    ("GPU busy ÷ wall", "busy_over_wall"),
+    ("wall ms / frame", "wall_ms"),
+]
+
+
+def jobs(ctx, sizes):
+    from suites.gpu_rows import gpu_jobs
+
+    return gpu_jobs(ctx, sizes, {"census": "census_batches"})
+
+
+def measure(w, task) -> dict:
+    return census_row(w.engine(), dict(task, device=w.job["device"]), task["batch"])
+
+
+def summarize(ctx, rows) -> dict:
+    """The unmasked census of each row, flat (the masked one stays in the rows)."""
+    table = []
+    for r in rows:
+        c = r.get("unmasked") or {}
+        cells = {k: r.get(k) for k in ("ok", "error", "label", "dtype", "variant", "batch")}
+        cells.update(kernels=c.get("kernels_per_frame"), launches=c.get("launch_calls_per_frame"))
+        cells.update(copies=c.get("copies_per_frame"), busy_over_wall=c.get("busy_over_wall"))
+        cells["wall_ms"] = c.get("wall_us_per_frame") and round(c["wall_us_per_frame"] / 1e3, 2)
+        table.append(cells)
+    return {"table": table}
+
 
 LAUNCHES = {
     "cudaLaunchKernel",

@@ -1,0 +1,279 @@
+"""The engines a suite measures, behind one face (encode, decode, encode_step, decode_step,
+reset, sync, describe): mimi_py and its peers, rustymimi (Kyutai's candle Mimi), moshi's
+PyTorch Mimi and transformers' MimiModel. Loaded only in a worker process (benches/worker.py),
+after the runner has set its thread counts, because candle's and torch's pools read them once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+# moshi in torch's own bf16 mode: oneDNN's float32 products in bfloat16 (torch >= 2.9 has the
+# per-backend switch; older torch only the matmul one). "medium" computes alike.
+BF16_SWITCH = (
+    'torch.backends.mkldnn.matmul.fp32_precision = torch.backends.mkldnn.conv.fp32_precision = "bf16"'
+)
+BF16_FALLBACK = 'torch.set_float32_matmul_precision("medium")'
+
+
+def torch_switch(torch, mode: str) -> dict:
+    """Sets torch's float32 product precision for `mode` ("float32" or "bf16") in this
+    process, before the model loads; returns what it set and whether the CPU has bf16 units."""
+    done = "defaults"
+    if mode == "bf16":
+        mk = torch.backends.mkldnn
+        if hasattr(getattr(mk, "matmul", None), "fp32_precision"):
+            mk.matmul.fp32_precision = mk.conv.fp32_precision = "bf16"
+            done = BF16_SWITCH
+        else:
+            torch.set_float32_matmul_precision("medium")
+            done = BF16_FALLBACK
+    cpu = getattr(torch.backends, "cpu", None)
+    isa = cpu.get_cpu_capability() if cpu and hasattr(cpu, "get_cpu_capability") else None
+    return {"mode": mode, "set": done, "cpu_capability": isa}
+
+
+class Engine:
+    name = "?"
+    masks = False  # whether encode_step/decode_step take an active= row mask
+
+    def version(self) -> str | None:
+        return None
+
+    def encode(self, pcm: np.ndarray) -> np.ndarray: ...
+    def decode(self, codes: np.ndarray) -> np.ndarray: ...
+    def encode_step(self, chunk: np.ndarray): ...
+    def decode_step(self, codes: np.ndarray): ...
+    def reset(self, batch: int = 1) -> None:
+        """Fresh encoder and decoder streams (of `batch` rows where the engine needs it told)."""
+
+    def sync(self) -> None:
+        """Wait for the device (torch on CUDA); the numpy-returning engines are synchronous."""
+
+    def describe(self) -> dict:
+        """How this engine computes, for its results: mimi_py's precision, moshi's torch mode."""
+        return {}
+
+
+class MimiPyEngine(Engine):
+    name = "mimi_py"
+
+    def __init__(self, spec):
+        import mimi_py
+
+        self.m = mimi_py
+        config = None
+        if spec.get("hf_config"):
+            config = mimi_py.CodecConfig.from_hf(json.loads(Path(spec["hf_config"]).read_text()))
+        weights = spec.get("weights") if not spec.get("seeded") else None
+        self.codec = mimi_py.MimiCodec(
+            weights,
+            config=config,
+            num_codebooks=spec["num_codebooks"],
+            device=spec.get("device", "cpu"),
+            dtype=spec.get("dtype", "float32"),
+            precision=spec.get("precision"),
+            weights_dtype=spec.get("weights_dtype"),
+        )
+
+    def version(self):
+        return f"{self.m.__version__} (candle {self.m.candle_version})"
+
+    def describe(self):
+        c = self.codec
+        return {"precision": c.precision, "kernel_isa": getattr(c, "kernel_isa", None)}
+
+    def encode(self, pcm):
+        return self.codec.encode(pcm)
+
+    def decode(self, codes):
+        return self.codec.decode(codes)
+
+    masks = True  # encode_step/decode_step take active= (per-row streams)
+
+    def encode_step(self, chunk, active=None):
+        return self.codec.encode_step(chunk, active=active)
+
+    def decode_step(self, codes, active=None):
+        return self.codec.decode_step(codes, active=active)
+
+    def reset(self, batch=1):
+        self.codec.reset_state()
+
+
+class RustyMimiEngine(Engine):
+    name = "rustymimi"
+
+    def __init__(self, spec):
+        if spec.get("hf_config"):
+            raise RuntimeError("rustymimi only builds the real Mimi architecture")
+        import rustymimi
+
+        self.r = rustymimi
+        self.tok = rustymimi.Tokenizer(spec["weights"], num_codebooks=spec["num_codebooks"])
+
+    def version(self):
+        try:
+            from importlib.metadata import version
+
+            return version("rustymimi")
+        except Exception:
+            return None
+
+    def encode(self, pcm):
+        return self.tok.encode(np.ascontiguousarray(pcm, dtype=np.float32))
+
+    def decode(self, codes):
+        return self.tok.decode(np.ascontiguousarray(codes, dtype=np.uint32))
+
+    def encode_step(self, chunk):
+        return self.tok.encode_step(np.ascontiguousarray(chunk, dtype=np.float32))
+
+    def decode_step(self, codes):
+        return self.tok.decode_step(np.ascontiguousarray(codes, dtype=np.uint32))
+
+    def reset(self, batch=1):
+        self.tok.reset()
+
+
+class MoshiEngine(Engine):
+    """moshi's PyTorch MimiModel, loaded from the same moshi-format file.
+
+    Streaming: moshi keeps its streaming state in the modules, and only while the model is in
+    streaming mode (`MimiModel.streaming(batch_size)`, an ExitStack). `reset` enters that mode
+    (or resets the state if it is already in it); `encode`/`decode` outside streaming mode are
+    the offline calls. spec may give "device" ("cpu", "cuda", ...) and "dtype" ("float32",
+    "bfloat16", "float16"), for the GPU suites, and "torch_mode" ("float32": torch's defaults;
+    "bf16": oneDNN's float32 products in bfloat16, set before the model loads: torch_switch)."""
+
+    name = "moshi"
+
+    def __init__(self, spec):
+        if spec.get("hf_config"):
+            raise RuntimeError("this bench builds moshi's Mimi only with the real architecture")
+        import torch
+        from moshi.models import loaders
+
+        self.torch = torch
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        torch.set_grad_enabled(False)
+        self.torch_precision = torch_switch(torch, spec.get("torch_mode", "float32"))
+        self.device = torch.device(spec.get("device", "cpu"))
+        self.dtype = getattr(torch, spec.get("dtype", "float32"))
+        self.model = loaders.get_mimi(spec["weights"], device=self.device)
+        self.model.set_num_codebooks(spec["num_codebooks"])
+        self.model.eval()
+        if self.dtype != torch.float32:
+            self.model.to(dtype=self.dtype)
+        self._stream = None  # the ExitStack of moshi's streaming mode, while in it
+        self._stream_batch = 0
+
+    def version(self):
+        from importlib.metadata import version
+
+        return f"moshi {version('moshi')}, torch {self.torch.__version__}"
+
+    def describe(self):
+        return {"torch_mode": self.torch_precision["mode"], "torch_precision": self.torch_precision}
+
+    def _audio_in(self, pcm):
+        return self.torch.from_numpy(np.ascontiguousarray(pcm, dtype=np.float32)).to(self.device, self.dtype)
+
+    def _codes_in(self, codes):
+        return self.torch.from_numpy(np.asarray(codes).astype(np.int64)).to(self.device)
+
+    def sync(self):
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def encode(self, pcm):
+        self._offline()
+        return self.model.encode(self._audio_in(pcm)).cpu().numpy()
+
+    def decode(self, codes):
+        self._offline()
+        return self.model.decode(self._codes_in(codes)).float().cpu().numpy()
+
+    def _offline(self):
+        if self._stream is not None:
+            self._stream.close()  # leaves streaming mode (moshi drops the state)
+            self._stream = None
+
+    def reset(self, batch=1):
+        """Fresh streams for `batch` rows: enter streaming mode, or reset its state."""
+        if self._stream is not None and self._stream_batch == batch:
+            self.model.reset_streaming()
+            return
+        self._offline()
+        self._stream = self.model.streaming(batch)
+        self._stream_batch = batch
+
+    def encode_step(self, chunk):
+        if self._stream is None:
+            self.reset(np.shape(chunk)[0])
+        c = self.model.encode(self._audio_in(chunk))
+        return c.cpu().numpy() if c.shape[-1] else None
+
+    def decode_step(self, codes):
+        if self._stream is None:
+            self.reset(np.shape(codes)[0])
+        return self.model.decode(self._codes_in(codes)).float().cpu().numpy()
+
+
+class TransformersEngine(Engine):
+    """transformers' MimiModel with its own random init of the real architecture (offline only)."""
+
+    name = "transformers"
+
+    def __init__(self, spec):
+        if spec.get("hf_config"):
+            raise RuntimeError("this bench builds transformers' Mimi only with the real architecture")
+        import torch
+        from transformers import MimiConfig, MimiModel
+
+        self.torch = torch
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        torch.set_grad_enabled(False)
+        torch.manual_seed(0)
+        self.nq = spec["num_codebooks"]
+        self.model = MimiModel(MimiConfig()).eval()
+
+    def version(self):
+        import transformers
+
+        return f"transformers {transformers.__version__}, torch {self.torch.__version__}"
+
+    def encode(self, pcm):
+        out = self.model.encode(self.torch.from_numpy(np.ascontiguousarray(pcm)), num_quantizers=self.nq)
+        return out.audio_codes.numpy()
+
+    def decode(self, codes):
+        return self.model.decode(self.torch.from_numpy(codes.astype(np.int64))).audio_values.numpy()
+
+    def encode_step(self, chunk):
+        raise NotImplementedError("streaming is not measured for transformers' MimiModel")
+
+    decode_step = encode_step
+
+
+ENGINES = {
+    "mimi_py": MimiPyEngine,
+    "rustymimi": RustyMimiEngine,
+    "moshi": MoshiEngine,
+    "transformers": TransformersEngine,
+}
+# What each engine imports: a peer that lacks one is recorded as not installed.
+NEEDS = {"mimi_py": ["mimi_py"], "rustymimi": ["rustymimi"], "moshi": ["torch", "moshi"]}
+NEEDS["transformers"] = ["torch", "transformers"]
+
+
+def make_engine(spec: dict):
+    """(the engine of spec["engine"], its load time in seconds)."""
+    t0 = time.perf_counter()
+    eng = ENGINES[spec["engine"]](spec)
+    return eng, time.perf_counter() - t0

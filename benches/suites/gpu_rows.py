@@ -1,0 +1,265 @@
+"""The GPU suites' young-stream rows, mimi_py against moshi's PyTorch Mimi on one device, same
+random weights, for each dtype (`--dtypes`): offline `encode` then `decode` at each of
+`batches`; streaming frames (`encode_step` then `decode_step`) at each of `stream_batches`;
+the same frames masked (three rows in four step: mimi_py's `active=`, moshi's exec mask); and
+mimi_py's transformer alone, masked and unmasked, on young and full rings. torch is synchronized
+before each timer stops; mimi_py returns numpy arrays, so its calls are synchronous. The GPU
+suites of one (engine, dtype, variant) share one worker (one load of the codec).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import common
+from suites import REAL_TIME_US
+from suites import gpu_steady as steady
+
+PEERS = ("moshi",)
+KINDS = {
+    "offline": "batches",
+    "streaming": "stream_batches",
+    "masked": "stream_batches",
+    "transformer": "stream_batches",
+}
+SIZES = {
+    "tiny": {
+        "seconds": 0.5,
+        "batches": [1, 2],
+        "stream_batches": [1, 2],
+        "frames": 3,
+        "warmup": 1,
+        "repeats": 1,
+    },
+    "full": {
+        "seconds": 10.0,
+        "batches": [1, 16],
+        "stream_batches": [1, 8, 64],
+        "frames": 50,
+        "warmup": 5,
+        "repeats": 3,
+    },
+}
+COLUMNS = [
+    ("engine", "label"),
+    ("dtype", "dtype"),
+    ("variant", "variant"),
+    ("row", "kind"),
+    ("B", "batch"),
+    ("encode RTF", "encode_rtf"),
+    ("decode RTF", "decode_rtf"),
+    ("frame median ms", "median_ms"),
+    ("frame p99 ms", "p99_ms"),
+    ("per stream ms", "per_stream_ms"),
+    ("masked ÷ unmasked", "masked_over_unmasked"),
+]
+
+
+def gpu_jobs(ctx, sizes, kinds: dict) -> tuple[list, dict]:
+    """One job per (engine, dtype) with a task per (kind, batch) of `kinds` in `--sections`;
+    the tasks at a kind's smallest batch save their codes (the agreement)."""
+    out, skipped = [], {}
+    for eng in ["mimi_py", *PEERS]:
+        why = ctx.skip(eng)
+        if why:
+            skipped[eng] = why
+            continue
+        for dt in ctx.args.dtypes:
+            tasks = []
+            for kind, key in kinds.items():
+                if kind in ctx.args.sections:
+                    sizes_of = sizes[key] if key else [None]
+                    tasks += [
+                        dict(sizes, kind=kind, batch=b, save=b == min(sizes_of or [0])) for b in sizes_of
+                    ]
+            job = dict(ctx.codec(), engine=eng, dtype=dt, device=ctx.args.device, label=eng, share="gpu")
+            out += [dict(job, tasks=tasks, save_dir=str(ctx.tmp))] if tasks else []
+    return out, skipped
+
+
+def jobs(ctx, sizes):
+    return gpu_jobs(ctx, sizes, KINDS)
+
+
+def save_codes(w, task, kind: str, codes) -> str | None:
+    """Saves a task's codes in the first round, for the agreement; their file."""
+    import numpy as np
+
+    if not task.get("save") or w.job.get("round", 1) != 1:
+        return None
+    j = w.job
+    path = Path(j["save_dir"]) / f"{j['engine']}-{j['dtype']}-{j.get('variant')}-{kind}-b{task['batch']}.npy"
+    np.save(path, np.asarray(codes))
+    return str(path)
+
+
+def _offline_row(w, task):
+    import numpy as np
+
+    eng, spec, batch = w.engine(), task, task["batch"]
+    n = int(round(spec["seconds"] * common.SAMPLE_RATE))
+    pcm = np.stack([common.smooth_noise(n, seed=r) for r in range(batch)])[:, None]  # row 0: run.py's clip
+    eng.decode(eng.encode(pcm))  # warm-up at this size (allocator, kernels, lazy init)
+    eng.sync()
+    enc, dec, codes = [], [], None
+    for _ in range(spec["repeats"]):
+        t0 = time.perf_counter()
+        codes = eng.encode(pcm)
+        eng.sync()
+        t1 = time.perf_counter()
+        eng.decode(codes)
+        eng.sync()
+        t2 = time.perf_counter()
+        enc.append(t1 - t0)
+        dec.append(t2 - t1)
+    codes_file = save_codes(w, task, "offline", codes)
+    audio = batch * n / common.SAMPLE_RATE
+    e, d = common.median(enc), common.median(dec)
+    return {
+        "encode_s": round(e, 5),
+        "decode_s": round(d, 5),
+        "encode_all_s": [round(x, 5) for x in enc],
+        "decode_all_s": [round(x, 5) for x in dec],
+        "audio_s": audio,
+        "encode_rtf": round(audio / e, 2),
+        "decode_rtf": round(audio / d, 2),
+        "codes_shape": list(codes.shape),
+        "codes_file": codes_file,
+    }
+
+
+def _streaming_row(w, task):
+    import numpy as np
+
+    eng, spec, batch = w.engine(), task, task["batch"]
+    fs = common.FRAME_SIZE
+    warm, frames = spec["warmup"], spec["frames"]
+    n = (warm + frames) * fs
+    pcm = np.stack([common.smooth_noise(n, seed=2 + r) for r in range(batch)])[:, None]
+    eng.reset(batch)
+    enc, dec, tot, got = [], [], [], []
+    for i in range(warm + frames):
+        chunk = pcm[:, :, i * fs : (i + 1) * fs]
+        t0 = time.perf_counter()
+        codes = eng.encode_step(chunk)
+        eng.sync()
+        t1 = time.perf_counter()
+        if codes is None or np.shape(codes)[-1] == 0:
+            raise RuntimeError(f"frame {i}: encode_step gave no codes for a whole frame")
+        eng.decode_step(codes)
+        eng.sync()
+        t2 = time.perf_counter()
+        got.append(np.asarray(codes))
+        if i >= warm:
+            enc.append(t1 - t0)
+            dec.append(t2 - t1)
+            tot.append(t2 - t0)
+    codes_file = save_codes(w, task, "streaming", np.concatenate(got, axis=-1))
+    t = common.summary_us(tot)
+    return {
+        "frames": frames,
+        "warmup": warm,
+        "encode_step": common.summary_us(enc),
+        "decode_step": common.summary_us(dec),
+        "frame_total": t,
+        "per_stream_median_us": round(t["median_us"] / batch, 1),
+        "per_stream_p99_us": round(t["p99_us"] / batch, 1),
+        "real_time": t["p99_us"] <= REAL_TIME_US,
+        "codes_file": codes_file,
+    }
+
+
+def _masked_row(w, task):
+    """Streaming frames on young rings with masks on both calls (steady.mask: mimi_py's
+    active=, moshi's exec mask)."""
+    import numpy as np
+
+    eng, spec, batch = w.engine(), task, task["batch"]
+    fs = common.FRAME_SIZE
+    warm, frames = spec["warmup"], spec["frames"]
+    pcm = np.stack([common.smooth_noise((warm + frames) * fs, seed=5 + r) for r in range(batch)])[:, None]
+    eng.reset(batch)
+    tot, enc, dec, active = [], [], [], []
+    try:
+        for i in range(warm + frames):
+            mask = steady.mask(batch, i)
+            e, d, _ = steady.step_frame(eng, pcm[:, :, i * fs : (i + 1) * fs], mask)
+            if i >= warm:
+                tot.append(e + d)
+                enc.append(e)
+                dec.append(d)
+                active.append(int(mask.sum()))
+    finally:
+        steady.unmask(eng)
+    t = common.summary_us(tot)
+    mean_active = sum(active) / len(active)
+    return {
+        "frames": frames,
+        "warmup": warm,
+        "mean_active_rows": round(mean_active, 2),
+        "encode_step": common.summary_us(enc),
+        "decode_step": common.summary_us(dec),
+        "frame_total": t,
+        # all timed frames' time over all their active rows
+        "per_active_stream_mean_us": round(1e6 * sum(tot) / sum(active), 1),
+        "real_time": t["p99_us"] <= REAL_TIME_US,
+    }
+
+
+def _transformer_row(w, task):
+    """Mimi's transformer alone: 2-token steps, in turns, of a model stepped unmasked (its rows
+    stay at one position: the one-position path, as the codec's unmasked frames) and of a model
+    stepped masked (its rows drift apart: the per-row path), on young rings (fresh models,
+    positions below the context, as in the codec's frames here) and on full ones."""
+    import numpy as np
+
+    eng, spec, batch = w.engine(), dict(task, device=w.job["device"], dtype=w.job["dtype"]), task["batch"]
+    if eng.name != "mimi_py":
+        raise NotImplementedError(f"{eng.name}: the transformer alone is timed for mimi_py only")
+    import mimi_py
+
+    cfg = mimi_py.TransformerConfig.mimi()
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((batch, 2, cfg.d_model)) * 0.1).astype(np.float32)
+    row = {}
+    for rings in ("young", "full"):
+        models = {}
+        for kind in ("unmasked", "masked"):
+            models[kind] = mimi_py.StreamingTransformer(
+                cfg, seed=0, device=spec["device"], dtype=spec["dtype"]
+            )
+            if rings == "full":
+                fill = rng.standard_normal((batch, cfg.context, cfg.d_model)) * 0.1
+                models[kind].step(fill.astype(np.float32))
+        times = {"unmasked": [], "masked": []}
+        for i in range(spec["warmup"] + spec["frames"]):
+            for kind, kw in (("unmasked", {}), ("masked", {"active": steady.mask(batch, i)})):
+                t0 = time.perf_counter()
+                models[kind].step(x, **kw)
+                if i >= spec["warmup"]:
+                    times[kind].append(time.perf_counter() - t0)
+        for kind, t in times.items():
+            row[f"{rings}_{kind}"] = common.summary_us(t)
+        ratio = row[f"{rings}_masked"]["median_us"] / row[f"{rings}_unmasked"]["median_us"]
+        row[f"{rings}_masked_over_unmasked"] = round(ratio, 3)
+    return row
+
+
+def measure(w, task) -> dict:
+    return {
+        "offline": _offline_row,
+        "streaming": _streaming_row,
+        "masked": _masked_row,
+        "transformer": _transformer_row,
+    }[task["kind"]](w, task)
+
+
+def summarize(ctx, rows) -> dict:
+    from suites import agreement
+
+    return {
+        "table": [steady.flat(r) for r in rows],
+        "agreement": agreement(rows),
+        "switches": steady.switches(rows),
+    }

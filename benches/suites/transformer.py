@@ -1,0 +1,93 @@
+"""The transformer alone, Mimi's shape (d 512, 8 layers, context 250), one stream, one token a
+step: mimi_py's `StreamingTransformer.step` from Python, then the same model in the core's
+native bench binary (no Python) and candle's own ops, alternating per thread count; the
+binding's overhead is Python's step over the native one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+import common
+
+PEERS = ()
+NATIVE = Path(os.environ.get("MIMI_NATIVE_BENCH", common.REPO / "target" / "release" / "mimi_native_bench"))
+SIZES = {"tiny": {"steps": 30, "warmup": 5, "repeats": 1}, "full": {"steps": 300, "warmup": 20, "repeats": 3}}
+COLUMNS = [
+    ("run", "label"),
+    ("threads", "threads"),
+    ("step median µs", "step_median_us"),
+    ("step p99 µs", "step_p99_us"),
+    ("candle step median µs", "candle_step_median_us"),
+]
+
+
+def jobs(ctx, sizes):
+    out = []
+    for th in ctx.threads:
+        for _ in range(sizes["repeats"]):
+            out.append(
+                {
+                    "engine": "mimi_py",
+                    "label": "mimi_py (Python)",
+                    "threads": th,
+                    "tasks": [dict(sizes, kind="python")],
+                }
+            )
+            if NATIVE.exists() and not ctx.tiny:
+                task = dict(sizes, kind="native")
+                out.append({"engine": "mimi_py", "label": "native (Rust)", "threads": th, "tasks": [task]})
+    why = (
+        None
+        if NATIVE.exists()
+        else {"native": f"{NATIVE} not built (cargo build --release --bin mimi_native_bench)"}
+    )
+    return out, why or {}
+
+
+def measure(w, task) -> dict:
+    if task["kind"] == "native":
+        out = subprocess.run(
+            [str(NATIVE), str(task["steps"]), "1"], capture_output=True, text=True, check=True
+        )
+        lines = {
+            d.get("engine"): d
+            for d in map(json.loads, (x for x in out.stdout.splitlines() if x.startswith("{")))
+        }
+        mine, cand = lines["mimi_py-native"], lines.get("candle", {})
+        return {k: mine.get(k) for k in ("step_median_us", "step_p99_us")} | {
+            "candle_step_median_us": cand.get("step_median_us")
+        }
+    import mimi_py
+
+    small = mimi_py.TransformerConfig(d_model=64, num_heads=4, num_layers=2, context=16)
+    cfg = small if w.job.get("num_codebooks") == 4 else mimi_py.TransformerConfig.mimi()
+    t = mimi_py.StreamingTransformer(cfg, seed=0)
+    xs = (
+        np.random.default_rng(1)
+        .uniform(-1, 1, (1, task["steps"] + task["warmup"], cfg.d_model))
+        .astype(np.float32)
+    )
+    times = []
+    for i in range(xs.shape[1]):
+        t0 = time.perf_counter()
+        t.step(xs[:, i : i + 1])
+        times.append(time.perf_counter() - t0)
+    s = common.summary_us(times[task["warmup"] :])
+    return {"step_median_us": s["median_us"], "step_p99_us": s["p99_us"], "d_model": cfg.d_model}
+
+
+def summarize(ctx, rows) -> dict:
+    """The binding's overhead per thread count: the median of Python's steps over the native."""
+    out = {}
+    for th in ctx.threads:
+        py = [r["step_median_us"] for r in rows if r["ok"] and r["threads"] == th and r["kind"] == "python"]
+        nat = [r["step_median_us"] for r in rows if r["ok"] and r["threads"] == th and r["kind"] == "native"]
+        if py and nat:
+            out[str(th)] = round(common.median(py) / common.median(nat), 3)
+    return {"binding_overhead": out}
