@@ -38,69 +38,73 @@ def torch_switch(torch, mode: str) -> dict:
     return {"mode": mode, "set": done, "cpu_capability": isa}
 
 
-class Engine:
-    name = "?"
-    masks = False  # whether encode_step/decode_step take an active= row mask
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
 
-    def version(self) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
         return None
 
-    def encode(self, pcm: np.ndarray) -> np.ndarray: ...
-    def decode(self, codes: np.ndarray) -> np.ndarray: ...
-    def encode_step(self, chunk: np.ndarray): ...
-    def decode_step(self, codes: np.ndarray): ...
+
+class Engine:
+    """The common face; `masks`: whether the steps take an `active=` row mask."""
+
+    name, masks = "?", False
+
+    def version(self) -> str | None:
+        return _version(self.name)
+
     def reset(self, batch: int = 1) -> None:
-        """Fresh encoder and decoder streams (of `batch` rows where the engine needs it told)."""
+        """Fresh encoder and decoder streams (of `batch` rows where the engine must be told)."""
 
     def sync(self) -> None:
-        """Wait for the device (torch on CUDA); the numpy-returning engines are synchronous."""
+        """Waits for the device (torch on CUDA); the numpy-returning engines are synchronous."""
 
     def describe(self) -> dict:
-        """How this engine computes, for its results: mimi_py's precision, moshi's torch mode."""
+        """How it computes, for its rows: mimi_py's precision, moshi's torch mode."""
         return {}
 
 
+def _torch(spec: dict, what: str):
+    """torch, set up for a peer: its threads from the environment, no autograd."""
+    if spec.get("hf_config"):
+        raise RuntimeError(f"this bench builds {what} only with the real architecture")
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.set_grad_enabled(False)
+    return torch
+
+
 class MimiPyEngine(Engine):
-    name = "mimi_py"
+    name, masks = "mimi_py", True
 
     def __init__(self, spec):
         import mimi_py
 
-        self.m = mimi_py
-        config = None
-        if spec.get("hf_config"):
-            config = mimi_py.CodecConfig.from_hf(json.loads(Path(spec["hf_config"]).read_text()))
-        weights = spec.get("weights") if not spec.get("seeded") else None
+        self.m, hf = mimi_py, spec.get("hf_config")
+        config = mimi_py.CodecConfig.from_hf(json.loads(Path(hf).read_text())) if hf else None
         self.codec = mimi_py.MimiCodec(
-            weights,
+            None if spec.get("seeded") else spec.get("weights"),
             config=config,
             num_codebooks=spec["num_codebooks"],
             device=spec.get("device", "cpu"),
             dtype=spec.get("dtype", "float32"),
             precision=spec.get("precision"),
-            weights_dtype=spec.get("weights_dtype"),
+        )
+        self.encode, self.decode, self.encode_step, self.decode_step = (
+            self.codec.encode,
+            self.codec.decode,
+            self.codec.encode_step,
+            self.codec.decode_step,
         )
 
     def version(self):
         return f"{self.m.__version__} (candle {self.m.candle_version})"
 
     def describe(self):
-        c = self.codec
-        return {"precision": c.precision, "kernel_isa": getattr(c, "kernel_isa", None)}
-
-    def encode(self, pcm):
-        return self.codec.encode(pcm)
-
-    def decode(self, codes):
-        return self.codec.decode(codes)
-
-    masks = True  # encode_step/decode_step take active= (per-row streams)
-
-    def encode_step(self, chunk, active=None):
-        return self.codec.encode_step(chunk, active=active)
-
-    def decode_step(self, codes, active=None):
-        return self.codec.decode_step(codes, active=active)
+        return {"precision": self.codec.precision, "kernel_isa": self.codec.kernel_isa}
 
     def reset(self, batch=1):
         self.codec.reset_state()
@@ -114,28 +118,15 @@ class RustyMimiEngine(Engine):
             raise RuntimeError("rustymimi only builds the real Mimi architecture")
         import rustymimi
 
-        self.r = rustymimi
         self.tok = rustymimi.Tokenizer(spec["weights"], num_codebooks=spec["num_codebooks"])
-
-    def version(self):
-        try:
-            from importlib.metadata import version
-
-            return version("rustymimi")
-        except Exception:
-            return None
-
-    def encode(self, pcm):
-        return self.tok.encode(np.ascontiguousarray(pcm, dtype=np.float32))
-
-    def decode(self, codes):
-        return self.tok.decode(np.ascontiguousarray(codes, dtype=np.uint32))
-
-    def encode_step(self, chunk):
-        return self.tok.encode_step(np.ascontiguousarray(chunk, dtype=np.float32))
-
-    def decode_step(self, codes):
-        return self.tok.decode_step(np.ascontiguousarray(codes, dtype=np.uint32))
+        f32, u32 = (
+            (lambda x: np.ascontiguousarray(x, np.float32)),
+            (lambda x: np.ascontiguousarray(x, np.uint32)),
+        )
+        self.encode = lambda pcm: self.tok.encode(f32(pcm))
+        self.decode = lambda codes: self.tok.decode(u32(codes))
+        self.encode_step = lambda pcm: self.tok.encode_step(f32(pcm))
+        self.decode_step = lambda codes: self.tok.decode_step(u32(codes))
 
     def reset(self, batch=1):
         self.tok.reset()
@@ -154,14 +145,9 @@ class MoshiEngine(Engine):
     name = "moshi"
 
     def __init__(self, spec):
-        if spec.get("hf_config"):
-            raise RuntimeError("this bench builds moshi's Mimi only with the real architecture")
-        import torch
+        self.torch = torch = _torch(spec, "moshi's Mimi")
         from moshi.models import loaders
 
-        self.torch = torch
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        torch.set_grad_enabled(False)
         self.torch_precision = torch_switch(torch, spec.get("torch_mode", "float32"))
         self.device = torch.device(spec.get("device", "cpu"))
         self.dtype = getattr(torch, spec.get("dtype", "float32"))
@@ -174,9 +160,7 @@ class MoshiEngine(Engine):
         self._stream_batch = 0
 
     def version(self):
-        from importlib.metadata import version
-
-        return f"moshi {version('moshi')}, torch {self.torch.__version__}"
+        return f"moshi {_version('moshi')}, torch {self.torch.__version__}"
 
     def describe(self):
         return {"torch_mode": self.torch_precision["mode"], "torch_precision": self.torch_precision}
@@ -231,22 +215,15 @@ class TransformersEngine(Engine):
     name = "transformers"
 
     def __init__(self, spec):
-        if spec.get("hf_config"):
-            raise RuntimeError("this bench builds transformers' Mimi only with the real architecture")
-        import torch
+        self.torch = torch = _torch(spec, "transformers' Mimi")
         from transformers import MimiConfig, MimiModel
 
-        self.torch = torch
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        torch.set_grad_enabled(False)
         torch.manual_seed(0)
         self.nq = spec["num_codebooks"]
         self.model = MimiModel(MimiConfig()).eval()
 
     def version(self):
-        import transformers
-
-        return f"transformers {transformers.__version__}, torch {self.torch.__version__}"
+        return f"transformers {_version('transformers')}, torch {self.torch.__version__}"
 
     def encode(self, pcm):
         out = self.model.encode(self.torch.from_numpy(np.ascontiguousarray(pcm)), num_quantizers=self.nq)
@@ -255,18 +232,9 @@ class TransformersEngine(Engine):
     def decode(self, codes):
         return self.model.decode(self.torch.from_numpy(codes.astype(np.int64))).audio_values.numpy()
 
-    def encode_step(self, chunk):
-        raise NotImplementedError("streaming is not measured for transformers' MimiModel")
 
-    decode_step = encode_step
-
-
-ENGINES = {
-    "mimi_py": MimiPyEngine,
-    "rustymimi": RustyMimiEngine,
-    "moshi": MoshiEngine,
-    "transformers": TransformersEngine,
-}
+ENGINES = {"mimi_py": MimiPyEngine, "rustymimi": RustyMimiEngine, "moshi": MoshiEngine}
+ENGINES["transformers"] = TransformersEngine
 # What each engine imports: a peer that lacks one is recorded as not installed.
 NEEDS = {"mimi_py": ["mimi_py"], "rustymimi": ["rustymimi"], "moshi": ["torch", "moshi"]}
 NEEDS["transformers"] = ["torch", "transformers"]

@@ -48,8 +48,10 @@ def cell(v) -> str:
     return str(v).replace("|", "/")
 
 
-def table(columns: list[tuple[str, str]], rows: list[dict]) -> list[str]:
-    """A markdown table; a failed row says why in place of its figures."""
+def table(spec: str, rows: list[dict]) -> list[str]:
+    """A markdown table of `spec`'s columns ("header=key | key | ..."); a failed row says why
+    in place of its figures."""
+    columns = [(c.split("=")[0].strip(), c.split("=")[-1].strip()) for c in spec.split("|")]
     out = ["| " + " | ".join(c for c, _ in columns) + " |", "|" + " --- |" * len(columns)]
     for r in rows:
         cells = [cell(r.get(k)) for _, k in columns]
@@ -59,31 +61,9 @@ def table(columns: list[tuple[str, str]], rows: list[dict]) -> list[str]:
     return out
 
 
-RATIO_COLUMNS = [
-    ("mimi_py", "mimi_py"),
-    ("peer", "peer"),
-    ("threads", "threads"),
-    ("like for like", "like_for_like"),
-    ("mimi_py ÷ peer speed", "ratio"),
-]
-AGREE_COLUMNS = [
-    ("codes of", "label"),
-    ("dtype", "dtype"),
-    ("variant", "variant"),
-    ("row", "kind"),
-    ("B", "batch"),
-    ("against", "against"),
-    ("equal", "equal"),
-    ("codebook 0 equal", "first_codebook_equal"),
-]
-SWITCH_COLUMNS = [
-    ("dtype", "dtype"),
-    ("row", "row"),
-    ("variant", "variant"),
-    ("each round ms", "rounds_ms"),
-    ("mean ms", "mean_ms"),
-    ("÷ first variant", "over_first"),
-]
+RATIOS = "mimi_py | peer | threads | like for like=like_for_like | mimi_py ÷ peer speed=ratio"
+AGREEMENT = "codes of=label | dtype | variant | row=kind | B=batch | against | equal | codebook 0 equal=first_codebook_equal"
+SWITCHES = "dtype | row | variant | each round ms=rounds_ms | mean ms=mean_ms | ÷ first variant=over_first"
 
 
 def suite_section(name: str, s: dict) -> list[str]:
@@ -103,11 +83,11 @@ def suite_section(name: str, s: dict) -> list[str]:
     for key in ("encode_ratios", "decode_ratios", "frame_ratios"):
         if s.get(key):
             out += ["", f"{key.split('_')[0]} speed, mimi_py over each peer (> 1: mimi_py faster):", ""]
-            out += table(RATIO_COLUMNS, s[key])
+            out += table(RATIOS, s[key])
     if s.get("agreement"):
-        out += ["", "Codes equal to the first mimi_py row's:", ""] + table(AGREE_COLUMNS, s["agreement"])
+        out += ["", "Codes equal to the first mimi_py row's:", ""] + table(AGREEMENT, s["agreement"])
     if len({x["variant"] for x in s.get("switches", [])}) > 1:
-        out += ["", "Switches, rounds alternated (A B, then B A):", ""] + table(SWITCH_COLUMNS, s["switches"])
+        out += ["", "Switches, rounds alternated (A B, then B A):", ""] + table(SWITCHES, s["switches"])
     return out
 
 

@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     add("--size", action="append", default=[], help="KEY=VALUE: a size of the suites (repeated)")
     add("--device", default="cuda", help="the GPU suites' device")
     add("--dtypes", default="float32,bfloat16", help="the GPU suites' dtypes")
-    add("--sections", help="the GPU suites' rows: " + ",".join(SECTIONS) + " (they choose the suites)")
+    add("--sections", help="the GPU suites' rows: " + ",".join(sum(SECTIONS.values(), [])) + " (they choose the suites)")
     add("--codec", choices=["real", "small"], help="the codec's size (default: small when tiny)")
     add("--variant", action="append", default=[], help="NAME:ENV=VAL,...: mimi_py with those variables")
     add("--rounds", type=int, default=1, help="rounds of the variants, alternating their order")
@@ -148,6 +148,11 @@ class Context:
         missing = [m for m in NEEDS[engine] if importlib.util.find_spec(m) is None]
         return "not installed (" + ", ".join(missing) + ")" if missing else None
 
+    def runnable(self, engines) -> tuple[list[str], dict]:
+        """The engines that can run here, and why each other one cannot."""
+        why = {e: self.skip(e) for e in engines}
+        return [e for e in engines if not why[e]], {e: w for e, w in why.items() if w}
+
     def codec(self) -> dict:
         """The engine arguments of the bench's codec file (every engine loads the same one)."""
         w = self.weights
@@ -181,10 +186,10 @@ def job_timeout(args, started: float, n: int, left: int) -> float:
 
 def run_job(args, job: dict, timeout: float) -> list[dict]:
     """A job's rows, each with the job's labels."""
-    keep = ("suite", "engine", "label", "precision", "torch_mode", "dtype", "device", "variant", "round")
+    keep = ("engine", "label", "precision", "torch_mode", "dtype", "device", "variant", "round")
     tags = {k: job[k] for k in keep if job.get(k) is not None}
     threads = job.get("threads", args.main_threads)
-    job = dict(job, deadline_unix=time.time() + timeout - 5.0)  # a search stops in time for what follows
+    job = dict(job, threads=threads, deadline_unix=time.time() + timeout - 5.0)  # a search stops in time
     if timeout < MIN_WORKER_S:
         rows = worker.rows_of(job, "", "", f"not run: the --budget of {args.budget:g} s was spent")
     elif job.get("together"):

@@ -48,12 +48,8 @@ def engine_jobs(ctx, peers, tasks, threads=None, per_precision=True) -> tuple[li
     """One job per row of a suite at each thread count of `threads` (default: the main one):
     mimi_py at each precision (or once, at highest), moshi in float32 and, when medium is
     asked, torch's bf16 mode, the other peers once; and why each skipped engine did not run."""
-    jobs, skipped = [], {}
-    for eng in ["mimi_py", *peers]:
-        why = ctx.skip(eng)
-        if why:
-            skipped[eng] = why
-            continue
+    jobs, (engines, skipped) = [], ctx.runnable(["mimi_py", *peers])
+    for eng in engines:
         if eng == "mimi_py":
             rows = [{"precision": p} for p in (ctx.precisions if per_precision else ["highest"])]
         elif eng == "moshi":

@@ -14,12 +14,7 @@ SIZES = {
     "tiny": {"processes": 2, "clips": 2, "seconds": 0.2},
     "full": {"processes": 2, "clips": 6, "seconds": 10.0},
 }
-COLUMNS = [
-    ("engine", "label"),
-    ("processes", "processes"),
-    ("aggregate encode RTF", "encode_rtf"),
-    ("each", "each_rtf"),
-]
+COLUMNS = "engine=label | processes | aggregate encode RTF=encode_rtf | each=each_rtf"
 
 
 def jobs(ctx, sizes):

@@ -21,13 +21,7 @@ SIZES = {
     },
 }
 RATES = [24000, 16000, 44100, 24000]  # cycled; every third file is stereo
-COLUMNS = [
-    ("run", "label"),
-    ("files", "files"),
-    ("audio h per wall h", "rate"),
-    ("wall s", "wall_s"),
-    ("codes equal", "codes_equal"),
-]
+COLUMNS = "run=label | files | audio h per wall h=rate | wall s=wall_s | codes equal=codes_equal"
 
 
 def make_corpus(folder: Path, seconds) -> None:
@@ -80,7 +74,8 @@ def measure(w, task) -> dict:
         for path in files:
             x, sr = sf.read(path, dtype="float32", always_2d=True)
             audio += len(x) / sr
-            mono = soxr.resample(x.mean(axis=1).astype(np.float32), sr, codec.sample_rate)
+            mono = x[:, 0] if x.shape[1] == 1 else x.mean(axis=1).astype(np.float32)
+            mono = mono if sr == codec.sample_rate else soxr.resample(mono, sr, codec.sample_rate)
             codes[path.name] = codec.encode(mono)[0]
         np.savez(task["out"], **codes)
         wall = time.perf_counter() - t0

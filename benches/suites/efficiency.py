@@ -27,16 +27,11 @@ SIZES = {
         "bandwidth_mb": 1024,
     },
 }
-COLUMNS = [
-    ("engine", "label"),
-    ("threads", "threads"),
-    ("GB/s read", "gb_per_s"),
-    ("memory floor ms", "memory_floor_ms"),
-    ("B=1 ms ÷ floor", "b1_over_floor"),
-    ("offline ms/frame", "offline_ms_per_frame"),
-    ("ms per stream-frame at B", "per_stream_by_batch"),
-    ("streams held", "streams_held"),
-]
+COLUMNS = (
+    "engine=label | threads | GB/s read=gb_per_s | memory floor ms=memory_floor_ms | "
+    "B=1 ms ÷ floor=b1_over_floor | offline ms/frame=offline_ms_per_frame | "
+    "ms per stream-frame at B=per_stream_by_batch | streams held=streams_held"
+)
 
 
 def jobs(ctx, sizes):

@@ -33,17 +33,11 @@ SIZES = {
     "tiny": {"census_batches": [1, 2], "census_frames": 2, "steady_warmup": 130, "warmup": 1},
     "full": {"census_batches": [1, 64], "census_frames": 5, "steady_warmup": 130, "warmup": 5},
 }
-COLUMNS = [
-    ("engine", "label"),
-    ("dtype", "dtype"),
-    ("variant", "variant"),
-    ("B", "batch"),
-    ("kernels / frame", "kernels"),
-    ("launch calls / frame", "launches"),
-    ("copies / frame", "copies"),
-    ("GPU busy ÷ wall", "busy_over_wall"),
-    ("wall ms / frame", "wall_ms"),
-]
+COLUMNS = (
+    "engine=label | dtype | variant | B=batch | kernels / frame=kernels | "
+    "launch calls / frame=launches | copies / frame=copies | GPU busy ÷ wall=busy_over_wall | "
+    "wall ms / frame=wall_ms"
+)
 
 
 def jobs(ctx, sizes):

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import common
-from suites import REAL_TIME_US
 from suites import gpu_steady as steady
 
 PEERS = ("moshi",)
@@ -41,30 +40,18 @@ SIZES = {
         "repeats": 3,
     },
 }
-COLUMNS = [
-    ("engine", "label"),
-    ("dtype", "dtype"),
-    ("variant", "variant"),
-    ("row", "kind"),
-    ("B", "batch"),
-    ("encode RTF", "encode_rtf"),
-    ("decode RTF", "decode_rtf"),
-    ("frame median ms", "median_ms"),
-    ("frame p99 ms", "p99_ms"),
-    ("per stream ms", "per_stream_ms"),
-    ("masked ÷ unmasked", "masked_over_unmasked"),
-]
+COLUMNS = (
+    "engine=label | dtype | variant | row=kind | B=batch | encode RTF=encode_rtf | "
+    "decode RTF=decode_rtf | frame median ms=median_ms | frame p99 ms=p99_ms | "
+    "per stream ms=per_stream_ms | masked ÷ unmasked=masked_over_unmasked"
+)
 
 
 def gpu_jobs(ctx, sizes, kinds: dict) -> tuple[list, dict]:
     """One job per (engine, dtype) with a task per (kind, batch) of `kinds` in `--sections`;
     the tasks at a kind's smallest batch save their codes (the agreement)."""
-    out, skipped = [], {}
-    for eng in ["mimi_py", *PEERS]:
-        why = ctx.skip(eng)
-        if why:
-            skipped[eng] = why
-            continue
+    out, (engines, skipped) = [], ctx.runnable(["mimi_py", *PEERS])
+    for eng in engines:
         for dt in ctx.args.dtypes:
             tasks = []
             for kind, key in kinds.items():
@@ -129,82 +116,18 @@ def _offline_row(w, task):
     }
 
 
-def _streaming_row(w, task):
+def _young_row(w, task, masked: bool) -> dict:
+    """Streaming frames of fresh streams (their rings never fill), unmasked (the codes saved)
+    or masked (three rows in four step: gpu_steady.mask)."""
     import numpy as np
 
-    eng, spec, batch = w.engine(), task, task["batch"]
-    fs = common.FRAME_SIZE
-    warm, frames = spec["warmup"], spec["frames"]
-    n = (warm + frames) * fs
-    pcm = np.stack([common.smooth_noise(n, seed=2 + r) for r in range(batch)])[:, None]
-    eng.reset(batch)
-    enc, dec, tot, got = [], [], [], []
-    for i in range(warm + frames):
-        chunk = pcm[:, :, i * fs : (i + 1) * fs]
-        t0 = time.perf_counter()
-        codes = eng.encode_step(chunk)
-        eng.sync()
-        t1 = time.perf_counter()
-        if codes is None or np.shape(codes)[-1] == 0:
-            raise RuntimeError(f"frame {i}: encode_step gave no codes for a whole frame")
-        eng.decode_step(codes)
-        eng.sync()
-        t2 = time.perf_counter()
-        got.append(np.asarray(codes))
-        if i >= warm:
-            enc.append(t1 - t0)
-            dec.append(t2 - t1)
-            tot.append(t2 - t0)
-    codes_file = save_codes(w, task, "streaming", np.concatenate(got, axis=-1))
-    t = common.summary_us(tot)
-    return {
-        "frames": frames,
-        "warmup": warm,
-        "encode_step": common.summary_us(enc),
-        "decode_step": common.summary_us(dec),
-        "frame_total": t,
-        "per_stream_median_us": round(t["median_us"] / batch, 1),
-        "per_stream_p99_us": round(t["p99_us"] / batch, 1),
-        "real_time": t["p99_us"] <= REAL_TIME_US,
-        "codes_file": codes_file,
-    }
-
-
-def _masked_row(w, task):
-    """Streaming frames on young rings with masks on both calls (steady.mask: mimi_py's
-    active=, moshi's exec mask)."""
-    import numpy as np
-
-    eng, spec, batch = w.engine(), task, task["batch"]
-    fs = common.FRAME_SIZE
-    warm, frames = spec["warmup"], spec["frames"]
-    pcm = np.stack([common.smooth_noise((warm + frames) * fs, seed=5 + r) for r in range(batch)])[:, None]
-    eng.reset(batch)
-    tot, enc, dec, active = [], [], [], []
-    try:
-        for i in range(warm + frames):
-            mask = steady.mask(batch, i)
-            e, d, _ = steady.step_frame(eng, pcm[:, :, i * fs : (i + 1) * fs], mask)
-            if i >= warm:
-                tot.append(e + d)
-                enc.append(e)
-                dec.append(d)
-                active.append(int(mask.sum()))
-    finally:
-        steady.unmask(eng)
-    t = common.summary_us(tot)
-    mean_active = sum(active) / len(active)
-    return {
-        "frames": frames,
-        "warmup": warm,
-        "mean_active_rows": round(mean_active, 2),
-        "encode_step": common.summary_us(enc),
-        "decode_step": common.summary_us(dec),
-        "frame_total": t,
-        # all timed frames' time over all their active rows
-        "per_active_stream_mean_us": round(1e6 * sum(tot) / sum(active), 1),
-        "real_time": t["p99_us"] <= REAL_TIME_US,
-    }
+    eng, b = w.engine(), task["batch"]
+    audio = steady.Audio(b, task["warmup"] + task["frames"], seed=5 if masked else 2)
+    eng.reset(b)
+    codes = None if masked else []
+    row, _ = steady.timed_frames(eng, audio, 0, dict(task, steady_frames=task["frames"]), masked, codes=codes)
+    row["codes_file"] = codes and save_codes(w, task, "streaming", np.concatenate(codes, axis=-1))
+    return row
 
 
 def _transformer_row(w, task):
@@ -247,12 +170,9 @@ def _transformer_row(w, task):
 
 
 def measure(w, task) -> dict:
-    return {
-        "offline": _offline_row,
-        "streaming": _streaming_row,
-        "masked": _masked_row,
-        "transformer": _transformer_row,
-    }[task["kind"]](w, task)
+    if task["kind"] in ("streaming", "masked"):
+        return _young_row(w, task, task["kind"] == "masked")
+    return {"offline": _offline_row, "transformer": _transformer_row}[task["kind"]](w, task)
 
 
 def summarize(ctx, rows) -> dict:

@@ -49,18 +49,11 @@ SIZES = {
         "held_start": 256,
     },
 }
-COLUMNS = [
-    ("engine", "label"),
-    ("dtype", "dtype"),
-    ("variant", "variant"),
-    ("row", "kind"),
-    ("B", "batch"),
-    ("frame median ms", "median_ms"),
-    ("frame p99 ms", "p99_ms"),
-    ("per stream ms", "per_stream_ms"),
-    ("masked ÷ unmasked", "masked_over_unmasked"),
-    ("streams held", "streams_held"),
-]
+COLUMNS = (
+    "engine=label | dtype | variant | row=kind | B=batch | frame median ms=median_ms | "
+    "frame p99 ms=p99_ms | per stream ms=per_stream_ms | "
+    "masked ÷ unmasked=masked_over_unmasked | streams held=streams_held"
+)
 # Kept for the census out of a worker's time when its streams-held search would reach the
 # worker's deadline: torch's import, then each census batch.
 CENSUS_RESERVE_S = (4.0, 8.0)
@@ -110,31 +103,21 @@ def flat(r: dict) -> dict:
 def switches(rows: list[dict]) -> list[dict]:
     """mimi_py's frame medians per variant (`--variant`), each round's and their mean, over the
     first variant's mean: the before and after of a switch, rounds alternated."""
-    mine = [
-        flat(r) for r in rows if r["engine"] == "mimi_py" and r["ok"] and r["kind"] in ("streaming", "steady")
-    ]
-    variants = list(dict.fromkeys(r["variant"] for r in mine))
+    kinds = ("streaming", "steady")
+    mine = [flat(r) for r in rows if r["engine"] == "mimi_py" and r["ok"] and r["kind"] in kinds]
     out = []
-    for key in dict.fromkeys((r["dtype"], r["kind"], r["batch"]) for r in mine):
+    for dt, kind, b in dict.fromkeys((r["dtype"], r["kind"], r["batch"]) for r in mine):
         base = None
-        for v in variants:
-            vals = [
+        for v in dict.fromkeys(r["variant"] for r in mine):
+            ms = [
                 r["median_ms"]
                 for r in mine
-                if (r["dtype"], r["kind"], r["batch"]) == key and r["variant"] == v
+                if (r["dtype"], r["kind"], r["batch"], r["variant"]) == (dt, kind, b, v)
             ]
-            mean = sum(vals) / len(vals) if vals else None
+            mean = round(sum(ms) / len(ms), 3) if ms else None
             base = base or mean
-            row = {
-                "ok": True,
-                "dtype": key[0],
-                "row": f"{key[1]} B = {key[2]}",
-                "variant": v,
-                "rounds_ms": vals,
-            }
-            out.append(
-                dict(row, mean_ms=mean and round(mean, 3), over_first=mean and base and round(mean / base, 3))
-            )
+            out.append({"ok": True, "dtype": dt, "row": f"{kind} B = {b}", "variant": v, "rounds_ms": ms})
+            out[-1].update(mean_ms=mean, over_first=mean and base and round(mean / base, 3))
     return out
 
 

@@ -14,12 +14,7 @@ import common
 PEERS = ()
 BINARY = Path(os.environ.get("MIMI_STEP_PROFILE", common.REPO / "target" / "release" / "mimi_step_profile"))
 SIZES = {"tiny": {"batches": [1, 2], "frames": 2}, "full": {"batches": [1, 4, 8, 16], "frames": 20}}
-COLUMNS = [
-    ("precision", "precision"),
-    ("B", "batch"),
-    ("frame ms", "frame_median_ms"),
-    ("costliest layers (ms)", "top"),
-]
+COLUMNS = "precision | B=batch | frame ms=frame_median_ms | costliest layers (ms)=top"
 
 
 def jobs(ctx, sizes):

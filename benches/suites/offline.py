@@ -15,15 +15,11 @@ from suites import agreement, engine_jobs, ratios
 
 PEERS = ("rustymimi", "moshi", "transformers")
 SIZES = {"tiny": {"seconds": 0.2, "repeats": 1}, "full": {"seconds": 10.0, "repeats": 3}}
-COLUMNS = [
-    ("engine", "label"),
-    ("threads", "threads"),
-    ("encode RTF", "encode_rtf"),
-    ("decode RTF", "decode_rtf"),
-    ("encode s (each repeat)", "encode_all_s"),
-    ("decode s (each repeat)", "decode_all_s"),
-    ("cores busy", "encode_cpu_per_wall"),
-]
+COLUMNS = (
+    "engine=label | threads | encode RTF=encode_rtf | decode RTF=decode_rtf | "
+    "encode s (each repeat)=encode_all_s | decode s (each repeat)=decode_all_s | "
+    "cores busy=encode_cpu_per_wall"
+)
 
 
 def jobs(ctx, sizes):

@@ -19,15 +19,10 @@ SIZES = {
     "tiny": {"seconds": 0.5, "real_size": False, "groups": 2},
     "full": {"seconds": 20.0, "real_size": True, "groups": 7},
 }
-COLUMNS = [
-    ("precision", "precision"),
-    ("layers in bf16", "layers"),
-    ("codec", "codec"),
-    ("input", "input"),
-    ("codebook 0 equal", "codebook0_equal"),
-    ("all codes equal", "all_equal"),
-    ("decoded SNR dB", "decoded_snr_db"),
-]
+COLUMNS = (
+    "precision | layers in bf16=layers | codec | input | codebook 0 equal=codebook0_equal | "
+    "all codes equal=all_equal | decoded SNR dB=decoded_snr_db"
+)
 
 
 def jobs(ctx, sizes):

@@ -9,12 +9,7 @@ from suites.offline import clip
 
 PEERS = ("rustymimi", "moshi", "transformers")
 SIZES = {"tiny": {"seconds": 0.2}, "full": {"seconds": 10.0}}
-COLUMNS = [
-    ("engine", "label"),
-    ("peak RSS MB", "peak_rss_mb"),
-    ("after import MB", "import_rss_mb"),
-    ("after load MB", "load_rss_mb"),
-]
+COLUMNS = "engine=label | peak RSS MB=peak_rss_mb | after import MB=import_rss_mb | after load MB=load_rss_mb"
 
 
 def jobs(ctx, sizes):

@@ -25,15 +25,7 @@ SIZES = {
     "tiny": {"slots": [1, 2], "seconds": 1.6},
     "full": {"slots": [1, 2, 4, 6, 8, 10, 12], "seconds": 6.0},
 }
-COLUMNS = [
-    ("precision", "precision"),
-    ("slots", "slots"),
-    ("clients", "clients"),
-    ("complete", "complete"),
-    ("p99 ms", "p99_ms"),
-    ("median ms", "median_ms"),
-    ("held", "held"),
-]
+COLUMNS = "precision | slots | clients | complete | p99 ms=p99_ms | median ms=median_ms | held"
 
 
 def jobs(ctx, sizes):

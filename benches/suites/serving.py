@@ -12,13 +12,10 @@ SIZES = {
     "tiny": {"batches": [1, 2], "frames": 3, "warmup": 1},
     "full": {"batches": [1, 2, 4, 8, 12, 16, 32], "frames": 30, "warmup": 3},
 }
-COLUMNS = [
-    ("engine", "label"),
-    ("threads", "threads"),
-    ("streams held", "streams_held"),
-    ("p99 ms at B", "p99_by_batch"),
-    ("ms per stream at B", "per_stream_by_batch"),
-]
+COLUMNS = (
+    "engine=label | threads | streams held=streams_held | p99 ms at B=p99_by_batch | "
+    "ms per stream at B=per_stream_by_batch"
+)
 
 
 def jobs(ctx, sizes):

@@ -16,16 +16,11 @@ SIZES = {
     "tiny": {"steps": 300, "seconds": 4.0, "every": 50},
     "full": {"steps": 45_000, "seconds": 600.0, "every": 500},
 }
-COLUMNS = [
-    ("phase", "phase"),
-    ("steps", "steps"),
-    ("s", "elapsed_s"),
-    ("RSS start MiB", "rss_start_mib"),
-    ("peak MiB", "rss_peak_mib"),
-    ("end MiB", "rss_end_mib"),
-    ("growth after warm-up MiB", "rss_growth_after_warmup_mib"),
-    ("state bytes peak", "state_nbytes_peak"),
-]
+COLUMNS = (
+    "phase | steps | s=elapsed_s | RSS start MiB=rss_start_mib | peak MiB=rss_peak_mib | "
+    "end MiB=rss_end_mib | growth after warm-up MiB=rss_growth_after_warmup_mib | "
+    "state bytes peak=state_nbytes_peak"
+)
 
 
 def jobs(ctx, sizes):

@@ -13,14 +13,10 @@ from suites import engine_jobs, ratios
 
 PEERS = ("rustymimi", "moshi")
 SIZES = {"tiny": {"frames": 10, "warmup": 2}, "full": {"frames": 200, "warmup": 10}}
-COLUMNS = [
-    ("engine", "label"),
-    ("threads", "threads"),
-    ("frame median ms", "median_ms"),
-    ("frame p99 ms", "p99_ms"),
-    ("encode_step median ms", "encode_median_ms"),
-    ("decode_step median ms", "decode_median_ms"),
-]
+COLUMNS = (
+    "engine=label | threads | frame median ms=median_ms | frame p99 ms=p99_ms | "
+    "encode_step median ms=encode_median_ms | decode_step median ms=decode_median_ms"
+)
 
 
 def jobs(ctx, sizes):

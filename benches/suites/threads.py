@@ -12,13 +12,7 @@ import numpy as np
 
 PEERS = ()
 SIZES = {"tiny": {"steps": 20, "repeats": 1}, "full": {"steps": 150, "repeats": 3}}
-COLUMNS = [
-    ("run", "label"),
-    ("serial s", "serial_s"),
-    ("2 threads s", "threads_s"),
-    ("speed-up", "speedup"),
-    ("same outputs", "same"),
-]
+COLUMNS = "run=label | serial s=serial_s | 2 threads s=threads_s | speed-up=speedup | same outputs=same"
 
 
 def jobs(ctx, sizes):

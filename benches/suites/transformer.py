@@ -18,13 +18,10 @@ import common
 PEERS = ()
 NATIVE = Path(os.environ.get("MIMI_NATIVE_BENCH", common.REPO / "target" / "release" / "mimi_native_bench"))
 SIZES = {"tiny": {"steps": 30, "warmup": 5, "repeats": 1}, "full": {"steps": 300, "warmup": 20, "repeats": 3}}
-COLUMNS = [
-    ("run", "label"),
-    ("threads", "threads"),
-    ("step median µs", "step_median_us"),
-    ("step p99 µs", "step_p99_us"),
-    ("candle step median µs", "candle_step_median_us"),
-]
+COLUMNS = (
+    "run=label | threads | step median µs=step_median_us | step p99 µs=step_p99_us | "
+    "candle step median µs=candle_step_median_us"
+)
 
 
 def jobs(ctx, sizes):
