@@ -39,40 +39,22 @@ FRAME_SIZE = 1920  # 80 ms at 24 kHz, one Mimi frame
 WEIGHTS_RECIPE = "v1: N(0,1/fan_in) weights, zero biases, unit norms, layer scale 0.01, N(0,1) codebooks"
 
 
-# ---------------------------------------------------------------------------------------------
-# statistics
-
-
 def percentile(values, q: float) -> float:
-    """Nearest-rank percentile, the same rule as the native bench: sorted[floor(n*q)]."""
+    """Nearest-rank percentile, the native bench's rule: sorted[floor(n*q)]."""
     v = sorted(values)
-    if not v:
-        return float("nan")
-    return float(v[min(int(len(v) * q), len(v) - 1)])
+    return float(v[min(int(len(v) * q), len(v) - 1)]) if v else float("nan")
 
 
 def median(values) -> float:
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    return float(v[len(v) // 2])
+    return percentile(values, 0.5)
 
 
 def summary_us(values_s) -> dict:
-    """median / p99 / mean / min / max in microseconds of a list of durations in seconds."""
-    us = [x * 1e6 for x in values_s]
-    return {
-        "n": len(us),
-        "median_us": round(median(us), 1),
-        "p99_us": round(percentile(us, 0.99), 1),
-        "mean_us": round(sum(us) / len(us), 1) if us else float("nan"),
-        "min_us": round(min(us), 1) if us else float("nan"),
-        "max_us": round(max(us), 1) if us else float("nan"),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# memory and machine facts
+    """median / p99 / mean / min / max in microseconds of durations in seconds."""
+    us = [x * 1e6 for x in values_s] or [float("nan")]
+    out = {"n": len(values_s), "median_us": median(us), "p99_us": percentile(us, 0.99)}
+    out.update(mean_us=sum(us) / len(us), min_us=min(us), max_us=max(us))
+    return {k: round(v, 1) if k != "n" else v for k, v in out.items()}
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -108,10 +90,6 @@ def cpu_count_available() -> int:
         return os.cpu_count() or 1
 
 
-# ---------------------------------------------------------------------------------------------
-# signals
-
-
 def smooth_noise(num_samples: int, seed: int = 0) -> np.ndarray:
     """A smooth random signal: white noise low-passed at ~1 kHz (2nd order, in the frequency
     domain) plus a 100 Hz sine, scaled to an RMS of 0.1. float32, shape (num_samples,)."""
@@ -123,10 +101,6 @@ def smooth_noise(num_samples: int, seed: int = 0) -> np.ndarray:
     y = y / (y.std() + 1e-12) + 0.5 * np.sin(2 * np.pi * 100.0 * t)
     y = 0.1 * y / (y.std() + 1e-12)
     return y.astype(np.float32)
-
-
-# ---------------------------------------------------------------------------------------------
-# weights
 
 
 def manifest_shapes(manifest_path) -> dict[str, list[int]]:
@@ -163,9 +137,8 @@ def random_tensor(name: str, shape: list[int], rng: np.random.Generator) -> np.n
 def random_weights_file(shapes: dict[str, list[int]], tag: str, seed: int = 0) -> Path:
     """Write (once; cached under benches/.cache) a safetensors file with random values for every
     tensor of `shapes`, and return its path."""
-    digest = hashlib.sha256(json.dumps([WEIGHTS_RECIPE, seed, sorted(shapes.items())]).encode()).hexdigest()[
-        :16
-    ]
+    key = json.dumps([WEIGHTS_RECIPE, seed, sorted(shapes.items())])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     path = CACHE_DIR / f"{tag}-{digest}.safetensors"
     if path.exists():
@@ -176,31 +149,22 @@ def random_weights_file(shapes: dict[str, list[int]], tag: str, seed: int = 0) -
     return path
 
 
-def real_moshi_weights() -> Path:
-    """Random weights of the real Mimi (32 codebooks) in the moshi checkpoint layout."""
-    return random_weights_file(manifest_shapes(MOSHI_MANIFEST), "mimi-moshi-random")
-
-
-def small_moshi_weights() -> Path:
-    """Random weights of the fixtures' small codec, in the moshi layout (tiny mode)."""
-    return random_weights_file(read_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")
-
-
 def bench_weights(small: bool) -> dict:
-    """The weights every codec engine loads, as the results record them: the fixtures' small
-    codec (tiny sizes) or the real architecture, random, in the moshi checkpoint layout."""
+    """The weights every codec engine loads, as the results record them: random, in the moshi
+    checkpoint layout, of the fixtures' small codec (tiny sizes) or the real Mimi (32 codebooks
+    stored, 8 used)."""
     if small:
+        path = random_weights_file(read_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")
         w = {
-            "path": str(small_moshi_weights()),
             "hf_config": str(SMALL_HF_CONFIG),
             "num_codebooks": 4,
             "architecture": "the fixtures' small Mimi codec",
         }
     else:
+        path = random_weights_file(manifest_shapes(MOSHI_MANIFEST), "mimi-moshi-random")
         w = {
-            "path": str(real_moshi_weights()),
             "hf_config": None,
             "num_codebooks": 8,
             "architecture": "real Mimi (kyutai_moshi_mimi_manifest.json)",
         }
-    return {**w, "recipe": WEIGHTS_RECIPE}
+    return dict(w, path=str(path), recipe=WEIGHTS_RECIPE)

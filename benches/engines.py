@@ -38,7 +38,7 @@ def torch_switch(torch, mode: str) -> dict:
     return {"mode": mode, "set": done, "cpu_capability": isa}
 
 
-def _version(dist: str) -> str | None:
+def version_of(dist: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -53,7 +53,7 @@ class Engine:
     name, masks = "?", False
 
     def version(self) -> str | None:
-        return _version(self.name)
+        return version_of(self.name)
 
     def reset(self, batch: int = 1) -> None:
         """Fresh encoder and decoder streams (of `batch` rows where the engine must be told)."""
@@ -64,6 +64,14 @@ class Engine:
     def describe(self) -> dict:
         """How it computes, for its rows: mimi_py's precision, moshi's torch mode."""
         return {}
+
+    def free(self) -> None:
+        """After a failure or before a larger batch: moshi leaves its streaming mode (dropping
+        its state and CUDA graphs), torch gives its cached device memory back."""
+        getattr(self, "_offline", lambda: None)()
+        torch = getattr(self, "torch", None)
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def _torch(spec: dict, what: str):
@@ -133,14 +141,10 @@ class RustyMimiEngine(Engine):
 
 
 class MoshiEngine(Engine):
-    """moshi's PyTorch MimiModel, loaded from the same moshi-format file.
-
-    Streaming: moshi keeps its streaming state in the modules, and only while the model is in
-    streaming mode (`MimiModel.streaming(batch_size)`, an ExitStack). `reset` enters that mode
-    (or resets the state if it is already in it); `encode`/`decode` outside streaming mode are
-    the offline calls. spec may give "device" ("cpu", "cuda", ...) and "dtype" ("float32",
-    "bfloat16", "float16"), for the GPU suites, and "torch_mode" ("float32": torch's defaults;
-    "bf16": oneDNN's float32 products in bfloat16, set before the model loads: torch_switch)."""
+    """moshi's PyTorch MimiModel, from the same moshi-format file, on a `device` in a `dtype`,
+    in a `torch_mode` (torch_switch). moshi keeps its streaming state in its modules while in
+    streaming mode (`MimiModel.streaming(batch)`, an ExitStack): `reset` enters it (or resets
+    its state); `encode`/`decode` leave it, for the offline calls."""
 
     name = "moshi"
 
@@ -160,7 +164,7 @@ class MoshiEngine(Engine):
         self._stream_batch = 0
 
     def version(self):
-        return f"moshi {_version('moshi')}, torch {self.torch.__version__}"
+        return f"moshi {version_of('moshi')}, torch {self.torch.__version__}"
 
     def describe(self):
         return {"torch_mode": self.torch_precision["mode"], "torch_precision": self.torch_precision}
@@ -223,7 +227,7 @@ class TransformersEngine(Engine):
         self.model = MimiModel(MimiConfig()).eval()
 
     def version(self):
-        return f"transformers {_version('transformers')}, torch {self.torch.__version__}"
+        return f"transformers {version_of('transformers')}, torch {self.torch.__version__}"
 
     def encode(self, pcm):
         out = self.model.encode(self.torch.from_numpy(np.ascontiguousarray(pcm)), num_quantizers=self.nq)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def load(paths: list[str]) -> list[dict]:
 
 
 def cell(v) -> str:
-    if v is None:
+    if v is None or v == {} or v == []:
         return "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
@@ -61,23 +62,23 @@ def table(spec: str, rows: list[dict]) -> list[str]:
     return out
 
 
-RATIOS = "mimi_py | peer | threads | like for like=like_for_like | mimi_py ÷ peer speed=ratio"
+RATIOS = "mimi_py | peer | threads | mimi_py ÷ peer speed=ratio"
 AGREEMENT = "codes of=label | dtype | variant | row=kind | B=batch | against | equal | codebook 0 equal=first_codebook_equal"
 SWITCHES = "dtype | row | variant | each round ms=rounds_ms | mean ms=mean_ms | ÷ first variant=over_first"
+
+
+def flat(rows: list[dict]) -> list[dict]:
+    """A row that measured several (its `rows`) gives one table row each, with its labels."""
+    return [dict(r, **x) for r in rows for x in r.get("rows") or [{}]]
 
 
 def suite_section(name: str, s: dict) -> list[str]:
     """One suite's tables: its rows, ratios, agreement and switches where it has them."""
     mod = importlib.import_module(f"suites.{name}")
-    title = (mod.__doc__ or name).strip().split("\n")[0].split(":")[0].rstrip(".")
-    out = [
-        "",
-        f"#### {name}: {title}",
-        "",
-        f"{s.get('date', '?')[:16]}, commit {s.get('commit')}, sizes: {cell(s.get('sizes'))}",
-        "",
-    ]
-    out += table(mod.COLUMNS, s.get("table") or s["rows"])
+    title = re.split(r"[:,.]", " ".join((mod.__doc__ or name).split()))[0]
+    when = f"{s.get('date', '?')[:16]}, commit {s.get('commit')}, sizes: {cell(s.get('sizes'))}"
+    out = ["", f"#### {name}: {title}", "", when, ""]
+    out += table(mod.COLUMNS, s.get("table") or flat(s["rows"]))
     skipped = {k: v for k, v in (s.get("skipped") or {}).items() if v}
     out += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())] if skipped else []
     for key in ("encode_ratios", "decode_ratios", "frame_ratios"):
@@ -93,12 +94,8 @@ def suite_section(name: str, s: dict) -> list[str]:
 
 def machine_section(res: dict) -> list[str]:
     m = res["machine"]
-    name = m.get("gpu") or m["cpu"]
-    out = [
-        "",
-        f"### {name} ({m['cores']} cores available; CPU flags: {', '.join(m.get('cpu_flags', [])) or 'none'})",
-        "",
-    ]
+    flags = ", ".join(m.get("cpu_flags", [])) or "none"
+    out = ["", f"### {m.get('gpu') or m['cpu']} ({m['cores']} cores available; CPU flags: {flags})", ""]
     out += [f"{m['platform']}, Python {m['python']}; {cell({k: v for k, v in m['versions'].items() if v})}."]
     out += [f"Weights: {res['weights']['architecture']}, {res['weights']['num_codebooks']} codebooks."]
     for name, s in res["suites"].items():
@@ -120,45 +117,35 @@ def write_readme(path: Path, md: str) -> None:
     path.write_text(text[:a] + md + text[b:])
 
 
-def _bars(results: list[dict], pick) -> dict[str, dict[str, float]]:
-    """{machine: {label: figure}} of the rows `pick(res)` yields as (label, figure)."""
+# Each chart's rows: (suite, the kind and batch of a GPU row or None, the figure); a CPU suite's
+# at its largest thread count, every row of the first round.
+CHART_ROWS = {
+    "offline": [("offline", None, "encode_rtf"), ("gpu_rows", ("offline", 1), "encode_rtf")],
+    "held": [("serving", None, "streams_held"), ("gpu_steady", ("held", None), "streams_held")],
+}
+
+
+def bars(results: list[dict], chart: str) -> dict[str, dict[str, float]]:
+    """{machine: {label: figure}} of one chart, mimi_py's rows and each peer's."""
     out = {}
     for res in results:
-        got = dict(pick(res))
+        m, got = res["machine"], {}
+        for suite, where, key in CHART_ROWS[chart]:
+            rows = [
+                r for r in res["suites"].get(suite, {}).get("rows", []) if r["ok"] and r.get("round", 1) == 1
+            ]
+            top = max((r["threads"] for r in rows), default=0)
+            for r in rows:
+                if (where is None and r["threads"] == top) or (
+                    where and (r.get("kind"), r.get("batch")) == where
+                ):
+                    got[r["label"] + (f" {r['dtype']}" if where else "")] = r[key]
         if got:
-            out[res["machine"].get("gpu") or f"{res['machine']['cpu']}, {res['machine']['cores']} cores"] = (
-                got
-            )
+            out[m.get("gpu") or f"{m['cpu']}, {m['cores']} cores"] = got
     return out
 
 
-def offline_bars(res: dict):
-    rows = res["suites"].get("offline", {}).get("rows", [])
-    top = max((r["threads"] for r in rows), default=0)
-    yield from (
-        (r["label"], r["encode_rtf"])
-        for r in rows
-        if r["ok"] and r["threads"] == top and r.get("round", 1) == 1
-    )
-    for r in res["suites"].get("gpu_rows", {}).get("rows", []):
-        if r["ok"] and r.get("kind") == "offline" and r.get("round", 1) == 1 and r["batch"] == 1:
-            yield f"{r['label']} {r['dtype']}", r["encode_rtf"]
-
-
-def held_bars(res: dict):
-    for r in res["suites"].get("serving", {}).get("rows", []):
-        if (
-            r["ok"]
-            and r.get("round", 1) == 1
-            and r["threads"] == max(x["threads"] for x in res["suites"]["serving"]["rows"])
-        ):
-            yield r["label"], r["streams_held"]
-    for r in res["suites"].get("gpu_steady", {}).get("rows", []):
-        if r["ok"] and r.get("kind") == "held" and r.get("round", 1) == 1:
-            yield f"{r['label']} {r['dtype']}", r["streams_held"]
-
-
-def chart(bars: dict, title: str, xlabel: str, path: Path) -> None:
+def chart(data: dict, title: str, xlabel: str, path: Path) -> None:
     """Horizontal bars per machine (mimi_py's rows first), written as SVG without a date."""
     import matplotlib
 
@@ -166,10 +153,10 @@ def chart(bars: dict, title: str, xlabel: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     matplotlib.rcParams["svg.hashsalt"] = "mimi_py"
-    n = sum(len(v) for v in bars.values()) + len(bars)
+    n = sum(len(v) for v in data.values()) + len(data)
     fig, ax = plt.subplots(figsize=(7, 0.32 * n + 1.2))
     y, ticks, names = 0, [], []
-    for machine, rows in bars.items():
+    for machine, rows in data.items():
         ax.text(0, y, machine, fontsize=8, fontweight="bold", va="center")
         y += 1
         for label, v in rows.items():
@@ -189,20 +176,14 @@ def chart(bars: dict, title: str, xlabel: str, path: Path) -> None:
 
 def draw(results: list[dict], folder: Path) -> list[Path]:
     """The two charts, where the results have their rows; the files written."""
+    titles = {
+        "offline": ("Offline encode, real-time factor (higher is faster)", "seconds of audio per second"),
+        "held": ("Streams held in real time (frame p99 within 80 ms)", "streams"),
+    }
     out = []
-    specs = [
-        (
-            "offline",
-            offline_bars,
-            "Offline encode, real-time factor (higher is faster)",
-            "seconds of audio per second",
-        ),
-        ("held", held_bars, "Streams held in real time (frame p99 within 80 ms)", "streams"),
-    ]
-    for key, pick, title, xlabel in specs:
-        bars = _bars(results, pick)
-        if bars:
-            chart(bars, title, xlabel, folder / CHARTS[key])
+    for key, (title, xlabel) in titles.items():
+        if bars(results, key):
+            chart(bars(results, key), title, xlabel, folder / CHARTS[key])
             out.append(folder / CHARTS[key])
     return out
 
@@ -210,9 +191,7 @@ def draw(results: list[dict], folder: Path) -> list[Path]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="*", help="results files (default: benches/results/*.json)")
-    p.add_argument(
-        "--readme", default=str(BENCH_DIR / "README.md"), help="the page whose tables are rewritten"
-    )
+    p.add_argument("--readme", default=str(BENCH_DIR / "README.md"), help="the page to rewrite")
     p.add_argument("--charts", default=str(RESULTS), help="where the SVG charts go")
     a = p.parse_args(argv)
     results = load(a.results)
@@ -222,10 +201,8 @@ def main(argv: list[str]) -> int:
     except ImportError:
         drawn = []
         print("report: matplotlib is not installed here; the charts were not redrawn", file=sys.stderr)
-    print(
-        f"report: {len(results)} machine(s) into {a.readme}; charts: {', '.join(map(str, drawn)) or 'none'}",
-        file=sys.stderr,
-    )
+    charts = ", ".join(map(str, drawn)) or "none"
+    print(f"report: {len(results)} machine(s) into {a.readme}; charts: {charts}", file=sys.stderr)
     return 0
 
 

@@ -24,8 +24,10 @@ import datetime as _dt
 import importlib
 import importlib.util
 import json
+import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,8 +70,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add(
-        "--suites",
-        help="comma-separated, of: " + ",".join(CPU_SUITES + GPU_SUITES) + " (default: the CPU ones)",
+        "--suites", help="comma-separated (default: the CPU suites), of: " + ",".join(CPU_SUITES + GPU_SUITES)
     )
     add("--engines", default=",".join(ENGINES), help="mimi_py and the peers: " + ",".join(ENGINES))
     add("--precisions", default=",".join(PRECISIONS), help="mimi_py's precisions (one row each)")
@@ -78,7 +79,10 @@ def parser() -> argparse.ArgumentParser:
     add("--size", action="append", default=[], help="KEY=VALUE: a size of the suites (repeated)")
     add("--device", default="cuda", help="the GPU suites' device")
     add("--dtypes", default="float32,bfloat16", help="the GPU suites' dtypes")
-    add("--sections", help="the GPU suites' rows: " + ",".join(sum(SECTIONS.values(), [])) + " (they choose the suites)")
+    add(
+        "--sections",
+        help="the GPU suites' rows: " + ",".join(sum(SECTIONS.values(), [])) + " (they choose the suites)",
+    )
     add("--codec", choices=["real", "small"], help="the codec's size (default: small when tiny)")
     add("--variant", action="append", default=[], help="NAME:ENV=VAL,...: mimi_py with those variables")
     add("--rounds", type=int, default=1, help="rounds of the variants, alternating their order")
@@ -99,11 +103,12 @@ def parse_args(argv=None):
         a.sections = [k for s in GPU_SUITES for k in SECTIONS[s]]
     a.suites = _list(a.suites or ",".join(CPU_SUITES))
     a.engines, a.precisions, a.dtypes = _list(a.engines), _list(a.precisions), _list(a.dtypes)
-    bad = [s for s in a.suites if s not in CPU_SUITES + GPU_SUITES] + [
-        e for e in a.engines if e not in ENGINES
-    ]
-    bad += [x for x in a.precisions if x not in PRECISIONS] + [
-        s for s in a.sections if s not in sum(SECTIONS.values(), [])
+    known = [CPU_SUITES + GPU_SUITES, ENGINES, PRECISIONS, sum(SECTIONS.values(), [])]
+    bad = [
+        x
+        for got, ok in zip([a.suites, a.engines, a.precisions, a.sections], known)
+        for x in got
+        if x not in ok
     ]
     if bad:
         p.error(f"unknown suite(s), engine(s), precision(s) or section(s): {bad}")
@@ -226,10 +231,14 @@ def run_suites(args, ctx: Context) -> dict:
     todo, started, rows = plan(args, merged(jobs)), time.perf_counter(), []
     for i, job in enumerate(todo):
         timeout = job_timeout(args, started, len(todo), len(todo) - i)
-        log(
-            f"{job.get('label', job['engine'])} ({', '.join(sorted({t['suite'] for t in job['tasks']}))}), "
-            f"{job.get('threads', args.main_threads)} thread(s), round {job['round']}, {timeout:.0f} s at most"
+        name = job.get("label", job["engine"]) + (f" [{job['variant']}]" if job.get("variant") else "")
+        suites = ", ".join(sorted({t["suite"] for t in job["tasks"]}))
+        where = (
+            f"{job['dtype']} on {job['device']}"
+            if job.get("dtype")
+            else f"{job.get('threads', args.main_threads)} thread(s)"
         )
+        log(f"{name} ({suites}), {where}, round {job['round']}, {timeout:.0f} s at most")
         rows += run_job(args, job, timeout)
     out = {}
     for name, mod in mods.items():
@@ -240,53 +249,39 @@ def run_suites(args, ctx: Context) -> dict:
 
 
 def commit() -> str | None:
-    """The checkout's commit (+ "-dirty" with changes to tracked files), else $MIMI_BENCH_COMMIT."""
-    import os
-
-    def git(*a):
-        return subprocess.run(["git", "-C", str(common.REPO), *a], capture_output=True, text=True, timeout=10)
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        if head.returncode == 0:
-            dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-            return head.stdout.strip() + ("-dirty" if dirty else "")
-    except OSError:
-        pass
-    return os.environ.get("MIMI_BENCH_COMMIT")
+    """The checkout's commit (+ "-dirty" with changes to tracked files), else $MIMI_BENCH_COMMIT
+    (a copy of the tree without .git, as on the device machine)."""
+    git = ["git", "-C", str(common.REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return os.environ.get("MIMI_BENCH_COMMIT")
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    )
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def machine(args) -> dict:
     """The machine in words and its slug (the results file's name), with the versions."""
-    from importlib.metadata import PackageNotFoundError, version
+    from engines import version_of
 
-    def ver(name):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    have = set(next((x for x in flags.splitlines() if x.startswith("flags")), "").split())
-    m = {"cpu": common.cpu_model(), "cores": common.cpu_count_available()}
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    have = set(next((x for x in info.splitlines() if x.startswith("flags")), "").split())
+    m = {"cpu": common.cpu_model(), "cores": common.cpu_count_available(), "gpu": None}
     m["cpu_flags"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in have]
-    m["gpu"] = gpu_name(args.device) if set(args.suites) & set(GPU_SUITES) else None
+    if set(args.suites) & set(GPU_SUITES):
+        q = "nvidia-smi --query-gpu=name --format=csv,noheader"
+        smi = (
+            subprocess.run(q.split(), capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+        )
+        m["gpu"] = smi.stdout.splitlines()[0].strip() if smi and smi.stdout.strip() else args.device
     name = m["gpu"] or f"{m['cpu']} {m['cores']} cores"
     m["slug"] = "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
     m.update(platform=platform.platform(), python=platform.python_version())
-    m["versions"] = {d: ver(d) for d in ("mimi_py", "numpy", "rustymimi", "torch", "moshi", "transformers")}
+    m["versions"] = {
+        d: version_of(d) for d in ("mimi_py", "numpy", "rustymimi", "torch", "moshi", "transformers")
+    }
     return m
-
-
-def gpu_name(device: str) -> str | None:
-    """The GPU's name (nvidia-smi), "cpu" for a dry run on the CPU."""
-    if not device.startswith("cuda"):
-        return device
-    try:
-        q = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-        return subprocess.run(q, capture_output=True, text=True, timeout=20).stdout.splitlines()[0].strip()
-    except (OSError, IndexError):
-        return device
 
 
 def write_results(args, res: dict) -> Path:
@@ -299,8 +294,19 @@ def write_results(args, res: dict) -> Path:
     for name, suite in old.get("suites", {}).items():
         if name not in res["suites"]:
             res["suites"][name] = suite
-    path.write_text(json.dumps(res, indent=1) + "\n")
+    path.write_text(dumps(res) + "\n")
     return path
+
+
+def dumps(x, depth: int = 0) -> str:
+    """JSON with one row (a list's dict) a line: diffs of a results file read row by row."""
+    pad = "\n" + " " * (depth + 1)
+    if isinstance(x, dict) and depth < 3:
+        items = (f"{json.dumps(k)}: {dumps(v, depth + 1)}" for k, v in x.items())
+        return "{" + pad + ("," + pad).join(items) + "\n" + " " * depth + "}" if x else "{}"
+    if isinstance(x, list) and x and isinstance(x[0], dict):
+        return "[" + pad + ("," + pad).join(json.dumps(r) for r in x) + "\n" + " " * depth + "]"
+    return json.dumps(x)
 
 
 def main(argv=None) -> int:

@@ -1,14 +1,10 @@
-"""The one worker protocol: every measurement runs in a fresh process, started by the runner
-(benches/run.py) with its thread counts and a variant's variables already in its environment,
-because candle's, rustymimi's and torch's thread pools read them once.
-
-    python benches/worker.py '<json job>'
-
-A job names an engine (loaded once, on first use, and shared by its tasks) and a list of
-tasks, each `{"suite": NAME, ...}`; the worker calls `suites.NAME.measure(worker, task)` for
-each and prints its row at once (`@@ROW {json}`), so that a crash or a timeout loses only the
-rows after it. The parent half (`spawn`, `spawn_together`) starts workers and reads the rows
-back, recording every task a worker did not report as failed, with the reason.
+"""The one worker protocol: `python benches/worker.py '<json job>'`, a fresh process started
+by the runner with its thread counts and a variant's variables already in its environment
+(candle's, rustymimi's and torch's pools read them once). A job names an engine (loaded once,
+shared by its tasks) and its tasks, each `{"suite": NAME, ...}`: the worker calls
+`suites.NAME.measure(worker, task)` and prints each row at once (`@@ROW {json}`), so a crash or
+a timeout loses only the rows after it. The parent's half (`spawn`, `spawn_together`) reads the
+rows back and records each task a worker did not report as failed, with the reason.
 """
 
 from __future__ import annotations
@@ -47,18 +43,6 @@ class Worker:
             self.info = {"version": self._eng.version(), "load_s": round(load_s, 3), **self._eng.describe()}
         return self._eng
 
-    def free(self) -> None:
-        """After a failed task: leave moshi's streaming mode, give cached device memory back."""
-        eng = self._eng
-        try:
-            if hasattr(eng, "_offline"):
-                eng._offline()
-            torch = getattr(eng, "torch", None)
-            if torch is not None and torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except Exception:
-            pass
-
 
 def run_task(w: Worker, task: dict) -> dict:
     """One task's row: what it measured, or why it failed."""
@@ -73,7 +57,8 @@ def run_task(w: Worker, task: dict) -> dict:
         row.update(
             ok=False, error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-3000:]
         )
-        w.free()
+        if w._eng is not None:
+            w._eng.free()
     row.update(w.info, row_wall_s=round(time.perf_counter() - t0, 3))
     return row
 

@@ -10,21 +10,8 @@ fresh worker), `measure(worker, task) -> dict` (one row, in that worker), and op
 
 from __future__ import annotations
 
-CPU_SUITES = [
-    "transformer",
-    "offline",
-    "aggregate",
-    "streaming",
-    "rss",
-    "corpus",
-    "serving",
-    "server",
-    "layers",
-    "efficiency",
-    "precision",
-    "threads",
-    "soak",
-]
+CPU_SUITES = "transformer offline aggregate streaming rss corpus serving server layers efficiency".split()
+CPU_SUITES += ["precision", "threads", "soak"]
 GPU_SUITES = ["gpu_rows", "gpu_steady", "gpu_census"]
 # The GPU suites' rows (`--sections`): which suite measures each kind.
 SECTIONS = {
@@ -64,31 +51,25 @@ def engine_jobs(ctx, peers, tasks, threads=None, per_precision=True) -> tuple[li
     return jobs, skipped
 
 
-def like_for_like(mine: dict, peer: dict) -> bool:
-    """Whether a peer's row computes as mimi_py's does (float32 against highest, torch's bf16
-    mode against medium)."""
-    return LIKE_FOR_LIKE.get(mine.get("precision")) == peer.get("torch_mode", "float32")
-
-
 def ratios(rows: list[dict], key: str, higher_is_faster: bool = True) -> list[dict]:
-    """mimi_py's speed over each peer's, per precision and thread count (> 1: mimi_py faster),
-    from a figure `key` of the rows (a rate, or a time when not `higher_is_faster`)."""
+    """mimi_py's speed over each peer's at the same thread count (> 1: mimi_py faster), like for
+    like (highest against float32, medium against torch's bf16 mode), from a figure `key` of
+    the rows: a rate, or a time when not `higher_is_faster`."""
     out = []
-    mine = [r for r in rows if r["ok"] and r["engine"] == "mimi_py" and r.get("round", 1) == 1]
     for p in (r for r in rows if r["ok"] and r["engine"] != "mimi_py"):
-        for m in (
-            m for m in mine if m["threads"] == p["threads"] and m.get("variant") == mine[0].get("variant")
-        ):
-            a, b = (m[key], p[key]) if higher_is_faster else (p[key], m[key])
-            out.append(
-                {
-                    "mimi_py": m["label"],
-                    "peer": p["label"],
-                    "threads": p["threads"],
-                    "like_for_like": like_for_like(m, p),
-                    "ratio": round(a / b, 3) if a and b else None,
-                }
-            )
+        for m in rows:
+            mode = LIKE_FOR_LIKE.get(m.get("precision"))
+            like = m["engine"] == "mimi_py" and mode == (p.get("torch_mode") or "float32")
+            if like and m["ok"] and m["threads"] == p["threads"] and m.get("round", 1) == 1:
+                a, b = (m[key], p[key]) if higher_is_faster else (p[key], m[key])
+                out.append(
+                    {
+                        "mimi_py": m["label"],
+                        "peer": p["label"],
+                        "threads": p["threads"],
+                        "ratio": round(a / b, 3),
+                    }
+                )
     return out
 
 

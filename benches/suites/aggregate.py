@@ -42,7 +42,8 @@ def summarize(ctx, rows) -> dict:
     for name in dict.fromkeys(r["label"] for r in rows):
         each = [r for r in rows if r["label"] == name]
         ok = all(r["ok"] for r in each)
-        row = {"label": name, "engine": each[0]["engine"], "threads": 1, "processes": len(each), "ok": ok}
+        row = {k: each[0].get(k) for k in ("label", "engine", "precision", "torch_mode")}
+        row.update(threads=1, processes=len(each), ok=ok)
         if ok:
             span = max(r["end"] for r in each) - min(r["start"] for r in each)
             row["encode_rtf"] = round(sum(r["audio_s"] for r in each) / span, 3)

@@ -13,12 +13,10 @@ import numpy as np
 import common
 
 PEERS = ()
+LENGTHS = [12, 45, 20, 38, 27, 33, 15, 50, 24, 30, 18, 42, 36, 22, 28, 40, 16, 35, 25, 44]  # 600 s
 SIZES = {
     "tiny": {"seconds": [0.4, 0.3, 0.5], "workers": [1]},
-    "full": {
-        "seconds": [12, 45, 20, 38, 27, 33, 15, 50, 24, 30, 18, 42, 36, 22, 28, 40, 16, 35, 25, 44],
-        "workers": [1, 2],
-    },
+    "full": {"seconds": LENGTHS, "workers": [1, 2]},
 }
 RATES = [24000, 16000, 44100, 24000]  # cycled; every third file is stereo
 COLUMNS = "run=label | files | audio h per wall h=rate | wall s=wall_s | codes equal=codes_equal"

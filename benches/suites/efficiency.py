@@ -18,14 +18,8 @@ from suites.streaming import frames
 
 PEERS = ()
 SIZES = {
-    "tiny": {"batches": [1, 2], "frames": 3, "warmup": 1, "seconds": 0.2, "bandwidth_mb": 64},
-    "full": {
-        "batches": [1, 2, 4, 8, 16, 32],
-        "frames": 60,
-        "warmup": 5,
-        "seconds": 10.0,
-        "bandwidth_mb": 1024,
-    },
+    "tiny": dict(batches=[1, 2], frames=3, warmup=1, seconds=0.2, bandwidth_mb=64),
+    "full": dict(batches=[1, 2, 4, 8, 16, 32], frames=60, warmup=5, seconds=10.0, bandwidth_mb=1024),
 }
 COLUMNS = (
     "engine=label | threads | GB/s read=gb_per_s | memory floor ms=memory_floor_ms | "

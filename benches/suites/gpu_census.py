@@ -1,22 +1,12 @@
 """The GPU suites' kernel census: what one streaming frame launches on the device.
 
-torch.profiler records through CUPTI every kernel the process runs on the GPU, candle's as well
-as torch's. Over `census_frames` frames (unmasked, then masked) on full rings at each of
-`census_batches`, the worker exports the profile as a Chrome trace, and `census_from_trace`
-counts it:
-
-* kernels: the GPU's kernel events (category "kernel"), and the 5 costliest by summed time;
-* launch calls: the host's calls that launch work (cudaLaunchKernel, cuLaunchKernel, graph
-  launches: a graph replay launches many kernels in one call);
-* copies: memcpy events by direction (HtoD, DtoH, DtoD) and memsets;
-* GPU busy: the union of the kernels', copies' and memsets' intervals (overlaps once), and the
-  kernels' summed time;
-* wall: the frames' host time under the profiler (which slows them) and, just before, the
-  same number of frames without it.
-
-On the CPU the profile has CPU activities only: no kernels, and moshi's torch operators are
-counted as cpu ops (candle's are invisible to it). Without torch the frames still run and an
-empty trace is parsed the same way, the row saying that the profiler was missing.
+torch.profiler records through CUPTI every kernel the process runs, candle's as well as
+torch's. Over `census_frames` frames (unmasked, then masked) on full rings at each of
+`census_batches`, the worker exports a Chrome trace and `census_from_trace` counts, per frame:
+kernels (and the 5 costliest), the host's launch calls (a graph replay launches many kernels in
+one), copies by direction and memsets, GPU busy time (the union of their intervals) and wall
+time with and without the profiler. On the CPU the profile has CPU activities only (candle's are
+invisible to it); without torch the frames still run and the row says the profiler was missing.
 """
 
 from __future__ import annotations
@@ -63,14 +53,8 @@ def summarize(ctx, rows) -> dict:
     return {"table": table}
 
 
-LAUNCHES = {
-    "cudaLaunchKernel",
-    "cudaLaunchKernelExC",
-    "cudaLaunchCooperativeKernel",
-    "cuLaunchKernel",
-    "cuLaunchKernelEx",
-    "cuLaunchCooperativeKernel",
-}
+LAUNCHES = set("cudaLaunchKernel cudaLaunchKernelExC cudaLaunchCooperativeKernel".split())
+LAUNCHES |= {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel"}
 GRAPH_LAUNCHES = {"cudaGraphLaunch", "cuGraphLaunch"}
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 HOST_API = {"cuda_runtime", "cuda_driver"}

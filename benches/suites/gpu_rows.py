@@ -23,22 +23,8 @@ KINDS = {
     "transformer": "stream_batches",
 }
 SIZES = {
-    "tiny": {
-        "seconds": 0.5,
-        "batches": [1, 2],
-        "stream_batches": [1, 2],
-        "frames": 3,
-        "warmup": 1,
-        "repeats": 1,
-    },
-    "full": {
-        "seconds": 10.0,
-        "batches": [1, 16],
-        "stream_batches": [1, 8, 64],
-        "frames": 50,
-        "warmup": 5,
-        "repeats": 3,
-    },
+    "tiny": dict(seconds=0.5, batches=[1, 2], stream_batches=[1, 2], frames=3, warmup=1, repeats=1),
+    "full": dict(seconds=10.0, batches=[1, 16], stream_batches=[1, 8, 64], frames=50, warmup=5, repeats=3),
 }
 COLUMNS = (
     "engine=label | dtype | variant | row=kind | B=batch | encode RTF=encode_rtf | "
@@ -82,38 +68,17 @@ def save_codes(w, task, kind: str, codes) -> str | None:
 
 
 def _offline_row(w, task):
+    """`encode` of `seconds` per row at B rows, then `decode`: the median of the repeats after
+    a warm-up call at that size."""
     import numpy as np
 
-    eng, spec, batch = w.engine(), task, task["batch"]
-    n = int(round(spec["seconds"] * common.SAMPLE_RATE))
-    pcm = np.stack([common.smooth_noise(n, seed=r) for r in range(batch)])[:, None]  # row 0: run.py's clip
-    eng.decode(eng.encode(pcm))  # warm-up at this size (allocator, kernels, lazy init)
-    eng.sync()
-    enc, dec, codes = [], [], None
-    for _ in range(spec["repeats"]):
-        t0 = time.perf_counter()
-        codes = eng.encode(pcm)
-        eng.sync()
-        t1 = time.perf_counter()
-        eng.decode(codes)
-        eng.sync()
-        t2 = time.perf_counter()
-        enc.append(t1 - t0)
-        dec.append(t2 - t1)
-    codes_file = save_codes(w, task, "offline", codes)
-    audio = batch * n / common.SAMPLE_RATE
-    e, d = common.median(enc), common.median(dec)
-    return {
-        "encode_s": round(e, 5),
-        "decode_s": round(d, 5),
-        "encode_all_s": [round(x, 5) for x in enc],
-        "decode_all_s": [round(x, 5) for x in dec],
-        "audio_s": audio,
-        "encode_rtf": round(audio / e, 2),
-        "decode_rtf": round(audio / d, 2),
-        "codes_shape": list(codes.shape),
-        "codes_file": codes_file,
-    }
+    from suites.offline import clip, timed
+
+    pcm = np.concatenate(
+        [clip(task["seconds"], seed=r) for r in range(task["batch"])]
+    )  # row 0: offline's clip
+    out = timed(w.engine(), pcm, pcm, task["repeats"])
+    return dict(out, codes_file=save_codes(w, task, "offline", out.pop("codes")))
 
 
 def _young_row(w, task, masked: bool) -> dict:

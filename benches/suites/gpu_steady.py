@@ -1,19 +1,12 @@
-"""The GPU suites' steady-state rows: streams whose key/value rings are full, as in a stream
-that has run for minutes, and how many such streams one device holds in real time.
+"""The GPU suites' steady state: streams whose key/value rings are full, as in a stream that
+has run for minutes, and how many such streams one device holds in real time.
 
-A fresh stream attends over the keys it has; after `context` tokens (250: 10 s of audio at the
-transformer's 25 Hz, 2 tokens per 80 ms frame) its rings are full and every step attends over
-all of them. moshi always attends over its whole ring, so its young streams already cost what
-its old ones do; mimi_py's do not. These rows first stream `--steady-warmup` frames (130: 260
-tokens) in calls of several frames each (`warm_to_full`: the same state as one frame a call, in
-fewer calls), check that every row's rings hold at least `context` tokens, then time single
-frames.
-
-Both engines take the same masks: mimi_py through `active=`, moshi through its streaming
-modules' `set_exec_mask` (its rows that sit out still compute; their state is kept), set before
-each frame and counted in its `encode_step` time. moshi runs its warm-up with its CUDA graphs
-off (`no_cuda_graph`: a graph replays one shape only); its timed frames capture and replay them
-as in the young-stream rows (gpu_rows.py), after `--warmup` untimed frames.
+After `context` tokens (250: 10 s at the transformer's 25 Hz) every step attends over a full
+ring. moshi always attends over its whole ring, so its young streams already cost what its old
+ones do; mimi_py's do not. A row streams `steady_warmup` frames (130: 260 tokens) in calls of
+several frames (`warm_to_full`), checks every row's rings are full, then times single frames,
+unmasked, then masked (mimi_py's `active=`, moshi's `set_exec_mask`, set before each frame and
+counted in its time). moshi warms up with its CUDA graphs off (a graph replays one shape).
 """
 
 from __future__ import annotations
@@ -27,28 +20,10 @@ import common
 from suites import REAL_TIME_US
 
 PEERS = ("moshi",)
-SIZES = {
-    "tiny": {
-        "steady_batches": [1, 2],
-        "steady_warmup": 130,
-        "steady_frames": 3,
-        "warmup": 1,
-        "held_max": 4,
-        "held_frames": 3,
-        "held_budget": 10.0,
-        "held_start": 2,
-    },
-    "full": {
-        "steady_batches": [1, 8, 64, 256],
-        "steady_warmup": 130,
-        "steady_frames": 30,
-        "warmup": 5,
-        "held_max": 4096,
-        "held_frames": 20,
-        "held_budget": 30.0,
-        "held_start": 256,
-    },
-}
+TINY = dict(steady_batches=[1, 2], steady_warmup=130, steady_frames=3, warmup=1, held_max=4, held_frames=3)
+FULL = dict(steady_batches=[1, 8, 64, 256], steady_warmup=130, steady_frames=30, warmup=5, held_max=4096)
+SIZES = {"tiny": dict(TINY, held_budget=10.0, held_start=2)}
+SIZES["full"] = dict(FULL, held_frames=20, held_budget=30.0, held_start=256)
 COLUMNS = (
     "engine=label | dtype | variant | row=kind | B=batch | frame median ms=median_ms | "
     "frame p99 ms=p99_ms | per stream ms=per_stream_ms | "
@@ -241,16 +216,14 @@ def warm_to_full(eng, audio: Audio, frames: int) -> dict:
             step_frame(eng, audio.chunk(at, k))
             at, calls = at + k, calls + 1
     fill = ring_fill(eng)
-    full = fill["tokens"] is not None and fill["tokens"] >= fill["context"]
-    return {
+    out = {
         "frames": frames,
         "calls": calls,
         "frames_per_call": per_call,
         "s": round(time.perf_counter() - t0, 3),
-        "ring_tokens": fill["tokens"],
-        "context": fill["context"],
-        "rings_full": full,
     }
+    full = fill["tokens"] is not None and fill["tokens"] >= fill["context"]
+    return dict(out, ring_tokens=fill["tokens"], context=fill["context"], rings_full=full)
 
 
 def timed_frames(eng, audio: Audio, at: int, spec: dict, masked: bool, frames=None, codes=None):
@@ -275,14 +248,9 @@ def timed_frames(eng, audio: Audio, at: int, spec: dict, masked: bool, frames=No
         if masked:
             unmask(eng)
     t = common.summary_us(tot)
-    out = {
-        "frames": frames,
-        "encode_step": common.summary_us(enc),
-        "decode_step": common.summary_us(dec),
-        "frame_total": t,
-        "per_stream_median_us": round(t["median_us"] / batch, 1),
-        "real_time": t["p99_us"] <= REAL_TIME_US,
-    }
+    out = {"frames": frames, "encode_step": common.summary_us(enc), "decode_step": common.summary_us(dec)}
+    out.update(frame_total=t, per_stream_median_us=round(t["median_us"] / batch, 1))
+    out["real_time"] = t["p99_us"] <= REAL_TIME_US
     if masked:
         out["mean_active_rows"] = round(sum(active) / len(active), 2)
         out["per_active_stream_mean_us"] = round(1e6 * sum(tot) / sum(active), 1)
@@ -301,15 +269,16 @@ def steady_row(eng, spec: dict, batch: int, known: dict, codes=None) -> dict:
     t0 = time.perf_counter()
     row = {"warmup": warm_to_full(eng, audio, spec["steady_warmup"])}
     row["unmasked"], at = timed_frames(eng, audio, spec["steady_warmup"], spec, False, codes=codes)
+    t = row["unmasked"]["frame_total"]
+    ok = t["p99_us"] <= REAL_TIME_US and row["warmup"]["rings_full"]
     known[batch] = {
         "batch": batch,
-        "ok": row["unmasked"]["frame_total"]["p99_us"] <= REAL_TIME_US and row["warmup"]["rings_full"],
-        "p99_us": row["unmasked"]["frame_total"]["p99_us"],
-        "median_us": row["unmasked"]["frame_total"]["median_us"],
-        "frames": spec["steady_frames"],
-        "s": round(time.perf_counter() - t0, 3),
+        "ok": ok,
+        "p99_us": t["p99_us"],
+        "median_us": t["median_us"],
         "from": "steady",
     }
+    known[batch].update(frames=spec["steady_frames"], s=round(time.perf_counter() - t0, 3))
     try:
         row["masked"], at = timed_frames(eng, audio, at, spec, masked=True)
         ratio = row["masked"]["frame_total"]["median_us"] / row["unmasked"]["frame_total"]["median_us"]
@@ -347,9 +316,7 @@ def _release(eng) -> None:
     try:
         eng.reset(1)
         gc.collect()  # moshi's streaming state and CUDA graphs of the last batch
-        torch = getattr(eng, "torch", None)
-        if torch is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        eng.free()
     except Exception:
         pass
 

@@ -29,24 +29,8 @@ def jobs(ctx, sizes):
 def measure(w, task) -> dict:
     cmd = [str(BINARY), ",".join(map(str, task["batches"])), str(task["frames"]), task["precision"]]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    return {"by_batch": lines}
-
-
-def summarize(ctx, rows) -> dict:
-    """One table row per (precision, batch): the frame's median and its five costliest layers."""
-    table = []
-    for r in (r for r in rows if r["ok"]):
-        for b in r["by_batch"]:
-            top = sorted(b.get("layers", []), key=lambda x: -x.get("ms", 0))[:5]
-            cells = ", ".join(f"{x['layer']} {x.get('ms', 0):.1f}" for x in top)
-            table.append(
-                {
-                    "ok": True,
-                    "precision": r["precision"],
-                    "batch": b.get("batch"),
-                    "frame_median_ms": b.get("frame_median_ms"),
-                    "top": cells,
-                }
-            )
-    return {"table": table}
+    rows = []
+    for b in (json.loads(x) for x in out.splitlines() if x.startswith("{")):
+        top = sorted(b.get("layers", []), key=lambda x: -x.get("ms", 0))[:5]
+        rows.append(dict(b, top=", ".join(f"{x['layer']} {x.get('ms', 0):.1f}" for x in top)))
+    return {"rows": rows}

@@ -32,32 +32,38 @@ def clip(seconds: float, seed: int = 0) -> np.ndarray:
     return common.smooth_noise(int(round(seconds * common.SAMPLE_RATE)), seed=seed)[None, None]
 
 
-def measure(w, task) -> dict:
-    eng = w.engine()
-    pcm, warm = clip(task["seconds"]), clip(min(task["seconds"], 1.0), seed=1)
-    eng.decode(eng.encode(warm))  # thread pools, allocator, lazy init
+def timed(eng, pcm, warm, repeats: int) -> dict:
+    """A warm-up call on `warm`, then `repeats` of `encode` of `pcm` and `decode` of its codes,
+    each waited for: real-time factors of the medians, every repeat's seconds, and the codes."""
+    eng.decode(eng.encode(warm))  # thread pools, allocator, kernels, lazy init
+    eng.sync()
     enc, dec, cpu = [], [], []
-    for _ in range(task["repeats"]):
+    for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         codes = eng.encode(pcm)
+        eng.sync()
         t1, c1 = time.perf_counter(), time.process_time()
         audio = eng.decode(codes)
+        eng.sync()
         dec.append(time.perf_counter() - t1)
         enc.append(t1 - t0)
         cpu.append((c1 - c0) / (t1 - t0))
+    seconds = pcm.shape[0] * pcm.shape[-1] / common.SAMPLE_RATE
+    out = {
+        "encode_rtf": round(seconds / common.median(enc), 3),
+        "decode_rtf": round(seconds / common.median(dec), 3),
+    }
+    out.update(encode_all_s=[round(x, 4) for x in enc], decode_all_s=[round(x, 4) for x in dec])
+    out.update(encode_cpu_per_wall=round(common.median(cpu), 2), codes_shape=list(np.shape(codes)))
+    return dict(out, audio_shape=list(np.shape(audio)), codes=codes)
+
+
+def measure(w, task) -> dict:
+    out = timed(w.engine(), clip(task["seconds"]), clip(min(task["seconds"], 1.0), seed=1), task["repeats"])
     name = re.sub(r"[^\w.-]+", "_", f"{w.job['label']}-t{w.job['threads']}-{w.job.get('variant')}")
     codes_file = Path(task["save"]) / f"{name}.npy"
-    np.save(codes_file, np.asarray(codes))
-    return {
-        "encode_rtf": round(task["seconds"] / common.median(enc), 3),
-        "decode_rtf": round(task["seconds"] / common.median(dec), 3),
-        "encode_all_s": [round(x, 4) for x in enc],
-        "decode_all_s": [round(x, 4) for x in dec],
-        "encode_cpu_per_wall": round(common.median(cpu), 2),
-        "codes_shape": list(np.shape(codes)),
-        "audio_shape": list(np.shape(audio)),
-        "codes_file": str(codes_file) if w.job["engine"] != "transformers" else None,
-    }
+    np.save(codes_file, np.asarray(out.pop("codes")))
+    return dict(out, codes_file=str(codes_file) if w.job["engine"] != "transformers" else None)
 
 
 def summarize(ctx, rows) -> dict:

@@ -94,13 +94,3 @@ def measure(w, task) -> dict:
                 kernel_isa=ours.kernel_isa,
             )
     return {"rows": rows}
-
-
-def summarize(ctx, rows) -> dict:
-    table = [
-        dict(x, ok=True, precision=r["precision"], layers=r["layers"])
-        for r in rows
-        if r["ok"]
-        for x in r["rows"]
-    ]
-    return {"table": table + [r for r in rows if not r["ok"]]}

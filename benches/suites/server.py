@@ -101,9 +101,4 @@ def measure(w, task) -> dict:
         if n != "auto" and not run["held"] and len(task["slots"]) > 2:
             break  # larger slot counts miss too
     held = max([r["clients"] for r in runs if r["held"] and r["slots"] != "auto"], default=0)
-    return {"runs": runs, "streams_held": held}
-
-
-def summarize(ctx, rows) -> dict:
-    table = [dict(run, ok=r["ok"], precision=r["precision"]) for r in rows if r["ok"] for run in r["runs"]]
-    return {"table": table + [r for r in rows if not r["ok"]]}
+    return {"rows": runs, "streams_held": held}

@@ -89,16 +89,8 @@ def soak_codec(codec, seconds: float, sample_every: int = 125, decode: bool = Tr
     return samples
 
 
-def summarize(samples: list[dict], rows=None) -> dict:
-    """A phase's figures from its samples (called by the runner as `summarize(ctx, rows)`:
-    then the table of the soak rows)."""
-    if rows is not None:
-        return {
-            "table": [
-                {**r.get("summary", {}), "phase": r["kind"], "ok": r["ok"], "error": r.get("error")}
-                for r in rows
-            ]
-        }
+def summarize(samples: list[dict]) -> dict:
+    """A phase's figures from its samples."""
     rss = [s["rss_kib"] for s in samples]
     out = {
         "steps": samples[-1]["step"],
@@ -122,4 +114,4 @@ def measure(w, task) -> dict:
         samples = soak_transformer(t, task["steps"], task["every"])
     else:
         samples = soak_codec(mimi_py.MimiCodec(seed=0), task["seconds"], max(1, task["every"] // 4))
-    return {"summary": summarize(samples), "samples": samples}
+    return {"rows": [dict(summarize(samples), phase=task["kind"])], "samples": samples}

@@ -17,34 +17,29 @@ import common
 
 PEERS = ()
 NATIVE = Path(os.environ.get("MIMI_NATIVE_BENCH", common.REPO / "target" / "release" / "mimi_native_bench"))
-SIZES = {"tiny": {"steps": 30, "warmup": 5, "repeats": 1}, "full": {"steps": 300, "warmup": 20, "repeats": 3}}
+SIZES = {
+    "tiny": {"steps": 30, "warmup": 5, "repeats": 1, "small": True},
+    "full": {"steps": 300, "warmup": 20, "repeats": 3, "small": False},
+}
 COLUMNS = (
-    "run=label | threads | step median µs=step_median_us | step p99 µs=step_p99_us | "
-    "candle step median µs=candle_step_median_us"
+    "run=label | threads | step median µs=step_median_us | step p99 µs=step_p99_us | candle's µs=candle_us"
 )
 
 
 def jobs(ctx, sizes):
-    out = []
-    for th in ctx.threads:
-        for _ in range(sizes["repeats"]):
-            out.append(
-                {
-                    "engine": "mimi_py",
-                    "label": "mimi_py (Python)",
-                    "threads": th,
-                    "tasks": [dict(sizes, kind="python")],
-                }
-            )
-            if NATIVE.exists() and not ctx.tiny:
-                task = dict(sizes, kind="native")
-                out.append({"engine": "mimi_py", "label": "native (Rust)", "threads": th, "tasks": [task]})
-    why = (
-        None
-        if NATIVE.exists()
-        else {"native": f"{NATIVE} not built (cargo build --release --bin mimi_native_bench)"}
+    """Python's steps and the native binary's, alternating, `repeats` times per thread count."""
+    kinds = [("mimi_py (Python)", "python")] + [("native (Rust)", "native")] * (
+        NATIVE.exists() and not ctx.tiny
     )
-    return out, why or {}
+    out = [
+        {"engine": "mimi_py", "label": label, "threads": th, "tasks": [dict(sizes, kind=kind)]}
+        for th in ctx.threads
+        for _ in range(sizes["repeats"])
+        for label, kind in kinds
+    ]
+    return out, {} if NATIVE.exists() else {
+        "native": f"{NATIVE} not built (cargo build --release --bin {NATIVE.name})"
+    }
 
 
 def measure(w, task) -> dict:
@@ -52,18 +47,19 @@ def measure(w, task) -> dict:
         out = subprocess.run(
             [str(NATIVE), str(task["steps"]), "1"], capture_output=True, text=True, check=True
         )
-        lines = {
-            d.get("engine"): d
-            for d in map(json.loads, (x for x in out.stdout.splitlines() if x.startswith("{")))
+        got = {
+            d.get("engine"): d for d in map(json.loads, (x for x in out.stdout.splitlines() if x[:1] == "{"))
         }
-        mine, cand = lines["mimi_py-native"], lines.get("candle", {})
-        return {k: mine.get(k) for k in ("step_median_us", "step_p99_us")} | {
-            "candle_step_median_us": cand.get("step_median_us")
+        mine = got["mimi_py-native"]
+        return {
+            "step_median_us": mine["step_median_us"],
+            "step_p99_us": mine.get("step_p99_us"),
+            "candle_us": got.get("candle", {}).get("step_median_us"),
         }
     import mimi_py
 
     small = mimi_py.TransformerConfig(d_model=64, num_heads=4, num_layers=2, context=16)
-    cfg = small if w.job.get("num_codebooks") == 4 else mimi_py.TransformerConfig.mimi()
+    cfg = small if task["small"] else mimi_py.TransformerConfig.mimi()
     t = mimi_py.StreamingTransformer(cfg, seed=0)
     xs = (
         np.random.default_rng(1)

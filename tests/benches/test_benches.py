@@ -44,8 +44,9 @@ def run_benches(args: list[str], tmp_path, timeout: int = 600) -> dict:
 
 
 def rows(res: dict, suite: str) -> list[dict]:
+    """A suite's table rows: its summary's table, else its rows (a row's sub-rows each)."""
     s = res["suites"][suite]
-    return s.get("table") or s["rows"]
+    return s.get("table") or [dict(r, **x) for r in s["rows"] for x in r.get("rows") or [{}]]
 
 
 def check_codec_suites(res: dict) -> None:
@@ -226,7 +227,7 @@ def _results(tmp_path) -> dict:
             row, label="mimi_py", engine="mimi_py", dtype="float32", kind="held", batch=None, streams_held=700
         )
     ]
-    ratio = {"mimi_py": "mimi_py highest", "peer": "moshi", "threads": 2, "like_for_like": True, "ratio": 3.0}
+    ratio = {"mimi_py": "mimi_py highest", "peer": "moshi", "threads": 2, "ratio": 3.0}
     suite = {"date": "2026-12-06T23:00", "commit": "abc1234", "sizes": {"seconds": 10.0}, "skipped": {}}
     return {
         "machine": {
@@ -261,7 +262,7 @@ def test_report_writes_the_tables_between_the_markers(benches, tmp_path):
     )
     assert "### Test CPU (2 cores available; CPU flags: avx2)" in text
     assert "| mimi_py highest | 2 | 60 |" in text and "| rustymimi | failed: boom |" in text
-    assert "| mimi_py highest | moshi | 2 | yes | 3 |" in text
+    assert "| mimi_py highest | moshi | 2 | 3 |" in text
     assert "#### gpu_steady: " in text and "| mimi_py | float32 | — | held | — | 40 |" in text
 
 
@@ -269,10 +270,8 @@ def test_report_charts_offline_speed_and_streams_held_per_machine(benches, tmp_p
     import report
 
     res = _results(tmp_path)
-    assert report._bars([res], report.offline_bars) == {
-        "Test CPU, 2 cores": {"mimi_py highest": 60.0, "moshi": 20.0}
-    }
-    held = report._bars([res], report.held_bars)
+    assert report.bars([res], "offline") == {"Test CPU, 2 cores": {"mimi_py highest": 60.0, "moshi": 20.0}}
+    held = report.bars([res], "held")
     assert held == {"Test CPU, 2 cores": {"mimi_py highest": 12, "moshi": 1, "mimi_py float32": 700}}
     pytest.importorskip("matplotlib", reason="the charts are drawn in the bench environment (matplotlib)")
     drawn = report.draw([res], tmp_path)
