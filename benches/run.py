@@ -136,12 +136,14 @@ class Context:
         self.precisions, self.engines = args.precisions, args.engines
 
     def sizes(self, suite) -> dict:
-        """The suite's sizes for this run, `--size KEY=VALUE` applied to the keys it has."""
-        out = dict(suite.SIZES["tiny" if self.tiny else "full"])
+        """The suite's sizes for this run, `--size KEY=VALUE` applied to the keys it has
+        (`--size SUITE.KEY=VALUE` to that suite's only)."""
+        out, name = dict(suite.SIZES["tiny" if self.tiny else "full"]), suite.__name__.split(".")[-1]
         for key, val in self.args.overrides.items():
+            key = key.removeprefix(name + ".")
             if key in out:
                 d = out[key]
-                out[key] = [int(x) for x in _list(val)] if isinstance(d, list) else type(d)(val)
+                out[key] = [type(d[0])(x) for x in _list(val)] if isinstance(d, list) else type(d)(val)
         return out
 
     def skip(self, engine: str) -> str | None:

@@ -178,11 +178,11 @@ def test_sizes_take_overrides_and_jobs_share_a_worker(benches):
     import run
     from suites import gpu_steady
 
-    args = run.parse_args(
-        ["--tiny", "--size", "steady_batches=1,64", "--size", "held_budget=15", "--size", "nope=1"]
-    )
-    sizes = run.Context(args, None, None).sizes(gpu_steady)
-    assert sizes["steady_batches"] == [1, 64] and sizes["held_budget"] == 15.0 and "nope" not in sizes
+    sizes = ["steady_batches=1,64", "held_budget=15", "nope=1", "gpu_steady.warmup=4", "gpu_rows.frames=9"]
+    args = run.parse_args(["--tiny"] + [x for s in sizes for x in ("--size", s)])
+    got = run.Context(args, None, None).sizes(gpu_steady)
+    assert got["steady_batches"] == [1, 64] and got["held_budget"] == 15.0 and got["warmup"] == 4
+    assert "nope" not in got and got["steady_frames"] == 3 and "frames" not in got
     a = {"engine": "mimi_py", "label": "x", "dtype": "f", "share": "gpu", "tasks": [1]}
     merged = run.merged(
         [a, dict(a, tasks=[2]), dict(a, dtype="g", tasks=[3]), dict(a, share=None, tasks=[4])]
