@@ -245,7 +245,7 @@ def run_suites(args, ctx: Context) -> dict:
     out = {}
     for name, mod in mods.items():
         mine = [dict(r, suite=name) for r in rows if r.get("suite") == name]
-        summary = mod.summarize(ctx, mine) if hasattr(mod, "summarize") else {}
+        summary = mod.summary(ctx, mine) if hasattr(mod, "summary") else {}
         out[name] = {"sizes": ctx.sizes(mod), "rows": mine, "skipped": skipped[name], **summary}
     return out
 

@@ -5,7 +5,7 @@ those rows are labelled and compared.
 A suite module declares `PEERS` (the engines it compares with mimi_py), `SIZES` ({"tiny": ...,
 "full": ...}), `jobs(ctx, sizes) -> (jobs, skipped)` (what the runner starts, each job in a
 fresh worker), `measure(worker, task) -> dict` (one row, in that worker), and optionally
-`summarize(ctx, rows) -> dict` (ratios, agreement) and `COLUMNS` (its table in the report).
+`summary(ctx, rows) -> dict` (ratios, agreement) and `COLUMNS` (its table in the report).
 """
 
 from __future__ import annotations

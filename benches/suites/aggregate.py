@@ -36,7 +36,7 @@ def measure(w, task) -> dict:
     return {"start": start, "end": end, "audio_s": task["clips"] * task["seconds"]}
 
 
-def summarize(ctx, rows) -> dict:
+def summary(ctx, rows) -> dict:
     """One row per engine from its processes' rows: all the audio over the whole span."""
     out = []
     for name in dict.fromkeys(r["label"] for r in rows):

@@ -40,7 +40,7 @@ def measure(w, task) -> dict:
     return census_row(w.engine(), dict(task, device=w.job["device"]), task["batch"])
 
 
-def summarize(ctx, rows) -> dict:
+def summary(ctx, rows) -> dict:
     """The unmasked census of each row, flat (the masked one stays in the rows)."""
     table = []
     for r in rows:

@@ -140,7 +140,7 @@ def measure(w, task) -> dict:
     return {"offline": _offline_row, "transformer": _transformer_row}[task["kind"]](w, task)
 
 
-def summarize(ctx, rows) -> dict:
+def summary(ctx, rows) -> dict:
     from suites import agreement
 
     return {

@@ -96,7 +96,7 @@ def switches(rows: list[dict]) -> list[dict]:
     return out
 
 
-def summarize(ctx, rows) -> dict:
+def summary(ctx, rows) -> dict:
     from suites import agreement
 
     return {"table": [flat(r) for r in rows], "agreement": agreement(rows), "switches": switches(rows)}

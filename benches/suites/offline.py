@@ -66,7 +66,7 @@ def measure(w, task) -> dict:
     return dict(out, codes_file=str(codes_file) if w.job["engine"] != "transformers" else None)
 
 
-def summarize(ctx, rows) -> dict:
+def summary(ctx, rows) -> dict:
     """Encode and decode speed ratios against each peer, and each row's codes against the first."""
     return {
         "encode_ratios": ratios(rows, "encode_rtf"),

@@ -21,10 +21,10 @@ import common
 
 PEERS = ()
 HELD_P99_MS = 160.0
-SIZES = {
-    "tiny": {"slots": [1, 2], "seconds": 1.6},
-    "full": {"slots": [1, 2, 4, 6, 8, 10, 12], "seconds": 6.0},
-}
+# chunk: samples a client sends a message (tiny: the fixture codec seats dozens of clients, and
+# one message a frame keeps them light).
+SIZES = {"tiny": {"slots": [1, 2], "seconds": 1.6, "chunk": 1920}}
+SIZES["full"] = {"slots": [1, 2, 4, 6, 8, 10, 12], "seconds": 6.0, "chunk": 480}
 COLUMNS = "precision | slots | clients | complete | p99 ms=p99_ms | median ms=median_ms | held"
 
 
@@ -63,16 +63,17 @@ def health(url: str) -> dict:
         return json.loads(r.read().decode())
 
 
-def clients(url: str, n: int, extra: int, seconds: float) -> tuple[list, list]:
+def clients(url: str, n: int, extra: int, task: dict) -> tuple[list, list]:
     """n real-time clients, phases spread over a tick; once they stream, `extra` more."""
     from mimi_py.serve import loadgen
 
+    seconds = task["seconds"]
     audios = [_speech(seconds, i) for i in range(n + extra)]
     asyncio.run(loadgen.encode_stream(url, audios[0][:4800], realtime=False))  # warm-up
 
     async def one(i):
         await asyncio.sleep((i + 0.5) / n * 0.080 if i < n else 0.5)
-        return await loadgen.encode_stream(url, audios[i])
+        return await loadgen.encode_stream(url, audios[i], chunk=task["chunk"])
 
     async def run():
         return await asyncio.gather(*(one(i) for i in range(n + extra)))
@@ -89,7 +90,7 @@ def measure(w, task) -> dict:
     for n in [*task["slots"], "auto"]:
         with serving(str(n), args) as url:
             seated = health(url)["calibration"]["slots"] if n == "auto" else n
-            got, extra = clients(url, seated, 2 if n == "auto" else 0, task["seconds"])
+            got, extra = clients(url, seated, 2 if n == "auto" else 0, task)
         summary = loadgen.latency_summary([x for r in got for x in r.latencies])
         complete = all(r.done == frames and r.close_code == 1000 and not r.out_of_order for r in got)
         run = {"slots": str(n), "clients": seated, "complete": complete, **summary}

@@ -52,5 +52,5 @@ def measure(w, task) -> dict:
     return frames(w.engine(), 1, task["frames"], task["warmup"])
 
 
-def summarize(ctx, rows) -> dict:
+def summary(ctx, rows) -> dict:
     return {"frame_ratios": ratios(rows, "median_ms", higher_is_faster=False)}

@@ -75,7 +75,7 @@ def measure(w, task) -> dict:
     return {"step_median_us": s["median_us"], "step_p99_us": s["p99_us"], "d_model": cfg.d_model}
 
 
-def summarize(ctx, rows) -> dict:
+def summary(ctx, rows) -> dict:
     """The binding's overhead per thread count: the median of Python's steps over the native."""
     out = {}
     for th in ctx.threads:
