@@ -62,8 +62,6 @@ def table(spec: str, rows: list[dict]) -> list[str]:
     return out
 
 
-RATIOS = "mimi_py | peer | threads | mimi_py ÷ peer speed=ratio"
-AGREEMENT = "codes of=label | dtype | variant | row=kind | B=batch | against | equal | codebook 0 equal=first_codebook_equal"
 SWITCHES = "dtype | row | variant | each round ms=rounds_ms | mean ms=mean_ms | ÷ first variant=over_first"
 
 
@@ -72,21 +70,31 @@ def flat(rows: list[dict]) -> list[dict]:
     return [dict(r, **x) for r in rows for x in r.get("rows") or [{}]]
 
 
-def suite_section(name: str, s: dict) -> list[str]:
-    """One suite's tables: its rows, ratios, agreement and switches where it has them."""
-    mod = importlib.import_module(f"suites.{name}")
-    title = re.split(r"[:,.]", " ".join((mod.__doc__ or name).split()))[0]
-    when = f"{s.get('date', '?')[:16]}, commit {s.get('commit')}, sizes: {cell(s.get('sizes'))}"
-    out = ["", f"#### {name}: {title}", "", when, ""]
-    out += table(mod.COLUMNS, s.get("table") or flat(s["rows"]))
-    skipped = {k: v for k, v in (s.get("skipped") or {}).items() if v}
-    out += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())] if skipped else []
+def notes(s: dict) -> list[str]:
+    """A suite's lines under its table: engines not run, speed ratios, code agreement."""
+    out = [f"not run: {k}: {v}" for k, v in (s.get("skipped") or {}).items() if v]
     for key in ("encode_ratios", "decode_ratios", "frame_ratios"):
         if s.get(key):
-            out += ["", f"{key.split('_')[0]} speed, mimi_py over each peer (> 1: mimi_py faster):", ""]
-            out += table(RATIOS, s[key])
+            pairs = "; ".join(f"{r['mimi_py']} ÷ {r['peer']} {cell(r['ratio'])}×" for r in s[key])
+            out.append(f"{key.split('_')[0]} speed, mimi_py over each peer, like for like: {pairs}")
     if s.get("agreement"):
-        out += ["", "Codes equal to the first mimi_py row's:", ""] + table(AGREEMENT, s["agreement"])
+        who = [
+            " ".join(str(r[k]) for k in ("label", "dtype", "variant", "kind") if r[k]) for r in s["agreement"]
+        ]
+        got = "; ".join(f"{w} {cell(r['equal'])}" for w, r in zip(who, s["agreement"]))
+        out.append(f"codes equal to {s['agreement'][0]['against']}'s: {got}")
+    return [""] + [f"- {n}" for n in out] if out else []
+
+
+def suite_section(name: str, s: dict) -> list[str]:
+    """One suite's table, its notes, and its switches (variants in alternating rounds)."""
+    mod = importlib.import_module(f"suites.{name}")
+    title = re.split(r"[:,.]", " ".join((mod.__doc__ or name).split()))[0]
+    when = f"{s.get('date', '?')[:16].replace('T', ' ')}, commit {s.get('commit')}; sizes: {cell(s.get('sizes'))}"
+    out = ["", f"#### {name}: {title}", "", f"_{when}_", ""] + table(
+        mod.COLUMNS, s.get("table") or flat(s["rows"])
+    )
+    out += notes(s)
     if len({x["variant"] for x in s.get("switches", [])}) > 1:
         out += ["", "Switches, rounds alternated (A B, then B A):", ""] + table(SWITCHES, s["switches"])
     return out
@@ -152,12 +160,13 @@ def chart(data: dict, title: str, xlabel: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    matplotlib.rcParams["svg.hashsalt"] = "mimi_py"
+    matplotlib.rcParams.update({"svg.hashsalt": "mimi_py", "svg.fonttype": "none"})  # text stays text
     n = sum(len(v) for v in data.values()) + len(data)
     fig, ax = plt.subplots(figsize=(7, 0.32 * n + 1.2))
     y, ticks, names = 0, [], []
     for machine, rows in data.items():
-        ax.text(0, y, machine, fontsize=8, fontweight="bold", va="center")
+        ticks.append(y)
+        names.append(machine)
         y += 1
         for label, v in rows.items():
             ax.barh(y, v or 0, color="#1f77b4" if label.startswith("mimi_py") else "#aaaaaa")
@@ -166,6 +175,8 @@ def chart(data: dict, title: str, xlabel: str, path: Path) -> None:
             names.append(label)
             y += 1
     ax.set_yticks(ticks, names, fontsize=8)
+    for t in ax.get_yticklabels():
+        t.set_fontweight("bold" if t.get_text() in data else "normal")
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)

@@ -262,7 +262,7 @@ def test_report_writes_the_tables_between_the_markers(benches, tmp_path):
     )
     assert "### Test CPU (2 cores available; CPU flags: avx2)" in text
     assert "| mimi_py highest | 2 | 60 |" in text and "| rustymimi | failed: boom |" in text
-    assert "| mimi_py highest | moshi | 2 | 3 |" in text
+    assert "- encode speed, mimi_py over each peer, like for like: mimi_py highest ÷ moshi 3×" in text
     assert "#### gpu_steady: " in text and "| mimi_py | float32 | — | held | — | 40 |" in text
 
 
