@@ -13,26 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
-# moshi in torch's own bf16 mode: oneDNN's float32 products in bfloat16 (torch >= 2.9 has the
-# per-backend switch; older torch only the matmul one). "medium" computes alike.
-BF16_SWITCH = (
-    'torch.backends.mkldnn.matmul.fp32_precision = torch.backends.mkldnn.conv.fp32_precision = "bf16"'
-)
-BF16_FALLBACK = 'torch.set_float32_matmul_precision("medium")'
-
 
 def torch_switch(torch, mode: str) -> dict:
-    """Sets torch's float32 product precision for `mode` ("float32" or "bf16") in this
-    process, before the model loads; returns what it set and whether the CPU has bf16 units."""
+    """Sets torch's float32 products for `mode` in this process, before the model loads:
+    "float32" (torch's defaults) or "bf16", torch's own bf16 mode, which computes as "medium"
+    does (oneDNN's products in bfloat16: torch >= 2.9's per-backend switch, else the matmul
+    one); returns what it set and the CPU's capability as torch sees it."""
     done = "defaults"
     if mode == "bf16":
         mk = torch.backends.mkldnn
         if hasattr(getattr(mk, "matmul", None), "fp32_precision"):
             mk.matmul.fp32_precision = mk.conv.fp32_precision = "bf16"
-            done = BF16_SWITCH
+            done = "torch.backends.mkldnn.{matmul,conv}.fp32_precision = 'bf16'"
         else:
             torch.set_float32_matmul_precision("medium")
-            done = BF16_FALLBACK
+            done = "torch.set_float32_matmul_precision('medium')"
     cpu = getattr(torch.backends, "cpu", None)
     isa = cpu.get_cpu_capability() if cpu and hasattr(cpu, "get_cpu_capability") else None
     return {"mode": mode, "set": done, "cpu_capability": isa}
@@ -127,14 +122,10 @@ class RustyMimiEngine(Engine):
         import rustymimi
 
         self.tok = rustymimi.Tokenizer(spec["weights"], num_codebooks=spec["num_codebooks"])
-        f32, u32 = (
-            (lambda x: np.ascontiguousarray(x, np.float32)),
-            (lambda x: np.ascontiguousarray(x, np.uint32)),
-        )
-        self.encode = lambda pcm: self.tok.encode(f32(pcm))
-        self.decode = lambda codes: self.tok.decode(u32(codes))
-        self.encode_step = lambda pcm: self.tok.encode_step(f32(pcm))
-        self.decode_step = lambda codes: self.tok.decode_step(u32(codes))
+        self.encode = lambda pcm: self.tok.encode(np.ascontiguousarray(pcm, np.float32))
+        self.decode = lambda codes: self.tok.decode(np.ascontiguousarray(codes, np.uint32))
+        self.encode_step = lambda pcm: self.tok.encode_step(np.ascontiguousarray(pcm, np.float32))
+        self.decode_step = lambda codes: self.tok.decode_step(np.ascontiguousarray(codes, np.uint32))
 
     def reset(self, batch=1):
         self.tok.reset()

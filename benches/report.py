@@ -24,7 +24,6 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 RESULTS = BENCH_DIR / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-CHARTS = {"offline": "offline_rtf.svg", "held": "streams_held.svg"}
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -185,17 +184,22 @@ def chart(data: dict, title: str, xlabel: str, path: Path) -> None:
     plt.close(fig)
 
 
+CHARTS = {
+    "offline": (
+        "offline_rtf.svg",
+        "Offline encode, real-time factor (higher is faster)",
+        "seconds of audio per second",
+    ),
+    "held": ("streams_held.svg", "Streams held in real time (frame p99 within 80 ms)", "streams"),
+}
+
+
 def draw(results: list[dict], folder: Path) -> list[Path]:
     """The two charts, where the results have their rows; the files written."""
-    titles = {
-        "offline": ("Offline encode, real-time factor (higher is faster)", "seconds of audio per second"),
-        "held": ("Streams held in real time (frame p99 within 80 ms)", "streams"),
-    }
-    out = []
-    for key, (title, xlabel) in titles.items():
-        if bars(results, key):
-            chart(bars(results, key), title, xlabel, folder / CHARTS[key])
-            out.append(folder / CHARTS[key])
+    out = [folder / name for key, (name, *_) in CHARTS.items() if bars(results, key)]
+    for key, (name, title, xlabel) in CHARTS.items():
+        if folder / name in out:
+            chart(bars(results, key), title, xlabel, folder / name)
     return out
 
 

@@ -1,12 +1,6 @@
 #!/usr/bin/env python3
-"""The benchmarks' one runner: `python -m benches` (or `python benches/run.py`).
-
-    python -m benches [--suites offline,serving,...] [--engines mimi_py,moshi,...] [--tiny]
-                      [--threads 1,2] [--precisions highest,medium] [--size KEY=VALUE]...
-                      [--device cuda --dtypes float32,bfloat16 --sections steady,held]
-                      [--variant NAME:ENV=VAL,...]... [--rounds N] [--budget S] [--timeout S]
-                      [--out DIR] [--no-report]
-    python -m benches report [RESULTS.json ...]     # rewrite benches/README.md's tables, charts
+"""The benchmarks' one runner: `python -m benches [options]` (or `python benches/run.py`), and
+`python -m benches report [RESULTS.json ...]`, which rewrites benches/README.md's tables and charts.
 
 A suite (benches/suites/) declares its name, the peers it compares, its sizes (tiny, full) and
 the jobs it wants run; the runner starts each job in a fresh worker (benches/worker.py), with
@@ -336,12 +330,10 @@ def main(argv=None) -> int:
         report.main([])
     # A CPU suite's failed mimi_py row fails the run; a GPU row that fails (out of memory at a
     # large batch, a dtype the build lacks) is a result, recorded with its error.
-    failed = [
-        r
-        for n, s in suites.items()
-        for r in s["rows"]
-        if n in CPU_SUITES and r.get("engine") == "mimi_py" and not r["ok"] and not r.get("not_installed")
+    rows = [
+        r for n, s in suites.items() if n in CPU_SUITES for r in s["rows"] if r.get("engine") == "mimi_py"
     ]
+    failed = [r for r in rows if not r["ok"] and not r.get("not_installed")]
     for r in failed:
         log(f"mimi_py failed: {r.get('label')} {r.get('kind', '')} {r.get('error', '')[:300]}")
     return 1 if failed else 0

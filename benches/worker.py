@@ -44,9 +44,14 @@ class Worker:
         return self._eng
 
 
+def labels(task: dict) -> dict:
+    """A task's plain fields, which its row repeats (its sizes' lists stay in the suite's)."""
+    return {k: v for k, v in task.items() if not isinstance(v, (list, dict))}
+
+
 def run_task(w: Worker, task: dict) -> dict:
     """One task's row: what it measured, or why it failed."""
-    row = {k: v for k, v in task.items() if not isinstance(v, (list, dict))}
+    row = labels(task)
     t0 = time.perf_counter()
     try:
         row.update(importlib.import_module(f"suites.{task['suite']}").measure(w, task))
@@ -57,8 +62,7 @@ def run_task(w: Worker, task: dict) -> dict:
         row.update(
             ok=False, error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-3000:]
         )
-        if w._eng is not None:
-            w._eng.free()
+        getattr(w._eng, "free", lambda: None)()
     row.update(w.info, row_wall_s=round(time.perf_counter() - t0, 3))
     return row
 
@@ -71,10 +75,6 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(ROW_MARK + json.dumps(row) + "\n")
         sys.stdout.flush()
     return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# the parent's half
 
 
 def environment(threads: int, extra: dict) -> dict:
@@ -94,9 +94,7 @@ def rows_of(job: dict, stdout: str, stderr: str, died: str | None) -> list[dict]
     tail = stderr.strip()[-1500:]
     why = (died or "not reported") + (f": {tail}" if tail else "")
     for task in job["tasks"][len(rows) :]:
-        rows.append(
-            dict({k: v for k, v in task.items() if not isinstance(v, (list, dict))}, ok=False, error=why)
-        )
+        rows.append(dict(labels(task), ok=False, error=why))
     return rows
 
 

@@ -1,11 +1,8 @@
-"""The suites of `python -m benches`, in the order they run, and what they share: the rows of a
-suite (mimi_py once per precision, moshi once per torch mode, the other peers once) and how
-those rows are labelled and compared.
-
-A suite module declares `PEERS` (the engines it compares with mimi_py), `SIZES` ({"tiny": ...,
-"full": ...}), `jobs(ctx, sizes) -> (jobs, skipped)` (what the runner starts, each job in a
-fresh worker), `measure(worker, task) -> dict` (one row, in that worker), and optionally
-`summary(ctx, rows) -> dict` (ratios, agreement) and `COLUMNS` (its table in the report).
+"""The suites of `python -m benches`, in the order they run, and what they share: their rows
+(mimi_py per precision, moshi per torch mode, other peers once), ratios and code agreement. A
+suite declares `PEERS`, `SIZES` ({"tiny": ..., "full": ...}), `jobs(ctx, sizes) -> (jobs,
+skipped)` (each job runs in a fresh worker), `measure(worker, task) -> dict` (one row, in that
+worker), `COLUMNS` (its table) and optionally `summary(ctx, rows) -> dict`.
 """
 
 from __future__ import annotations

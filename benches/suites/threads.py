@@ -16,32 +16,30 @@ COLUMNS = "run=label | serial s=serial_s | 2 threads s=threads_s | speed-up=spee
 
 
 def jobs(ctx, sizes):
-    return [
-        {
-            "engine": "mimi_py",
-            "label": "2 objects, 2 threads",
-            "threads": 1,
-            "tasks": [dict(sizes, kind="threads")],
-        }
-    ], {}
+    job = {"engine": "mimi_py", "label": "2 objects, 2 threads", "threads": 1}
+    return [dict(job, tasks=[dict(sizes, kind="threads")])], {}
 
 
 def measure(w, task) -> dict:
     import mimi_py
 
-    cfg = mimi_py.TransformerConfig.mimi()
+    cfg, steps = mimi_py.TransformerConfig.mimi(), task["steps"]
     models = [mimi_py.StreamingTransformer(cfg, seed=i) for i in range(2)]
     xs = [
-        np.random.default_rng(i).standard_normal((1, task["steps"], cfg.d_model)).astype(np.float32)
-        for i in range(2)
+        np.random.default_rng(i).standard_normal((1, steps, cfg.d_model)).astype(np.float32) for i in range(2)
     ]
     out: list = [None, None]
 
     def work(i):
         models[i].reset_state()
-        out[i] = np.concatenate(
-            [models[i].forward(xs[i][:, j : j + 1]) for j in range(task["steps"])], axis=1
-        )
+        out[i] = np.concatenate([models[i].forward(xs[i][:, j : j + 1]) for j in range(steps)], axis=1)
+
+    def both_at_once():
+        ths = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
 
     for m in models:
         m.forward(xs[0][:, :8])  # warm-up
@@ -49,16 +47,10 @@ def measure(w, task) -> dict:
     for _ in range(task["repeats"]):
         t0 = time.perf_counter()
         work(0), work(1)
-        serial.append(time.perf_counter() - t0)
-        ref = list(out)
-        ths = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        t0 = time.perf_counter()
-        [(t.start(), t) for t in ths] and [t.join() for t in ths]
-        threads.append(time.perf_counter() - t0)
+        ref, t1 = list(out), time.perf_counter()
+        both_at_once()
+        serial.append(t1 - t0)
+        threads.append(time.perf_counter() - t1)
         same &= all(np.array_equal(a, b) for a, b in zip(out, ref))
-    return {
-        "serial_s": round(min(serial), 3),
-        "threads_s": round(min(threads), 3),
-        "speedup": round(min(serial) / min(threads), 2),
-        "same": same,
-    }
+    s, t = min(serial), min(threads)
+    return {"serial_s": round(s, 3), "threads_s": round(t, 3), "speedup": round(s / t, 2), "same": same}

@@ -22,7 +22,8 @@ SIZES = {
     "full": {"steps": 300, "warmup": 20, "repeats": 3, "small": False},
 }
 COLUMNS = (
-    "run=label | threads | step median µs=step_median_us | step p99 µs=step_p99_us | candle's µs=candle_us"
+    "run=label | threads | step median µs=step_median_us | each repeat=each_us | step p99 µs=step_p99_us | "
+    "candle's µs=candle_us"
 )
 
 
@@ -76,11 +77,23 @@ def measure(w, task) -> dict:
 
 
 def summary(ctx, rows) -> dict:
-    """The binding's overhead per thread count: the median of Python's steps over the native."""
-    out = {}
-    for th in ctx.threads:
-        py = [r["step_median_us"] for r in rows if r["ok"] and r["threads"] == th and r["kind"] == "python"]
-        nat = [r["step_median_us"] for r in rows if r["ok"] and r["threads"] == th and r["kind"] == "native"]
-        if py and nat:
-            out[str(th)] = round(common.median(py) / common.median(nat), 3)
-    return {"binding_overhead": out}
+    """One table row per (run, thread count): the median over the repeats and each repeat's;
+    the binding's overhead: Python's median step over the native one's."""
+    table, medians = [], {}
+    for label, th in dict.fromkeys((r["label"], r["threads"]) for r in rows):
+        mine = [r for r in rows if (r["label"], r["threads"]) == (label, th)]
+        ok = [r for r in mine if r["ok"]]
+        row = {"label": label, "threads": th, "ok": len(ok) == len(mine)}
+        row["error"] = next((r.get("error") for r in mine if not r["ok"]), None)
+        for key in ("step_median_us", "step_p99_us", "candle_us"):
+            vals = [r[key] for r in ok if r.get(key)]
+            row[key] = common.median(vals) if vals else None
+        row["each_us"] = [r["step_median_us"] for r in ok]
+        medians[(mine[0]["kind"], th)] = row["step_median_us"]
+        table.append(row)
+    over = {
+        str(th): round(medians[("python", th)] / medians[("native", th)], 3)
+        for _, th in medians
+        if medians.get(("native", th))
+    }
+    return {"table": table, "binding_overhead": over}

@@ -86,10 +86,13 @@ def check_other_suites(res: dict) -> None:
     assert all(r["extra_turned_away"] for r in server if r["slots"] == "auto")
     assert res["suites"]["layers"]["rows"] == [] or all(r["ok"] for r in rows(res, "layers"))
     agree = rows(res, "precision")
-    assert {(r["precision"], r["codec"], r["input"]) for r in agree} == {
-        (p, "fixture codec", i) for p in ("high", "medium") for i in ("speech-like", "noise")
-    }
-    assert all(0 <= r["all_equal"] <= r["codebook0_equal"] + 1 and r["finite"] for r in agree)
+    assert [(r["precision"], r["codec"]) for r in agree] == [
+        ("high", "fixture codec"),
+        ("medium", "fixture codec"),
+    ]
+    for r in agree:
+        assert list(r["all_equal"]) == ["speech-like", "noise"] and r["finite"], r
+        assert all(0 <= r["all_equal"][i] <= 1 and 0 <= r["codebook0_equal"][i] <= 1 for i in r["all_equal"])
     (threads,) = rows(res, "threads")
     assert threads["same"] is True and threads["speedup"] > 0
     soak = {r["phase"]: r for r in rows(res, "soak")}
@@ -97,6 +100,7 @@ def check_other_suites(res: dict) -> None:
     assert soak["transformer"]["state_nbytes_peak"] == soak["transformer"]["state_nbytes_end"]
 
 
+@pytest.mark.extra("serve", "data")  # the server and corpus suites
 def test_every_suite_runs_at_the_tiny_size(tmp_path, benches):
     from suites import CPU_SUITES
 
