@@ -1,5 +1,6 @@
-"""Shared helpers of the benchmark suite: statistics, machine facts, test signals and random
-weights of the real Mimi architecture in Kyutai's moshi checkpoint layout.
+"""What every suite shares: statistics, memory and machine facts, test signals, and random
+weights of the real Mimi architecture in Kyutai's moshi checkpoint layout (the tests build
+the same weights through this file: tests/support/real_size.py).
 
 Pure Python + numpy: the worker processes import this before any engine, so nothing here may
 start a thread pool.
@@ -38,151 +39,55 @@ FRAME_SIZE = 1920  # 80 ms at 24 kHz, one Mimi frame
 WEIGHTS_RECIPE = "v1: N(0,1/fan_in) weights, zero biases, unit norms, layer scale 0.01, N(0,1) codebooks"
 
 
-# ---------------------------------------------------------------------------------------------
-# statistics
-
-
 def percentile(values, q: float) -> float:
-    """Nearest-rank percentile, the same rule as the native bench: sorted[floor(n*q)]."""
+    """Nearest-rank percentile, the native bench's rule: sorted[floor(n*q)]."""
     v = sorted(values)
-    if not v:
-        return float("nan")
-    return float(v[min(int(len(v) * q), len(v) - 1)])
+    return float(v[min(int(len(v) * q), len(v) - 1)]) if v else float("nan")
 
 
 def median(values) -> float:
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    return float(v[len(v) // 2])
+    return percentile(values, 0.5)
 
 
 def summary_us(values_s) -> dict:
-    """median / p99 / mean / min / max in microseconds of a list of durations in seconds."""
-    us = [x * 1e6 for x in values_s]
-    return {
-        "n": len(us),
-        "median_us": round(median(us), 1),
-        "p99_us": round(percentile(us, 0.99), 1),
-        "mean_us": round(sum(us) / len(us), 1) if us else float("nan"),
-        "min_us": round(min(us), 1) if us else float("nan"),
-        "max_us": round(max(us), 1) if us else float("nan"),
-    }
+    """median / p99 / mean / min / max in microseconds of durations in seconds."""
+    us = [x * 1e6 for x in values_s] or [float("nan")]
+    out = {"n": len(values_s), "median_us": median(us), "p99_us": percentile(us, 0.99)}
+    out.update(mean_us=sum(us) / len(us), min_us=min(us), max_us=max(us))
+    return {k: round(v, 1) if k != "n" else v for k, v in out.items()}
 
 
-# ---------------------------------------------------------------------------------------------
-# memory
+def _proc_status_bytes(field: str) -> int | None:
+    """A `/proc/self/status` line in bytes (VmRSS, VmHWM), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) * 1024 for x in f if x.startswith(field))
+    except (OSError, StopIteration):
+        return None
 
 
 def rss_now_bytes() -> int | None:
-    """Current resident set size (VmRSS) in bytes, or None off Linux."""
-    return _proc_status_kib("VmRSS:")
+    return _proc_status_bytes("VmRSS:")
 
 
 def rss_peak_bytes() -> int | None:
-    """Peak resident set size of this process: VmHWM, else ru_maxrss."""
-    hwm = _proc_status_kib("VmHWM:")
-    if hwm is not None:
-        return hwm
-    try:
-        import resource
-
-        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(r if platform.system() == "Darwin" else r * 1024)
-    except Exception:  # pragma: no cover
-        return None
-
-
-def _proc_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def minor_faults() -> int | None:
-    try:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
-    except Exception:  # pragma: no cover
-        return None
-
-
-def context_switches() -> dict | None:
-    """Voluntary and involuntary context switches of every thread of this process so far
-    (`/proc/self/task/*/status`; threads that already exited are not counted)."""
-    total = {"voluntary": 0, "nonvoluntary": 0}
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/status") as f:
-                for line in f:
-                    for kind in total:
-                        if line.startswith(f"{kind}_ctxt_switches:"):
-                            total[kind] += int(line.split()[1])
-        except OSError:
-            continue  # the thread ended
-    return total
-
-
-# ---------------------------------------------------------------------------------------------
-# machine facts
+    """Peak resident set size of this process (VmHWM)."""
+    return _proc_status_bytes("VmHWM:")
 
 
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_count() -> int:
-    return os.cpu_count() or 1
+            return next(x.split(":", 1)[1].strip() for x in f if x.lower().startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def cpu_count_available() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover
-        return cpu_count()
-
-
-def cpu_times() -> dict | None:
-    """Aggregate jiffies from /proc/stat (user..steal), to report steal and busy time of a run."""
-    try:
-        with open("/proc/stat") as f:
-            parts = f.readline().split()
-        names = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
-        return {n: int(v) for n, v in zip(names, parts[1:9])}
-    except (OSError, ValueError):
-        return None
-
-
-def memory_total_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# signals
+        return os.cpu_count() or 1
 
 
 def smooth_noise(num_samples: int, seed: int = 0) -> np.ndarray:
@@ -196,10 +101,6 @@ def smooth_noise(num_samples: int, seed: int = 0) -> np.ndarray:
     y = y / (y.std() + 1e-12) + 0.5 * np.sin(2 * np.pi * 100.0 * t)
     y = 0.1 * y / (y.std() + 1e-12)
     return y.astype(np.float32)
-
-
-# ---------------------------------------------------------------------------------------------
-# weights
 
 
 def manifest_shapes(manifest_path) -> dict[str, list[int]]:
@@ -236,9 +137,8 @@ def random_tensor(name: str, shape: list[int], rng: np.random.Generator) -> np.n
 def random_weights_file(shapes: dict[str, list[int]], tag: str, seed: int = 0) -> Path:
     """Write (once; cached under benches/.cache) a safetensors file with random values for every
     tensor of `shapes`, and return its path."""
-    digest = hashlib.sha256(json.dumps([WEIGHTS_RECIPE, seed, sorted(shapes.items())]).encode()).hexdigest()[
-        :16
-    ]
+    key = json.dumps([WEIGHTS_RECIPE, seed, sorted(shapes.items())])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     path = CACHE_DIR / f"{tag}-{digest}.safetensors"
     if path.exists():
@@ -249,31 +149,22 @@ def random_weights_file(shapes: dict[str, list[int]], tag: str, seed: int = 0) -
     return path
 
 
-def real_moshi_weights() -> Path:
-    """Random weights of the real Mimi (32 codebooks) in the moshi checkpoint layout."""
-    return random_weights_file(manifest_shapes(MOSHI_MANIFEST), "mimi-moshi-random")
-
-
-def small_moshi_weights() -> Path:
-    """Random weights of the fixtures' small codec, in the moshi layout (tiny mode)."""
-    return random_weights_file(read_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")
-
-
 def bench_weights(small: bool) -> dict:
-    """The weights every codec engine loads, as the results record them: the fixtures' small
-    codec (tiny sizes) or the real architecture, random, in the moshi checkpoint layout."""
+    """The weights every codec engine loads, as the results record them: random, in the moshi
+    checkpoint layout, of the fixtures' small codec (tiny sizes) or the real Mimi (32 codebooks
+    stored, 8 used)."""
     if small:
+        path = random_weights_file(read_shapes(SMALL_MOSHI_FILE), "mimi-small-moshi-random")
         w = {
-            "path": str(small_moshi_weights()),
             "hf_config": str(SMALL_HF_CONFIG),
             "num_codebooks": 4,
             "architecture": "the fixtures' small Mimi codec",
         }
     else:
+        path = random_weights_file(manifest_shapes(MOSHI_MANIFEST), "mimi-moshi-random")
         w = {
-            "path": str(real_moshi_weights()),
             "hf_config": None,
             "num_codebooks": 8,
             "architecture": "real Mimi (kyutai_moshi_mimi_manifest.json)",
         }
-    return {**w, "recipe": WEIGHTS_RECIPE}
+    return dict(w, path=str(path), recipe=WEIGHTS_RECIPE)

@@ -9,7 +9,8 @@
 #      batched rows (masked steps, row resets, forks: tests/streaming/test_batched.py, each row
 #      against itself alone through support.ondevice.assert_row);
 #   3. the real-size seeded codec's float32 codes on the device against the CPU's (>= 99%);
-#   4. benches/gpu.py: mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
+#   4. the GPU suites of the bench runner (python -m benches --suites gpu_rows,gpu_steady,
+#      gpu_census): mimi_py against moshi's PyTorch Mimi on the same GPU, float32 and
 #      bfloat16 (offline 10 s at B=1 and 16; streaming frames at B=1, 8 and 64, and mimi_py's
 #      masked streaming (active=, 3 rows in 4) at the same sizes, and its transformer alone,
 #      masked and unmasked; full rings at B=1, 8, 64, 256; streams held per GPU (frame p99
@@ -46,14 +47,14 @@ step() { echo "== $*"; }
 if [ "$DEVICE" = cpu ]; then
     BENCH_SIZE=(--tiny --dtypes float32)
     GRAPH_SIZE=(--dtypes bfloat16 --frames 6 --tokens 24) # f32 on a CPU takes the planned step
-    SWITCH_SIZE=(--tiny --dtypes float32 --codec small --batches 2 --stream-batches 1 --steady-batches 1)
+    SWITCH_SIZE=(--tiny --dtypes float32 --codec small --size batches=2 --size stream_batches=1 --size steady_batches=1)
     PYTHON="${PYTHON:-python}"
 else
     # Four (engine, dtype) workers of at most 45 s each fit inside the bench's 190 s, so a
     # slow worker loses its own rows, not the whole table.
-    BENCH_SIZE=(--budget 160 --timeout 75 --held-budget 15)
+    BENCH_SIZE=(--budget 160 --timeout 75 --size held_budget=15)
     GRAPH_SIZE=()
-    SWITCH_SIZE=(--budget 120 --timeout 25 --batches 16 --stream-batches 1,64 --steady-batches 1,64)
+    SWITCH_SIZE=(--budget 120 --timeout 25 --size batches=16 --size stream_batches=1,64 --size steady_batches=1,64)
     step "environment"
     (nvidia-smi || true) >"$OUT/nvidia-smi.txt" 2>&1
     head -15 "$OUT/nvidia-smi.txt"
@@ -161,9 +162,11 @@ PY
 step "bench on $DEVICE"
 # The wheel's commit (scripts/prepare_gpu_check.sh writes it; the copy here has no .git).
 [ -f .gpu/commit ] && export MIMI_BENCH_COMMIT="$(cat .gpu/commit)"
-timeout 180 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 \
-    | tee "$OUT/bench.log" | tail -40
+# One results file for the machine ($OUT/<gpu>.json), and its tables in $OUT/gpu_results.md.
+timeout 180 "$PYTHON" -m benches --suites gpu_rows,gpu_steady,gpu_census --device "$DEVICE" \
+    --out "$OUT" "${BENCH_SIZE[@]}" 2>&1 | tee "$OUT/bench.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+"$PYTHON" -m benches report "$OUT"/*.json --readme "$OUT/gpu_results.md" --charts "$OUT" || status=1
 [ -f "$OUT/gpu_results.md" ] && cat "$OUT/gpu_results.md"
 
 step "graph replays against eager steps on $DEVICE"
@@ -174,11 +177,13 @@ timeout 40 "$PYTHON" scripts/gpu_graph_check.py --device "$DEVICE" --out "$OUT/g
 
 step "switches on $DEVICE, alternating"
 mkdir -p "$OUT/switches"
-timeout 130 "$PYTHON" benches/gpu.py --device "$DEVICE" --out "$OUT/switches" --engines mimi_py \
+timeout 130 "$PYTHON" -m benches --device "$DEVICE" --out "$OUT/switches" --engines mimi_py \
     --sections offline,streaming,steady \
     --variant defaults: --variant cudnn:MIMI_PY_CUDA_CUDNN=1 --variant graphs:MIMI_PY_CUDA_GRAPHS=1 \
     --variant both:MIMI_PY_CUDA_CUDNN=1,MIMI_PY_CUDA_GRAPHS=1 \
     --rounds 2 "${SWITCH_SIZE[@]}" 2>&1 | tee "$OUT/switches/bench.log" | tail -30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+"$PYTHON" -m benches report "$OUT"/switches/*.json --readme "$OUT/switches/gpu_results.md" \
+    --charts "$OUT/switches" >/dev/null || status=1
 echo "gpu_check status=$status (results in $OUT)"
 exit "$status"

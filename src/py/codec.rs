@@ -542,7 +542,7 @@ impl PyMimiCodec {
     #[getter]
     fn kernel_isa(&self) -> Option<&'static str> {
         let c = self.codec.info();
-        c.precision.kernel_isa(c.device, c.dtype)
+        mimi_core::kernels::bf16dot::kernel_isa(c.precision, c.device, c.dtype)
     }
 
     /// Bytes of the weights one frame (an encode and a decode step) reads, as stored: both

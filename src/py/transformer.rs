@@ -300,7 +300,7 @@ impl PyStreamingTransformer {
     #[getter]
     fn kernel_isa(&self) -> Option<&'static str> {
         let m = &self.model;
-        m.precision().kernel_isa(m.device(), m.dtype())
+        mimi_core::kernels::bf16dot::kernel_isa(m.precision(), m.device(), m.dtype())
     }
 
     /// Bytes of the weights one step reads, as stored.

@@ -129,7 +129,8 @@ def ray_address():
     if ray.is_initialized():  # pragma: no cover - someone else's instance
         yield ray.get_runtime_context().gcs_address
         return
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    # On the loopback address: the test instance is reachable from this machine only.
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

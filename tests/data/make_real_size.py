@@ -34,7 +34,7 @@ from support.reference import weights_digest  # noqa: E402
 
 SAMPLE_RATE = 24_000
 FRAME_SIZE = 1920
-WEIGHTS_SEED = 0  # benches/common.py's real_moshi_weights()
+WEIGHTS_SEED = 0  # benches/common.py's bench_weights(small=False)
 SPEECH_SEED, NOISE_SEED = 5101, 5102
 NUM_SAMPLES = 84_000  # 3.5 s: 43.75 frames, so the last frame is padded
 NUM_CODEBOOKS = 32

@@ -59,10 +59,12 @@ def agreement(
 
 
 def bench_inputs(seconds: float = 20.0) -> dict[str, np.ndarray]:
-    """The agreement table's inputs (``benches/precision.py``'s ``inputs``, loaded by path:
+    """The agreement table's inputs (the precision suite's ``inputs``, ``benches/suites/precision.py``, loaded by path:
     declared once), (1, 1, samples) each: ``speech-like`` and ``noise``. 20 s is 250
     frames, so one flipped code is 0.4% of a codebook."""
-    spec = importlib.util.spec_from_file_location("_bench_precision", REPO / "benches" / "precision.py")
+    spec = importlib.util.spec_from_file_location(
+        "_bench_precision", REPO / "benches" / "suites" / "precision.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.inputs(seconds)

@@ -6,7 +6,7 @@
   serial run wherever they are determined: independent objects; identical steps on a shared
   object (whatever the interleaving, the k-th call sees the same history, so the multiset of
   outputs equals the serial run's); offline codec calls.
-* Long runs: a shortened in-process version of benches/soak.py with a small config; the
+* Long runs: a shortened in-process version of the soak suite (benches/suites/soak.py) with a small config; the
   streaming state's size (``state_nbytes``) must stop growing after ``context`` steps and
   the RSS must stay flat. Memory is measured, not wall time.
 * Interrupts: Ctrl-C during a long offline ``MimiCodec.encode`` (real-size seeded model, 60 s
@@ -397,7 +397,7 @@ def test_offline_calls_keep_at_most_the_heap_budget(keep_mb):
 
 
 def load_soak():
-    spec = importlib.util.spec_from_file_location("mimi_soak_bench", REPO / "benches" / "soak.py")
+    spec = importlib.util.spec_from_file_location("mimi_soak_bench", REPO / "benches" / "suites" / "soak.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -66,7 +66,13 @@ def _init_ray(address: str | None) -> bool:
         return False
     _quiet_ray()
     if address is None and not os.environ.get("RAY_ADDRESS"):
-        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        # A local instance listens on the loopback address only, not the machine's interface.
+        ray.init(
+            include_dashboard=False,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+            _node_ip_address="127.0.0.1",
+        )
     else:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     return True

@@ -871,6 +871,27 @@ unsafe fn tile_avx2<const R: usize>(
     }
 }
 
+/// The instruction set a model's products run with, for `precision` on `device` in `dtype`
+/// (`None` off the native CPU engine): `"avx512bf16"`, `"avx512"`, `"avx2"` or `"portable"`,
+/// capped by `MIMI_PY_ISA`. float32 products use AVX-512 at most; bf16-stored weights also
+/// `vdpbf16ps` in the matrix-vector kernel; `"medium"` runs
+/// [`Path::best`]. Asked of the kernels by the layer that reports
+/// it (the binding's `kernel_isa`), so that `runtime/` names no kernel.
+pub fn kernel_isa(
+    precision: crate::runtime::precision::Precision,
+    device: &candle::Device,
+    dtype: candle::DType,
+) -> Option<&'static str> {
+    use super::cpu::{level, Level};
+    use crate::runtime::precision::Precision;
+    let isa = match precision {
+        Precision::Highest => level().min(Level::Avx512),
+        Precision::High => level(),
+        Precision::Medium => Path::best().level(),
+    };
+    (device.is_cpu() && dtype == candle::DType::F32).then(|| isa.name())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

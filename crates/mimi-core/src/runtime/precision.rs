@@ -7,7 +7,7 @@
 //!   bf16, products in float32 (half the bytes a streaming step reads). This is what
 //!   `weights_dtype="bfloat16"` has always meant, and that argument now names it.
 //! * `"medium"`: products with bf16 inputs and float32 sums, in `vdpbf16ps`'s order
-//!   ([`crate::kernels::bf16dot`]), the same bits on every CPU, over the layers
+//!   (`kernels/bf16dot.rs`), the same bits on every CPU, over the layers
 //!   [`MediumLayers`] names; the precision-sensitive ones stay float32 (docs/precision.md:
 //!   the quantizer, the encoder's convolutions, which flip codes, the decoder's last
 //!   residual block and last convolution, norms, softmax and attention).
@@ -130,21 +130,6 @@ impl Precision {
         };
         chosen.check_engine(device, dtype)?;
         Ok(chosen)
-    }
-
-    /// The instruction set this precision's products run with, for a model on `device` in
-    /// `dtype` (`None` off the native CPU engine): `"avx512bf16"`, `"avx512"`, `"avx2"` or
-    /// `"portable"`, capped by `MIMI_PY_ISA`. float32 products use AVX-512 at most;
-    /// bf16-stored weights also `vdpbf16ps` in the matrix-vector kernel; `"medium"` runs
-    /// [`Path::best`](crate::kernels::bf16dot::Path::best).
-    pub fn kernel_isa(self, device: &Device, dtype: DType) -> Option<&'static str> {
-        use crate::kernels::cpu::{level, Level};
-        let isa = match self {
-            Self::Highest => level().min(Level::Avx512),
-            Self::High => level(),
-            Self::Medium => crate::kernels::bf16dot::Path::best().level(),
-        };
-        (device.is_cpu() && dtype == DType::F32).then(|| isa.name())
     }
 }
 

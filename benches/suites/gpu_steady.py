@@ -1,19 +1,12 @@
-"""benches/gpu.py's steady-state rows: streams whose key/value rings are full, as in a stream
-that has run for minutes, and how many such streams one device holds in real time.
+"""The GPU suites' steady state: streams whose key/value rings are full, as in a stream that
+has run for minutes, and how many such streams one device holds in real time.
 
-A fresh stream attends over the keys it has; after `context` tokens (250: 10 s of audio at the
-transformer's 25 Hz, 2 tokens per 80 ms frame) its rings are full and every step attends over
-all of them. moshi always attends over its whole ring, so its young streams already cost what
-its old ones do; mimi_py's do not. These rows first stream `--steady-warmup` frames (130: 260
-tokens) in calls of several frames each (`warm_to_full`: the same state as one frame a call, in
-fewer calls), check that every row's rings hold at least `context` tokens, then time single
-frames.
-
-Both engines take the same masks: mimi_py through `active=`, moshi through its streaming
-modules' `set_exec_mask` (its rows that sit out still compute; their state is kept), set before
-each frame and counted in its `encode_step` time. moshi runs its warm-up with its CUDA graphs
-off (`no_cuda_graph`: a graph replays one shape only); its timed frames capture and replay them
-as in `gpu.py`'s other rows, after `--warmup` untimed frames.
+After `context` tokens (250: 10 s at the transformer's 25 Hz) every step attends over a full
+ring. moshi always attends over its whole ring, so its young streams already cost what its old
+ones do; mimi_py's do not. A row streams `steady_warmup` frames (130: 260 tokens) in calls of
+several frames (`warm_to_full`), checks every row's rings are full, then times single frames,
+unmasked, then masked (mimi_py's `active=`, moshi's `set_exec_mask`, set before each frame and
+counted in its time). moshi warms up with its CUDA graphs off (a graph replays one shape).
 """
 
 from __future__ import annotations
@@ -24,8 +17,91 @@ import time
 import numpy as np
 
 import common
+from suites import REAL_TIME_US
 
-REAL_TIME_US = 80_000.0
+PEERS = ("moshi",)
+TINY = dict(steady_batches=[1, 2], steady_warmup=130, steady_frames=3, warmup=1, held_max=4, held_frames=3)
+FULL = dict(steady_batches=[1, 8, 64, 256], steady_warmup=130, steady_frames=30, warmup=5, held_max=4096)
+SIZES = {"tiny": dict(TINY, held_budget=10.0, held_start=2)}
+SIZES["full"] = dict(FULL, held_frames=20, held_budget=30.0, held_start=256)
+COLUMNS = (
+    "engine=label | dtype | variant | row=kind | B=batch | frame median ms=median_ms | "
+    "frame p99 ms=p99_ms | per stream ms=per_stream_ms | "
+    "masked ÷ unmasked=masked_over_unmasked | streams held=streams_held"
+)
+# Kept for the census out of a worker's time when its streams-held search would reach the
+# worker's deadline: torch's import, then each census batch.
+CENSUS_RESERVE_S = (4.0, 8.0)
+
+
+def jobs(ctx, sizes):
+    from suites.gpu_rows import gpu_jobs
+
+    return gpu_jobs(ctx, sizes, {"steady": "steady_batches", "held": None})
+
+
+def measure(w, task) -> dict:
+    known = w.shared.setdefault("known", {})
+    eng = w.engine()
+    if task["kind"] == "steady":
+        from suites.gpu_rows import save_codes
+
+        codes = []
+        row = steady_row(eng, task, task["batch"], known, codes)
+        row["codes_file"] = save_codes(w, task, "steady", np.concatenate(codes, axis=-1)) if codes else None
+        return row
+    budget = task["held_budget"]
+    if w.job.get("deadline_unix"):
+        census = [t for t in w.job["tasks"] if t["kind"] == "census"]
+        reserve = CENSUS_RESERVE_S[0] * bool(census) + CENSUS_RESERVE_S[1] * len(census)
+        budget = min(budget, w.job["deadline_unix"] - time.time() - reserve)
+    return dict(held_row(eng, dict(task, held_budget=budget), known), budget_s=round(budget, 1))
+
+
+def flat(r: dict) -> dict:
+    """A GPU row's table cells: its frame figures (the unmasked ones of a full-ring row) in ms."""
+    out = {
+        k: r.get(k) for k in ("ok", "error", "label", "engine", "dtype", "variant", "round", "kind", "batch")
+    }
+    out.update({k: r.get(k) for k in ("encode_rtf", "decode_rtf", "streams_held", "masked_over_unmasked")})
+    t = (r.get("unmasked") or r).get("frame_total")
+    if t:
+        out.update(median_ms=round(t["median_us"] / 1e3, 2), p99_ms=round(t["p99_us"] / 1e3, 2))
+        out["per_stream_ms"] = round(t["median_us"] / 1e3 / (r.get("batch") or 1), 3)
+    if r.get("young_masked_over_unmasked"):
+        out["masked_over_unmasked"] = (
+            f"young {r['young_masked_over_unmasked']}, full {r['full_masked_over_unmasked']}"
+        )
+    return out
+
+
+def switches(rows: list[dict]) -> list[dict]:
+    """mimi_py's frame medians per variant (`--variant`), each round's and their mean, over the
+    first variant's mean: the before and after of a switch, rounds alternated."""
+    kinds = ("streaming", "steady")
+    mine = [flat(r) for r in rows if r["engine"] == "mimi_py" and r["ok"] and r["kind"] in kinds]
+    out = []
+    for dt, kind, b in dict.fromkeys((r["dtype"], r["kind"], r["batch"]) for r in mine):
+        base = None
+        for v in dict.fromkeys(r["variant"] for r in mine):
+            ms = [
+                r["median_ms"]
+                for r in mine
+                if (r["dtype"], r["kind"], r["batch"], r["variant"]) == (dt, kind, b, v)
+            ]
+            mean = round(sum(ms) / len(ms), 3) if ms else None
+            base = base or mean
+            out.append({"ok": True, "dtype": dt, "row": f"{kind} B = {b}", "variant": v, "rounds_ms": ms})
+            out[-1].update(mean_ms=mean, over_first=mean and base and round(mean / base, 3))
+    return out
+
+
+def summary(ctx, rows) -> dict:
+    from suites import agreement
+
+    return {"table": [flat(r) for r in rows], "agreement": agreement(rows), "switches": switches(rows)}
+
+
 WARM_ROWS = 8  # distinct rows of audio; a batch repeats them (B = 4096 × 2.5 min would not fit)
 WARM_CALL_ROW_FRAMES = 1024  # frames × rows of one warm-up call, at most 26 frames
 
@@ -140,16 +216,14 @@ def warm_to_full(eng, audio: Audio, frames: int) -> dict:
             step_frame(eng, audio.chunk(at, k))
             at, calls = at + k, calls + 1
     fill = ring_fill(eng)
-    full = fill["tokens"] is not None and fill["tokens"] >= fill["context"]
-    return {
+    out = {
         "frames": frames,
         "calls": calls,
         "frames_per_call": per_call,
         "s": round(time.perf_counter() - t0, 3),
-        "ring_tokens": fill["tokens"],
-        "context": fill["context"],
-        "rings_full": full,
     }
+    full = fill["tokens"] is not None and fill["tokens"] >= fill["context"]
+    return dict(out, ring_tokens=fill["tokens"], context=fill["context"], rings_full=full)
 
 
 def timed_frames(eng, audio: Audio, at: int, spec: dict, masked: bool, frames=None, codes=None):
@@ -174,14 +248,9 @@ def timed_frames(eng, audio: Audio, at: int, spec: dict, masked: bool, frames=No
         if masked:
             unmask(eng)
     t = common.summary_us(tot)
-    out = {
-        "frames": frames,
-        "encode_step": common.summary_us(enc),
-        "decode_step": common.summary_us(dec),
-        "frame_total": t,
-        "per_stream_median_us": round(t["median_us"] / batch, 1),
-        "real_time": t["p99_us"] <= REAL_TIME_US,
-    }
+    out = {"frames": frames, "encode_step": common.summary_us(enc), "decode_step": common.summary_us(dec)}
+    out.update(frame_total=t, per_stream_median_us=round(t["median_us"] / batch, 1))
+    out["real_time"] = t["p99_us"] <= REAL_TIME_US
     if masked:
         out["mean_active_rows"] = round(sum(active) / len(active), 2)
         out["per_active_stream_mean_us"] = round(1e6 * sum(tot) / sum(active), 1)
@@ -200,15 +269,16 @@ def steady_row(eng, spec: dict, batch: int, known: dict, codes=None) -> dict:
     t0 = time.perf_counter()
     row = {"warmup": warm_to_full(eng, audio, spec["steady_warmup"])}
     row["unmasked"], at = timed_frames(eng, audio, spec["steady_warmup"], spec, False, codes=codes)
+    t = row["unmasked"]["frame_total"]
+    ok = t["p99_us"] <= REAL_TIME_US and row["warmup"]["rings_full"]
     known[batch] = {
         "batch": batch,
-        "ok": row["unmasked"]["frame_total"]["p99_us"] <= REAL_TIME_US and row["warmup"]["rings_full"],
-        "p99_us": row["unmasked"]["frame_total"]["p99_us"],
-        "median_us": row["unmasked"]["frame_total"]["median_us"],
-        "frames": spec["steady_frames"],
-        "s": round(time.perf_counter() - t0, 3),
+        "ok": ok,
+        "p99_us": t["p99_us"],
+        "median_us": t["median_us"],
         "from": "steady",
     }
+    known[batch].update(frames=spec["steady_frames"], s=round(time.perf_counter() - t0, 3))
     try:
         row["masked"], at = timed_frames(eng, audio, at, spec, masked=True)
         ratio = row["masked"]["frame_total"]["median_us"] / row["unmasked"]["frame_total"]["median_us"]
@@ -246,9 +316,7 @@ def _release(eng) -> None:
     try:
         eng.reset(1)
         gc.collect()  # moshi's streaming state and CUDA graphs of the last batch
-        torch = getattr(eng, "torch", None)
-        if torch is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        eng.free()
     except Exception:
         pass
 

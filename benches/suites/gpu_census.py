@@ -1,22 +1,12 @@
-"""benches/gpu.py's kernel census: what one streaming frame launches on the device.
+"""The GPU suites' kernel census: what one streaming frame launches on the device.
 
-torch.profiler records through CUPTI every kernel the process runs on the GPU, candle's as well
-as torch's. Over `--census-frames` frames (unmasked, then masked) on full rings at each of
-`--census-batches`, the worker exports the profile as a Chrome trace, and `census_from_trace`
-counts it:
-
-* kernels: the GPU's kernel events (category "kernel"), and the 5 costliest by summed time;
-* launch calls: the host's calls that launch work (cudaLaunchKernel, cuLaunchKernel, graph
-  launches: a graph replay launches many kernels in one call);
-* copies: memcpy events by direction (HtoD, DtoH, DtoD) and memsets;
-* GPU busy: the union of the kernels', copies' and memsets' intervals (overlaps once), and the
-  kernels' summed time;
-* wall: the frames' host time under the profiler (which slows them) and, just before, the
-  same number of frames without it.
-
-On the CPU the profile has CPU activities only: no kernels, and moshi's torch operators are
-counted as cpu ops (candle's are invisible to it). Without torch the frames still run and an
-empty trace is parsed the same way, the row saying that the profiler was missing.
+torch.profiler records through CUPTI every kernel the process runs, candle's as well as
+torch's. Over `census_frames` frames (unmasked, then masked) on full rings at each of
+`census_batches`, the worker exports a Chrome trace and `census_from_trace` counts, per frame:
+kernels (and the 5 costliest), the host's launch calls (a graph replay launches many kernels in
+one), copies by direction and memsets, GPU busy time (the union of their intervals) and wall
+time with and without the profiler. On the CPU the profile has CPU activities only (candle's are
+invisible to it); without torch the frames still run and the row says the profiler was missing.
 """
 
 from __future__ import annotations
@@ -26,16 +16,45 @@ import os
 import tempfile
 import time
 
-import gpu_steady as steady
+from suites import gpu_steady as steady
 
-LAUNCHES = {
-    "cudaLaunchKernel",
-    "cudaLaunchKernelExC",
-    "cudaLaunchCooperativeKernel",
-    "cuLaunchKernel",
-    "cuLaunchKernelEx",
-    "cuLaunchCooperativeKernel",
+PEERS = ("moshi",)
+SIZES = {
+    "tiny": {"census_batches": [1, 2], "census_frames": 2, "steady_warmup": 130, "warmup": 1},
+    "full": {"census_batches": [1, 64], "census_frames": 5, "steady_warmup": 130, "warmup": 5},
 }
+COLUMNS = (
+    "engine=label | dtype | variant | B=batch | kernels / frame=kernels | "
+    "launch calls / frame=launches | copies / frame=copies | GPU busy ÷ wall=busy_over_wall | "
+    "wall ms / frame=wall_ms"
+)
+
+
+def jobs(ctx, sizes):
+    from suites.gpu_rows import gpu_jobs
+
+    return gpu_jobs(ctx, sizes, {"census": "census_batches"})
+
+
+def measure(w, task) -> dict:
+    return census_row(w.engine(), dict(task, device=w.job["device"]), task["batch"])
+
+
+def summary(ctx, rows) -> dict:
+    """The unmasked census of each row, flat (the masked one stays in the rows)."""
+    table = []
+    for r in rows:
+        c = r.get("unmasked") or {}
+        cells = {k: r.get(k) for k in ("ok", "error", "label", "dtype", "variant", "batch")}
+        cells.update(kernels=c.get("kernels_per_frame"), launches=c.get("launch_calls_per_frame"))
+        cells.update(copies=c.get("copies_per_frame"), busy_over_wall=c.get("busy_over_wall"))
+        cells["wall_ms"] = c.get("wall_us_per_frame") and round(c["wall_us_per_frame"] / 1e3, 2)
+        table.append(cells)
+    return {"table": table}
+
+
+LAUNCHES = set("cudaLaunchKernel cudaLaunchKernelExC cudaLaunchCooperativeKernel".split())
+LAUNCHES |= {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel"}
 GRAPH_LAUNCHES = {"cudaGraphLaunch", "cuGraphLaunch"}
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 HOST_API = {"cuda_runtime", "cuda_driver"}
