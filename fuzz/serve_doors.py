@@ -46,7 +46,16 @@ CODEC = ROOT / "tests" / "data" / "codec"
 # The close codes a client may be sent (docs/protocol.md, and websockets' 1002 for a frame that
 # breaks RFC 6455). 1011 means a step failed: a bug.
 ALLOWED_CLOSE = {1000, 1001, 1002, 1003, 1007, 1008, 1009, 1013}
-PATHS = ["/encode", "/decode", "/encode?format=s16le", "/decode?format=f32le", "/health", "/metrics", "/", "/x"]
+PATHS = [
+    "/encode",
+    "/decode",
+    "/encode?format=s16le",
+    "/decode?format=f32le",
+    "/health",
+    "/metrics",
+    "/",
+    "/x",
+]
 HEADERS = ["Host", "Origin", "Authorization", "Upgrade", "Connection", "Sec-WebSocket-Key",
            "Sec-WebSocket-Version", "Content-Length", "Transfer-Encoding", "X-Fuzz"]  # fmt: skip
 READ_TIMEOUT = 0.25
@@ -133,7 +142,9 @@ def frame(fdp: atheris.FuzzedDataProvider) -> bytes:
     if kind == 0:
         payload = b"end"
     elif kind == 1:  # whole f32 samples (or whole frames of 4 codes below 64)
-        payload = np.asarray([fdp.ConsumeIntInRange(0, 63) for _ in range(4 * fdp.ConsumeIntInRange(0, 8))], "<u4")
+        payload = np.asarray(
+            [fdp.ConsumeIntInRange(0, 63) for _ in range(4 * fdp.ConsumeIntInRange(0, 8))], "<u4"
+        )
         payload = payload.tobytes()
     else:
         payload = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300))
