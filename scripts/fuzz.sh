@@ -46,7 +46,7 @@ summary() {
     edges="$(grep -o 'cov: [0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)"
     printf 'fuzz %-11s %5ss %12s execs %7s edges  findings: %s\n' "$name" "$SECONDS_EACH" \
         "${execs:-?}" "${edges:-?}" "$([ "$rc" = 0 ] && echo 0 || echo "1 (rc $rc, see $log)")" \
-        | tee -a "$WORK/summary.txt"
+        | tee "$WORK/$name.summary"
 }
 
 run_rust() {
@@ -85,7 +85,6 @@ if [[ " $ALL_TARGETS " == *" checkpoint "* || " $ALL_TARGETS " == *" config "* |
     echo "== build (cargo +nightly fuzz build, AddressSanitizer)"
     (cd fuzz && time nice -n "${FUZZ_NICE:-0}" cargo +nightly fuzz build)
 fi
-: >"$WORK/summary.txt"
 failed=0
 for t in $ALL_TARGETS; do
     echo "== fuzz $t (${SECONDS_EACH}s)"
@@ -95,5 +94,5 @@ for t in $ALL_TARGETS; do
     esac
 done
 echo "== summary ($MODE; logs in $WORK)"
-cat "$WORK/summary.txt"
+for t in $ALL_TARGETS; do cat "$WORK/$t.summary"; done
 exit "$failed"
