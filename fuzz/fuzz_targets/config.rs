@@ -29,12 +29,18 @@ fn round_trip_transformer(c: &TransformerConfig) {
     assert_eq!(&again, c, "the round trip changed the transformer config");
 }
 
-fn hf_reader(text: &str) {
-    for n_q in [None, Some(text.len() % 40)] {
-        match parse_hf_config(text, "config.json", n_q) {
-            Ok(c) => round_trip_codec(&c, "config.json"),
-            Err(e) => assert_typed(&e, "parse_hf_config"),
-        }
+/// The whole door (text to config), then the same dict with a number of codebooks given.
+fn hf_reader(text: &str, json: Option<&Value>) {
+    match parse_hf_config(text, "config.json", None) {
+        Ok(c) => round_trip_codec(&c, "config.json"),
+        Err(e) => assert_typed(&e, "parse_hf_config"),
+    }
+    let Some(v @ Value::Dict(_)) = json else {
+        return;
+    };
+    match CodecConfig::from_hf(v, Some(text.len() % 40)) {
+        Ok(c) => round_trip_codec(&c, "config.json with num_codebooks"),
+        Err(e) => assert_typed(&e, "from_hf"),
     }
 }
 
@@ -60,8 +66,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    hf_reader(text);
-    if let Ok(json) = serde_json::from_str::<serde_json::Value>(text) {
-        dict_reader(&json_value(&json));
+    let json = serde_json::from_str::<serde_json::Value>(text).ok();
+    let value = json.as_ref().map(json_value);
+    hf_reader(text, value.as_ref());
+    if let Some(v) = &value {
+        dict_reader(v);
     }
 });

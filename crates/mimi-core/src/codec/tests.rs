@@ -550,14 +550,27 @@ mod host_calls {
             other => panic!("{what}: {other:?}"),
         };
         shape_error(c.encode_host(pcm(), None, None).map(drop), "encode");
-        shape_error(c.encode_latents_host(pcm(), None, None).map(drop), "latents");
+        shape_error(
+            c.encode_latents_host(pcm(), None, None).map(drop),
+            "latents",
+        );
         shape_error(c.decode_host(codes(), None, None).map(drop), "decode");
-        shape_error(c.decode_latents_host(codes(), None).map(drop), "decode_latents");
+        shape_error(
+            c.decode_latents_host(codes(), None).map(drop),
+            "decode_latents",
+        );
         let mut s = c.encode_stream();
-        shape_error(c.encode_step_host(&mut s, pcm(), EncodeStep::default()).map(drop), "step");
+        shape_error(
+            c.encode_step_host(&mut s, pcm(), EncodeStep::default())
+                .map(drop),
+            "step",
+        );
         assert_eq!(s.batch(), None, "a refused step starts no stream");
         let mut d = c.decode_stream();
-        shape_error(c.decode_step_host(&mut d, codes(), None).map(drop), "decode_step");
+        shape_error(
+            c.decode_step_host(&mut d, codes(), None).map(drop),
+            "decode_step",
+        );
         assert_eq!(d.batch(), None, "a refused step starts no stream");
     }
 }

@@ -521,7 +521,11 @@ fn ring_rows_write_only_the_stepping_rows_slots() {
 fn an_empty_input_of_an_enormous_batch_is_refused_before_any_work_per_row() {
     let cfg = small_cfg("rope", "layer_norm", None, 4);
     let dev = Device::Cpu;
-    let w = weights::load_transformer_only(&cfg, &TensorSource::seeded(1, cfg.layer_scale), &spec(&dev));
+    let w = weights::load_transformer_only(
+        &cfg,
+        &TensorSource::seeded(1, cfg.layer_scale),
+        &spec(&dev),
+    );
     let model = Transformer::new(&cfg, w.unwrap(), &dev, DType::F32).unwrap();
     let (mut state, mut ws) = (State::default(), Workspace::new());
     let x = crate::host::HostArray::new(vec![], vec![1 << 31, 0, cfg.d_model]);
