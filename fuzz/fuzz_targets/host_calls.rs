@@ -143,7 +143,9 @@ fn lengths_of(l: &Option<Vec<u16>>) -> Option<Vec<usize>> {
 fn check_encode(c: &Codec, pcm: &HostArray<f32>, lengths: Option<&[usize]>, out: &HostArray<u32>) {
     let (b, n, k) = (pcm.shape[0], pcm.shape[2], c.config().quantizer_n_q);
     let frame = c.config().frame_size();
-    assert_eq!(out.shape, [b, k, n.div_ceil(frame)], "encode's shape");
+    // Under `lengths=` the output is as wide as the longest item (the documented rule).
+    let width = lengths.map_or(n, |l| l.iter().copied().max().unwrap_or(0));
+    assert_eq!(out.shape, [b, k, width.div_ceil(frame)], "encode's shape");
     let bins = c.config().quantizer_bins as u32;
     assert!(out.data.iter().all(|&x| x < bins), "a code out of range");
     let Some(lengths) = lengths else { return };
@@ -192,7 +194,11 @@ fn encode(c: &Codec, pcm: &Array, lengths: &Option<Vec<u16>>, latents: bool) -> 
 fn decode(c: &Codec, codes: &Array, lengths: &Option<Vec<u16>>, latents: bool) -> bool {
     let bins = c.config().quantizer_bins as u32;
     let (x, l) = (codes.codes(bins), lengths_of(lengths));
-    let want = |ch: usize, per: usize| (x.shape.len() == 3).then(|| [x.shape[0], ch, x.shape[2] * per]);
+    // Under `lengths=` the output is as wide as the longest item (the documented rule).
+    let frames = |t: usize| l.as_ref().map_or(t, |l| l.iter().copied().max().unwrap_or(0));
+    let want = |ch: usize, per: usize| {
+        (x.shape.len() == 3).then(|| [x.shape[0], ch, frames(x.shape[2]) * per])
+    };
     let got = match latents {
         true => c.decode_latents_host(x.clone(), l.as_deref()).map(|y| (y, c.config().seanet.dimension, 1)),
         false => c.decode_host(x.clone(), l.as_deref(), None).map(|y| (y, c.config().channels, c.config().frame_size())),
