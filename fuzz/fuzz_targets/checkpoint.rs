@@ -18,7 +18,11 @@ fn scratch() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let shm = PathBuf::from("/dev/shm");
-        let dir = if shm.is_dir() { shm } else { std::env::temp_dir() };
+        let dir = if shm.is_dir() {
+            shm
+        } else {
+            std::env::temp_dir()
+        };
         dir.join(format!("mimi-fuzz-{}.safetensors", std::process::id()))
     })
 }

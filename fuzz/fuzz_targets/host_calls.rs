@@ -53,14 +53,20 @@ impl Array {
     }
 
     fn len(&self) -> Option<usize> {
-        let n = self.shape().iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        let n = self
+            .shape()
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))?;
         let n = n.checked_sub(usize::from(self.short && n > 0))?;
         (n <= MAX_VALUES).then_some(n)
     }
 
     fn pcm(&self) -> HostArray<f32> {
         let n = self.len().unwrap_or(MAX_VALUES.min(self.vals.len()));
-        HostArray { data: fill(&self.vals, n), shape: self.shape() }
+        HostArray {
+            data: fill(&self.vals, n),
+            shape: self.shape(),
+        }
     }
 
     /// Codes: each value's bits pick a code around the codebook's size (`bins` in range).
@@ -75,11 +81,16 @@ impl Array {
             0 => vec![0; n],
             k => (0..n).map(|i| pick(&self.vals[i % k])).collect(),
         };
-        HostArray { data, shape: self.shape() }
+        HostArray {
+            data,
+            shape: self.shape(),
+        }
     }
 
     fn finite_and_moderate(&self) -> bool {
-        self.vals.iter().all(|v| v.f32().is_finite() && v.f32().abs() <= 1e3)
+        self.vals
+            .iter()
+            .all(|v| v.f32().is_finite() && v.f32().abs() <= 1e3)
     }
 }
 
@@ -100,15 +111,42 @@ impl Selection {
 
 #[derive(Arbitrary, Debug)]
 enum Call {
-    Encode { pcm: Array, lengths: Option<Vec<u16>>, latents: bool },
-    Decode { codes: Array, lengths: Option<Vec<u16>>, latents: bool },
-    EncodeStep { pcm: Array, active: Option<Vec<bool>>, last: bool, shaped: Option<u8> },
-    DecodeStep { codes: Array, active: Option<Vec<bool>> },
-    Reset { rows: Option<Selection> },
+    Encode {
+        pcm: Array,
+        lengths: Option<Vec<u16>>,
+        latents: bool,
+    },
+    Decode {
+        codes: Array,
+        lengths: Option<Vec<u16>>,
+        latents: bool,
+    },
+    EncodeStep {
+        pcm: Array,
+        active: Option<Vec<bool>>,
+        last: bool,
+        shaped: Option<u8>,
+    },
+    DecodeStep {
+        codes: Array,
+        active: Option<Vec<bool>>,
+    },
+    Reset {
+        rows: Option<Selection>,
+    },
     Copy,
-    Forward { x: Array, active: Option<Vec<bool>>, which: bool },
-    ResetTransformer { rows: Option<Selection>, which: bool },
-    CopyTransformer { from: bool },
+    Forward {
+        x: Array,
+        active: Option<Vec<bool>>,
+        which: bool,
+    },
+    ResetTransformer {
+        rows: Option<Selection>,
+        which: bool,
+    },
+    CopyTransformer {
+        from: bool,
+    },
 }
 
 /// The streams the calls act on: the codec's pair and a transformer's for each of the two.
@@ -125,8 +163,16 @@ fn snapshot(s: &Streams) -> Vec<Vec<u64>> {
         Some(b) => [vec![b as u64], counts.to_vec()].concat(),
         None => vec![u64::MAX],
     };
-    out.push(s.enc.as_ref().map_or(vec![u64::MAX], |e| started(e.batch(), e.counts())));
-    out.push(s.dec.as_ref().map_or(vec![u64::MAX], |d| started(d.batch(), d.counts())));
+    out.push(
+        s.enc
+            .as_ref()
+            .map_or(vec![u64::MAX], |e| started(e.batch(), e.counts())),
+    );
+    out.push(
+        s.dec
+            .as_ref()
+            .map_or(vec![u64::MAX], |d| started(d.batch(), d.counts())),
+    );
     for (st, _) in &s.tr {
         let b = st.batch().map_or(u64::MAX, |b| b as u64);
         out.push([vec![b], st.positions().to_vec()].concat());
@@ -135,7 +181,8 @@ fn snapshot(s: &Streams) -> Vec<Vec<u64>> {
 }
 
 fn lengths_of(l: &Option<Vec<u16>>) -> Option<Vec<usize>> {
-    l.as_ref().map(|l| l.iter().take(8).map(|&x| usize::from(x % 80)).collect())
+    l.as_ref()
+        .map(|l| l.iter().take(8).map(|&x| usize::from(x % 80)).collect())
 }
 
 /// An offline encode's codes are in range, of the call's shape, and under `lengths=` each
@@ -153,14 +200,23 @@ fn check_encode(c: &Codec, pcm: &HostArray<f32>, lengths: Option<&[usize]>, out:
     for (i, &l) in lengths.iter().enumerate() {
         let ch = pcm.shape[1];
         let item = pcm.data[i * ch * n..(i + 1) * ch * n].to_vec();
-        let mine: Vec<f32> = (0..ch).flat_map(|j| item[j * n..j * n + l].to_vec()).collect();
+        let mine: Vec<f32> = (0..ch)
+            .flat_map(|j| item[j * n..j * n + l].to_vec())
+            .collect();
         let alone = c.encode_host(HostArray::new(mine, vec![1, ch, l]), None, None);
         let alone = alone.expect("an item that encoded in a batch encodes alone");
         let tl = l.div_ceil(frame);
         for q in 0..k {
             let row = &out.data[(i * k + q) * t..(i * k + q + 1) * t];
-            assert_eq!(&row[..tl], &alone.data[q * tl..(q + 1) * tl], "item {i} differs alone");
-            assert!(row[tl..].iter().all(|&x| x == 0), "item {i}: codes past its length");
+            assert_eq!(
+                &row[..tl],
+                &alone.data[q * tl..(q + 1) * tl],
+                "item {i} differs alone"
+            );
+            assert!(
+                row[tl..].iter().all(|&x| x == 0),
+                "item {i}: codes past its length"
+            );
         }
     }
 }
@@ -195,34 +251,60 @@ fn decode(c: &Codec, codes: &Array, lengths: &Option<Vec<u16>>, latents: bool) -
     let bins = c.config().quantizer_bins as u32;
     let (x, l) = (codes.codes(bins), lengths_of(lengths));
     // Under `lengths=` the output is as wide as the longest item (the documented rule).
-    let frames = |t: usize| l.as_ref().map_or(t, |l| l.iter().copied().max().unwrap_or(0));
+    let frames = |t: usize| {
+        l.as_ref()
+            .map_or(t, |l| l.iter().copied().max().unwrap_or(0))
+    };
     let want = |ch: usize, per: usize| {
         (x.shape.len() == 3).then(|| [x.shape[0], ch, frames(x.shape[2]) * per])
     };
     let got = match latents {
-        true => c.decode_latents_host(x.clone(), l.as_deref()).map(|y| (y, c.config().seanet.dimension, 1)),
-        false => c.decode_host(x.clone(), l.as_deref(), None).map(|y| (y, c.config().channels, c.config().frame_size())),
+        true => c
+            .decode_latents_host(x.clone(), l.as_deref())
+            .map(|y| (y, c.config().seanet.dimension, 1)),
+        false => c
+            .decode_host(x.clone(), l.as_deref(), None)
+            .map(|y| (y, c.config().channels, c.config().frame_size())),
     };
     match got {
         Ok((y, ch, per)) => {
-            assert_eq!(Some(y.shape.as_slice()), want(ch, per).as_ref().map(|w| &w[..]), "decode's shape");
-            assert!(y.data.iter().all(|v| v.is_finite()), "decoded audio is not finite");
+            assert_eq!(
+                Some(y.shape.as_slice()),
+                want(ch, per).as_ref().map(|w| &w[..]),
+                "decode's shape"
+            );
+            assert!(
+                y.data.iter().all(|v| v.is_finite()),
+                "decoded audio is not finite"
+            );
             false
         }
         Err(e) => refused(&e, "decode"),
     }
 }
 
-fn encode_step(c: &Codec, s: &mut Streams, pcm: &Array, active: &Option<Vec<bool>>, last: bool, shaped: Option<u8>) -> bool {
+fn encode_step(
+    c: &Codec,
+    s: &mut Streams,
+    pcm: &Array,
+    active: &Option<Vec<bool>>,
+    last: bool,
+    shaped: Option<u8>,
+) -> bool {
     let x = pcm.pcm();
-    let input: HostInput<f32> = match shaped.map(|k| [Input::Pcm, Input::Codes, Input::CodesToDecode][usize::from(k % 3)]) {
+    let input: HostInput<f32> = match shaped
+        .map(|k| [Input::Pcm, Input::Codes, Input::CodesToDecode][usize::from(k % 3)])
+    {
         Some(kind) => match c.input_shape(kind, &x.shape) {
             Ok(checked) => HostInput::Shaped(checked, x.data),
             Err(e) => return refused(&e, "input_shape"),
         },
         None => x.into(),
     };
-    let step = EncodeStep { active: active.as_ref().map(|m| Rows::from_mask(m)), last };
+    let step = EncodeStep {
+        active: active.as_ref().map(|m| Rows::from_mask(m)),
+        last,
+    };
     let stream = s.enc.get_or_insert_with(|| c.encode_stream());
     let bins = c.config().quantizer_n_q;
     match c.encode_step_host(stream, input, step) {
@@ -241,7 +323,10 @@ fn decode_step(c: &Codec, s: &mut Streams, codes: &Array, active: &Option<Vec<bo
     let rows = active.as_ref().map(|m| Rows::from_mask(m));
     match c.decode_step_host(stream, x, rows) {
         Ok(Some(y)) => {
-            assert!(y.data.iter().all(|v| v.is_finite()), "decoded audio is not finite");
+            assert!(
+                y.data.iter().all(|v| v.is_finite()),
+                "decoded audio is not finite"
+            );
             false
         }
         Ok(None) => false,
@@ -307,7 +392,10 @@ fn reset_codec(s: &mut Streams, rows: &Option<Selection>) -> bool {
         (s.enc, s.dec) = (None, None);
         return false;
     };
-    let mut pair = StreamPair { enc: &mut s.enc, dec: &mut s.dec };
+    let mut pair = StreamPair {
+        enc: &mut s.enc,
+        dec: &mut s.dec,
+    };
     match pair.reset_rows(&sel.get()) {
         Ok(()) => false,
         Err(e) => refused(&e, "reset_state(rows=)"),
@@ -316,7 +404,10 @@ fn reset_codec(s: &mut Streams, rows: &Option<Selection>) -> bool {
 
 fn copy_codec(s: &mut Streams) -> bool {
     let copies = copy_pair(s.enc.as_ref(), s.dec.as_ref()).expect("a deep copy");
-    let mut pair = StreamPair { enc: &mut s.enc, dec: &mut s.dec };
+    let mut pair = StreamPair {
+        enc: &mut s.enc,
+        dec: &mut s.dec,
+    };
     pair.replace(copies).expect("a stream's own copy fits it");
     false
 }
@@ -324,11 +415,22 @@ fn copy_codec(s: &mut Streams) -> bool {
 /// Runs `call`; `true` if it was rejected.
 fn run(c: &Codec, s: &mut Streams, call: &Call) -> bool {
     match call {
-        Call::Encode { pcm, lengths, latents } => encode(c, pcm, lengths, *latents),
-        Call::Decode { codes, lengths, latents } => decode(c, codes, lengths, *latents),
-        Call::EncodeStep { pcm, active, last, shaped } => {
-            encode_step(c, s, pcm, active, *last, *shaped)
-        }
+        Call::Encode {
+            pcm,
+            lengths,
+            latents,
+        } => encode(c, pcm, lengths, *latents),
+        Call::Decode {
+            codes,
+            lengths,
+            latents,
+        } => decode(c, codes, lengths, *latents),
+        Call::EncodeStep {
+            pcm,
+            active,
+            last,
+            shaped,
+        } => encode_step(c, s, pcm, active, *last, *shaped),
         Call::DecodeStep { codes, active } => decode_step(c, s, codes, active),
         Call::Reset { rows } => reset_codec(s, rows),
         Call::Copy => copy_codec(s),
@@ -340,7 +442,11 @@ fn run(c: &Codec, s: &mut Streams, call: &Call) -> bool {
 
 fuzz_target!(|calls: Vec<Call>| {
     let c = pico_codec();
-    let mut s = Streams { enc: None, dec: None, tr: Default::default() };
+    let mut s = Streams {
+        enc: None,
+        dec: None,
+        tr: Default::default(),
+    };
     for call in calls.iter().take(12) {
         let before = snapshot(&s);
         let offline = matches!(call, Call::Encode { .. } | Call::Decode { .. });

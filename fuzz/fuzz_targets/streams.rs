@@ -16,14 +16,36 @@ use mimi_fuzz::{mask, pico_codec, signal, small_transformers};
 #[derive(Arbitrary, Debug)]
 enum Op {
     /// A step of stream `which` (0 or 1): every row, or the rows of `mask`.
-    Step { which: bool, mask: Option<u8>, tokens: u8, seed: u16 },
-    ResetRows { which: bool, rows: u8 },
-    Reset { which: bool },
+    Step {
+        which: bool,
+        mask: Option<u8>,
+        tokens: u8,
+        seed: u16,
+    },
+    ResetRows {
+        which: bool,
+        rows: u8,
+    },
+    Reset {
+        which: bool,
+    },
     /// Stream `!from` continues as `from` would (`copy_state`, across the two models).
-    Copy { from: bool },
-    Encode { mask: Option<u8>, frames: u8, seed: u16 },
-    Decode { mask: Option<u8>, frames: u8, seed: u16 },
-    CodecResetRows { rows: u8 },
+    Copy {
+        from: bool,
+    },
+    Encode {
+        mask: Option<u8>,
+        frames: u8,
+        seed: u16,
+    },
+    Decode {
+        mask: Option<u8>,
+        frames: u8,
+        seed: u16,
+    },
+    CodecResetRows {
+        rows: u8,
+    },
     /// The codec's pair forks: the spare pair becomes a copy of the main one.
     Fork,
     /// The main pair and the spare swap (the fork continues; the main pair rests).
@@ -56,20 +78,35 @@ fn step_transformer(model: &Transformer, s: &mut TrStream, bits: Option<u8>, t: 
     let (b, d) = (s.alone.len(), model.config().d_model);
     let x = signal(seed, b * t * d);
     let rows = rows_of(bits, b);
-    let stepping: Vec<usize> = rows.as_ref().map_or((0..b).collect(), |r| r.indices().to_vec());
-    let y = model.forward_host((&mut s.state, &mut s.ws), HostArray::new(x.clone(), vec![b, t, d]), rows);
+    let stepping: Vec<usize> = rows
+        .as_ref()
+        .map_or((0..b).collect(), |r| r.indices().to_vec());
+    let y = model.forward_host(
+        (&mut s.state, &mut s.ws),
+        HostArray::new(x.clone(), vec![b, t, d]),
+        rows,
+    );
     let y = y.expect("a valid step of a transformer stream");
     let n = t * d;
     for r in 0..b {
         let got = &y.data[r * n..(r + 1) * n];
         if !stepping.contains(&r) {
-            assert!(got.iter().all(|&v| v == 0.0), "resting row {r} is not zeros");
+            assert!(
+                got.iter().all(|&v| v == 0.0),
+                "resting row {r} is not zeros"
+            );
             continue;
         }
         let (st, ws) = &mut s.alone[r];
         let one = HostArray::new(x[r * n..(r + 1) * n].to_vec(), vec![1, t, d]);
-        let want = model.forward_host((st, ws), one, None).expect("a row alone steps");
-        assert_eq!(bits_of(got), bits_of(&want.data), "row {r} differs from the row alone");
+        let want = model
+            .forward_host((st, ws), one, None)
+            .expect("a row alone steps");
+        assert_eq!(
+            bits_of(got),
+            bits_of(&want.data),
+            "row {r} differs from the row alone"
+        );
     }
 }
 
@@ -80,12 +117,25 @@ fn bits_of(v: &[f32]) -> Vec<u32> {
 /// Stream `to` continues as `from` would, on its own model (same state shape).
 fn copy_transformer(models: &[Transformer; 2], tr: &mut [TrStream; 2], from: usize) {
     let to = 1 - from;
-    models[to].check_state_source(&models[from]).expect("the two models' states fit");
-    let state = models[to].fitting(tr[from].state.deep_copy().unwrap()).unwrap();
+    models[to]
+        .check_state_source(&models[from])
+        .expect("the two models' states fit");
+    let state = models[to]
+        .fitting(tr[from].state.deep_copy().unwrap())
+        .unwrap();
     let alone: Vec<_> = (tr[from].alone.iter())
-        .map(|(s, _)| (models[to].fitting(s.deep_copy().unwrap()).unwrap(), Workspace::new()))
+        .map(|(s, _)| {
+            (
+                models[to].fitting(s.deep_copy().unwrap()).unwrap(),
+                Workspace::new(),
+            )
+        })
         .collect();
-    tr[to] = TrStream { state, ws: Workspace::new(), alone };
+    tr[to] = TrStream {
+        state,
+        ws: Workspace::new(),
+        alone,
+    };
 }
 
 /// A codec's two streams of `batch` rows and each row's pair alone.
@@ -97,12 +147,19 @@ struct Pair {
 
 impl Pair {
     fn new(c: &Codec, batch: usize) -> Self {
-        let alone = (0..batch).map(|_| (c.encode_stream(), c.decode_stream())).collect();
-        Pair { enc: c.encode_stream(), dec: c.decode_stream(), alone }
+        let alone = (0..batch)
+            .map(|_| (c.encode_stream(), c.decode_stream()))
+            .collect();
+        Pair {
+            enc: c.encode_stream(),
+            dec: c.decode_stream(),
+            alone,
+        }
     }
 
     fn fork(&self) -> Self {
-        let copy = |e: &EncodeStream, d: &DecodeStream| (e.deep_copy().unwrap(), d.deep_copy().unwrap());
+        let copy =
+            |e: &EncodeStream, d: &DecodeStream| (e.deep_copy().unwrap(), d.deep_copy().unwrap());
         let (enc, dec) = copy(&self.enc, &self.dec);
         let alone = self.alone.iter().map(|(e, d)| copy(e, d)).collect();
         Pair { enc, dec, alone }
@@ -128,19 +185,33 @@ fn encode(c: &Codec, p: &mut Pair, bits: Option<u8>, frames: usize, seed: u64) {
     let (b, n) = (p.alone.len(), frames * c.config().frame_size());
     let x = signal(seed, b * n);
     let rows = rows_of(bits, b);
-    let stepping: Vec<usize> = rows.as_ref().map_or((0..b).collect(), |r| r.indices().to_vec());
-    let step = EncodeStep { active: rows, last: false };
+    let stepping: Vec<usize> = rows
+        .as_ref()
+        .map_or((0..b).collect(), |r| r.indices().to_vec());
+    let step = EncodeStep {
+        active: rows,
+        last: false,
+    };
     let y = c.encode_step_host(&mut p.enc, HostArray::new(x.clone(), vec![b, 1, n]), step);
     let y = y.expect("a valid encode step");
     for r in 0..b {
         let got = y.as_ref().map(|y| row(y, r));
         if !stepping.contains(&r) {
-            assert!(got.is_none_or(|g| g.iter().all(|&v| v == 0)), "resting row {r}: codes");
+            assert!(
+                got.is_none_or(|g| g.iter().all(|&v| v == 0)),
+                "resting row {r}: codes"
+            );
             continue;
         }
         let one = HostArray::new(x[r * n..(r + 1) * n].to_vec(), vec![1, 1, n]);
-        let want = c.encode_step_host(&mut p.alone[r].0, one, EncodeStep::default()).unwrap();
-        assert_eq!(got, want.as_ref().map(|w| row(w, 0)), "row {r}'s codes differ alone");
+        let want = c
+            .encode_step_host(&mut p.alone[r].0, one, EncodeStep::default())
+            .unwrap();
+        assert_eq!(
+            got,
+            want.as_ref().map(|w| row(w, 0)),
+            "row {r}'s codes differ alone"
+        );
     }
 }
 
@@ -153,19 +224,32 @@ fn decode(c: &Codec, p: &mut Pair, bits: Option<u8>, frames: usize, seed: u64) {
         .map(|v| ((v + 1.0) * 0.5 * bins) as u32 % bins as u32)
         .collect();
     let rows = rows_of(bits, b);
-    let stepping: Vec<usize> = rows.as_ref().map_or((0..b).collect(), |r| r.indices().to_vec());
-    let y = c.decode_step_host(&mut p.dec, HostArray::new(codes.clone(), vec![b, k, frames]), rows);
+    let stepping: Vec<usize> = rows
+        .as_ref()
+        .map_or((0..b).collect(), |r| r.indices().to_vec());
+    let y = c.decode_step_host(
+        &mut p.dec,
+        HostArray::new(codes.clone(), vec![b, k, frames]),
+        rows,
+    );
     let y = y.expect("a valid decode step");
     let per = k * frames;
     for r in 0..b {
         let got = y.as_ref().map(|y| bits_of(row(y, r)));
         if !stepping.contains(&r) {
-            assert!(got.is_none_or(|g| g.iter().all(|&v| v == 0)), "resting row {r}: audio");
+            assert!(
+                got.is_none_or(|g| g.iter().all(|&v| v == 0)),
+                "resting row {r}: audio"
+            );
             continue;
         }
         let one = HostArray::new(codes[r * per..(r + 1) * per].to_vec(), vec![1, k, frames]);
         let want = c.decode_step_host(&mut p.alone[r].1, one, None).unwrap();
-        assert_eq!(got, want.map(|w| bits_of(&w.data)), "row {r}'s audio differs alone");
+        assert_eq!(
+            got,
+            want.map(|w| bits_of(&w.data)),
+            "row {r}'s audio differs alone"
+        );
     }
 }
 
@@ -180,7 +264,12 @@ fn apply(w: &mut World, op: &Op) {
     let (models, c, b) = (small_transformers(), pico_codec(), w.batch);
     let rows = |bits: u8| (0..b).filter(|r| bits >> r & 1 == 1).collect::<Vec<_>>();
     match *op {
-        Op::Step { which, mask, tokens, seed } => {
+        Op::Step {
+            which,
+            mask,
+            tokens,
+            seed,
+        } => {
             let (m, t) = (usize::from(which), usize::from(tokens % 3) + 1);
             step_transformer(&models[m], &mut w.tr[m], mask, t, u64::from(seed));
         }
@@ -192,8 +281,16 @@ fn apply(w: &mut World, op: &Op) {
         }
         Op::Reset { which } => w.tr[usize::from(which)] = fresh_transformer(b),
         Op::Copy { from } => copy_transformer(models, &mut w.tr, usize::from(from)),
-        Op::Encode { mask, frames, seed } => encode(c, &mut w.main, mask, usize::from(frames % 3), seed.into()),
-        Op::Decode { mask, frames, seed } => decode(c, &mut w.main, mask, usize::from(frames % 2) + 1, seed.into()),
+        Op::Encode { mask, frames, seed } => {
+            encode(c, &mut w.main, mask, usize::from(frames % 3), seed.into())
+        }
+        Op::Decode { mask, frames, seed } => decode(
+            c,
+            &mut w.main,
+            mask,
+            usize::from(frames % 2) + 1,
+            seed.into(),
+        ),
         Op::CodecResetRows { rows: bits } => w.main.reset_rows(c, &rows(bits)),
         Op::Fork => w.spare = w.main.fork(),
         Op::Swap => std::mem::swap(&mut w.main, &mut w.spare),
@@ -202,7 +299,10 @@ fn apply(w: &mut World, op: &Op) {
 
 fn fresh_transformer(b: usize) -> TrStream {
     let alone = (0..b).map(|_| Default::default()).collect();
-    TrStream { alone, ..Default::default() }
+    TrStream {
+        alone,
+        ..Default::default()
+    }
 }
 
 fuzz_target!(|seq: Sequence| {
