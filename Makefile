@@ -8,7 +8,7 @@ PKG ?= .
 # pytest runs without Rust on PATH: the installed package must not need a toolchain.
 NO_RUST_PATH := $(shell printf '%s' "$$PATH" | tr ':' '\n' | grep -v -e '\.cargo' -e rustup | paste -sd: -)
 
-.PHONY: test check dev core-free layout lint stubtest test-rust test-python
+.PHONY: test check dev core-free layout lint stubtest test-rust test-python fuzz
 
 # The README's test command: install the package with its test tools, then check everything.
 # The test extra holds every other extra, so a suite whose extra is missing fails, not skips
@@ -55,3 +55,8 @@ test-rust:
 
 test-python:
 	PATH="$(NO_RUST_PATH)" $(PYTHON) -m pytest -q
+
+# The fuzz campaign: each target of fuzz/ and the server's doors for 10 minutes (FUZZ_SECONDS),
+# growing the corpus in fuzz/target/campaign; CI runs the same script for 30 s each.
+fuzz:
+	PYTHON=$(PYTHON) scripts/fuzz.sh campaign

@@ -58,6 +58,14 @@ HUGE_SCRIPT = textwrap.dedent(
             small_codec().decode(np.broadcast_to(np.uint32(1), (1, 4, 2**16)))
         elif case == "decode_step_over_memory":
             small_codec().decode_step(np.broadcast_to(np.uint32(1), (1, 4, 2**16)))
+        elif case == "empty_batch_encode":
+            small_codec().encode(np.zeros((2**31, 1, 0), np.float32))
+        elif case == "empty_batch_decode":
+            small_codec().decode(np.zeros((2**31, 4, 0), np.uint32))
+        elif case == "empty_batch_decode_step":
+            small_codec().decode_step(np.zeros((2**31, 4, 0), np.uint32))
+        elif case == "empty_batch_forward":
+            M.StreamingTransformer(TF).forward(np.zeros((2**31, 0, 32), np.float32))
         elif case == "transformer_config":
             M.StreamingTransformer(M.TransformerConfig(d_model=2**16, num_heads=2, num_layers=64,
                                                        dim_feedforward=2**20))
@@ -112,6 +120,17 @@ def test_calls_that_would_not_fit_are_refused_by_the_memory_estimate(case):
     alike raise ResourceError (the core's one memory check), before computing anything."""
     name, _, line = run_huge(case)
     assert name == "ResourceError" and "GiB of memory" in line, line
+
+
+@pytest.mark.parametrize(
+    "case", ["empty_batch_encode", "empty_batch_decode", "empty_batch_decode_step", "empty_batch_forward"]
+)
+def test_an_empty_array_of_an_enormous_batch_is_a_shape_error(case):
+    """An array with no values but 2**31 rows costs nothing to make, and passes the size rule
+    (it holds 0 values); the fuzzer found that a call then listed its rows and aborted. The
+    batch is bounded on its own: ShapeError, naming the batch, before any work per row."""
+    name, _, line = run_huge(case)
+    assert name == "ShapeError" and "batch of 2147483648 rows" in line, line
 
 
 def run_huge(case):

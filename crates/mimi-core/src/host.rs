@@ -121,6 +121,23 @@ pub fn check_size(shape: &[usize], what: &str) -> Result<()> {
     }
 }
 
+/// The most rows one call or stream takes: 2^16. A call does work and keeps state per row
+/// whatever the row's length, so the batch is bounded on its own: an empty input of an
+/// enormous batch (a numpy array of shape `(2**31, k, 0)` costs nothing) holds no values and
+/// passes [`check_size`].
+pub const MAX_BATCH: usize = 1 << 16;
+
+/// Refuses a batch of more than [`MAX_BATCH`] rows (`what`: the input, for the message).
+pub fn check_batch_size(batch: usize, what: &str) -> Result<()> {
+    if batch > MAX_BATCH {
+        return Err(Error::Shape(format!(
+            "{what} has a batch of {batch} rows: at most {MAX_BATCH} are accepted in one call \
+             or stream; split the batch"
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses NaN and Inf in the batch rows `rows` of `(data, shape)` (all rows if `None`):
 /// the inactive rows of a masked step may hold anything.
 pub fn check_finite(
@@ -159,6 +176,11 @@ mod tests {
         assert!(matches!(
             check_size(&[1 << 20, 1 << 20], "x"),
             Err(Error::Shape(_))
+        ));
+        assert!(check_batch_size(MAX_BATCH, "x").is_ok());
+        assert!(matches!(
+            check_batch_size(MAX_BATCH + 1, "x"),
+            Err(Error::Shape(m)) if m.contains("batch of 65537 rows")
         ));
         let e = check_finite(&[0.0, f32::NAN, 1.0, 2.0], &[2, 2], Some(&[1]), "pcm");
         assert!(e.is_ok(), "an inactive row may hold NaN");

@@ -278,19 +278,25 @@ pub fn read_hf_config(json: &Path, num_codebooks: Option<usize>) -> Result<Codec
         msg: format!("cannot read {}", json.display()),
         source: e,
     })?;
-    let parsed: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Weights(format!("{} is not valid JSON: {e}", json.display())))?;
+    parse_hf_config(&text, &json.display().to_string(), num_codebooks)
+}
+
+/// [`read_hf_config`] on a file's text; `origin` names it in messages.
+pub fn parse_hf_config(
+    text: &str,
+    origin: &str,
+    num_codebooks: Option<usize>,
+) -> Result<CodecConfig> {
+    let parsed: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::Weights(format!("{origin} is not valid JSON: {e}")))?;
     if !parsed.is_object() {
-        return Err(Error::Weights(format!(
-            "{} is not a JSON object",
-            json.display()
-        )));
+        return Err(Error::Weights(format!("{origin} is not a JSON object")));
     }
     CodecConfig::from_hf(&json_value(&parsed), num_codebooks)
 }
 
-/// A JSON value as a config [`Value`].
-fn json_value(v: &serde_json::Value) -> Value {
+/// A JSON value as a config [`Value`] (how a `config.json` reaches the config readers).
+pub fn json_value(v: &serde_json::Value) -> Value {
     use serde_json::Value as J;
     match v {
         J::Null => Value::None,

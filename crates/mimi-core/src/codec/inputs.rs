@@ -6,7 +6,7 @@
 
 use super::model::Codec;
 use crate::error::{Error, Result};
-use crate::host::{check_finite, check_size, CheckedShape, HostArray, HostInput};
+use crate::host::{check_batch_size, check_finite, check_size, CheckedShape, HostArray, HostInput};
 use crate::rows::Rows;
 
 /// A code as the codec takes it: `v` in `[0, bins)` (a binding reads wider integers first).
@@ -112,6 +112,7 @@ impl Codec {
             }
         };
         check_size(&shape3, "pcm")?;
+        check_batch_size(shape3[0], "pcm")?;
         self.check_offline_memory(
             shape3[0],
             shape3[2],
@@ -133,6 +134,7 @@ impl Codec {
             }
         };
         check_size(shape, "codes")?;
+        check_batch_size(b, "codes")?;
         if decoded {
             let samples = t.saturating_mul(self.config().frame_size());
             check_size(&[b, self.config().channels, samples], "decoded audio")?;

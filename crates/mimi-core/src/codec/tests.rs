@@ -533,6 +533,46 @@ mod host_calls {
         let none = c.decode_step_host(&mut d, HostArray::new(vec![], vec![3, k, 0]), active);
         assert!(matches!(none, Ok(None)), "{none:?}");
     }
+
+    /// An input with no values but an enormous batch (a numpy array of shape
+    /// `(2**31, k, 0)` costs nothing) is refused by its shape, before any work per row: the
+    /// fuzzer found that it passed every size rule (it holds 0 values) and then a list of
+    /// its 2^31 rows was allocated (16 GiB), which aborted the process.
+    #[test]
+    fn an_empty_input_of_an_enormous_batch_is_refused_before_any_work_per_row() {
+        let c = tiny();
+        let k = c.config().quantizer_n_q;
+        let huge = 1usize << 31;
+        let pcm = || HostArray::new(vec![], vec![huge, 1, 0]);
+        let codes = || HostArray::new(vec![], vec![huge, k, 0]);
+        let shape_error = |r: Result<(), Error>, what: &str| match r {
+            Err(Error::Shape(m)) => assert!(m.contains("batch"), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        };
+        shape_error(c.encode_host(pcm(), None, None).map(drop), "encode");
+        shape_error(
+            c.encode_latents_host(pcm(), None, None).map(drop),
+            "latents",
+        );
+        shape_error(c.decode_host(codes(), None, None).map(drop), "decode");
+        shape_error(
+            c.decode_latents_host(codes(), None).map(drop),
+            "decode_latents",
+        );
+        let mut s = c.encode_stream();
+        shape_error(
+            c.encode_step_host(&mut s, pcm(), EncodeStep::default())
+                .map(drop),
+            "step",
+        );
+        assert_eq!(s.batch(), None, "a refused step starts no stream");
+        let mut d = c.decode_stream();
+        shape_error(
+            c.decode_step_host(&mut d, codes(), None).map(drop),
+            "decode_step",
+        );
+        assert_eq!(d.batch(), None, "a refused step starts no stream");
+    }
 }
 
 /// The streaming steps' stages on the engines' own activations.

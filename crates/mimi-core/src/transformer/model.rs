@@ -253,6 +253,7 @@ impl Transformer {
         crate::runtime::profile::shape_checked();
         self.check_input(shape)?;
         crate::host::check_size(shape, "x")?;
+        crate::host::check_batch_size(shape[0], "x")?;
         crate::runtime::memory::check_memory(
             self.call_memory(shape),
             "this call",

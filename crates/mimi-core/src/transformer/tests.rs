@@ -588,3 +588,26 @@ fn graph_replays_equal_eager_steps_bit_for_bit() {
         );
     }
 }
+
+/// An input with no values but an enormous batch (`(2**31, 0, d)`) is refused by its shape
+/// before any work per row (the fuzzer's finding: it held 0 values, passed the size rule,
+/// then a list of its 2^31 rows was allocated and the process aborted); the stream stays
+/// unstarted.
+#[test]
+fn an_empty_input_of_an_enormous_batch_is_refused_before_any_work_per_row() {
+    let cfg = small_cfg("rope", "layer_norm", None, 4);
+    let dev = Device::Cpu;
+    let w = weights::load_transformer_only(
+        &cfg,
+        &TensorSource::seeded(1, cfg.layer_scale),
+        &spec(&dev),
+    );
+    let model = Transformer::new(&cfg, w.unwrap(), &dev, DType::F32).unwrap();
+    let (mut state, mut ws) = (State::default(), Workspace::new());
+    let x = crate::host::HostArray::new(vec![], vec![1 << 31, 0, cfg.d_model]);
+    match model.forward_host((&mut state, &mut ws), x, None) {
+        Err(Error::Shape(m)) => assert!(m.contains("batch"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(state.batch(), None);
+}
