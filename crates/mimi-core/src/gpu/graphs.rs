@@ -132,9 +132,8 @@ impl<B> Graphs<B> {
         action
     }
 
-    /// Captures a step of shape `key`: `make` allocates the fixed buffers, `fill` writes this
-    /// step's inputs into them (outside the capture), `step` is what the graph records and
-    /// then runs. Returns the buffers (their output holds the step's result), or `None`
+    /// Captures a step of shape `key`: `make` allocates the fixed buffers holding this step's
+    /// inputs (outside the capture), `step` is what the graph records and then runs. Returns the buffers (their output holds the step's result), or `None`
     /// when the capture failed: the shape runs eagerly from then on and nothing was run (a
     /// capture-free recorder's error is the step's own, returned).
     pub fn capture(
@@ -142,11 +141,9 @@ impl<B> Graphs<B> {
         dev: &Device,
         key: GraphKey,
         make: impl FnOnce() -> Result<B>,
-        fill: impl FnOnce(&B) -> Result<()>,
         step: impl Fn(&B) -> Result<()>,
     ) -> Result<Option<&B>> {
         let bufs = make()?;
-        fill(&bufs)?;
         let recorded = record(dev, || step(&bufs))?;
         self.plan.captured(key, recorded.is_some());
         let Some(recorded) = recorded else {
@@ -381,13 +378,13 @@ mod tests {
             c.set(c.get() * 10 + 1);
             Ok(())
         };
-        let made = || Ok(std::cell::Cell::new(0));
+        let made = || Ok(std::cell::Cell::new(2));
         let fill = |c: &std::cell::Cell<u32>| {
             c.set(c.get() + 2);
             Ok(())
         };
-        let b = graphs.capture(&Device::Cpu, k, made, fill, bump).unwrap();
-        assert_eq!(b.map(|c| c.get()), Some(21), "filled, then run once");
+        let b = graphs.capture(&Device::Cpu, k, made, bump).unwrap();
+        assert_eq!(b.map(|c| c.get()), Some(21), "made, then run once");
         assert_eq!(graphs.decide(k), Action::Replay);
         let b = graphs.replay(&Device::Cpu, k, fill, bump).unwrap();
         assert_eq!(b.get(), 231);

@@ -186,6 +186,16 @@ impl Transformer {
     /// cos/sin of the rotary angles for positions `p..p+t` of each row's `p` in `pos`,
     /// `(rows, t, head_dim/2)` in f32: one host buffer each, one copy to the device.
     pub(super) fn rope_tables(&self, pos: &[u64], t: usize) -> Result<(Tensor, Tensor)> {
+        let (cos, sin) = self.rope_values(pos, t);
+        let shape = (pos.len(), t, self.cfg.head_dim() / 2);
+        Ok((
+            Tensor::from_vec(cos, shape, &self.device)?,
+            Tensor::from_vec(sin, shape, &self.device)?,
+        ))
+    }
+
+    /// [`Self::rope_tables`]' values on the host.
+    pub(super) fn rope_values(&self, pos: &[u64], t: usize) -> (Vec<f32>, Vec<f32>) {
         let half = self.cfg.head_dim() / 2;
         let n = pos.len() * t * half;
         let (mut cos, mut sin) = (vec![0f32; n], vec![0f32; n]);
@@ -194,16 +204,19 @@ impl Transformer {
         for (p, (c, s)) in tokens.zip(pairs) {
             rope_at(&self.cfg, p, c, s);
         }
-        let shape = (pos.len(), t, half);
-        Ok((
-            Tensor::from_vec(cos, shape, &self.device)?,
-            Tensor::from_vec(sin, shape, &self.device)?,
-        ))
+        (cos, sin)
     }
 
     /// Sinusoidal embeddings `[cos(p f), sin(p f)]` for positions `p..p+t` of each row's `p`
     /// in `pos`, `(rows, t, d)`.
     pub(super) fn sin_embedding(&self, pos: &[u64], t: usize) -> Result<Tensor> {
+        let e = self.sin_values(pos, t);
+        let e = Tensor::from_vec(e, (pos.len(), t, self.cfg.d_model), &self.device)?;
+        Ok(cast(&e, self.dtype)?)
+    }
+
+    /// [`Self::sin_embedding`]'s values on the host, in f32.
+    pub(super) fn sin_values(&self, pos: &[u64], t: usize) -> Vec<f32> {
         let d = self.cfg.d_model;
         let mut out = vec![0f32; pos.len() * t * d];
         let tokens = pos.iter().flat_map(|&p| p..p + t as u64);
@@ -211,8 +224,7 @@ impl Transformer {
             let (c, s) = row.split_at_mut(d / 2);
             sin_embedding_at(&self.cfg, p, c, s);
         }
-        let e = Tensor::from_vec(out, (pos.len(), t, d), &self.device)?;
-        Ok(cast(&e, self.dtype)?)
+        out
     }
 
     /// Additive mask for `t` queries at `pos..pos+t` over `n_old` cached keys (ring slots

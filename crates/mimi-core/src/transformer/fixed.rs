@@ -22,7 +22,7 @@
 //! the filled slots, masked rows gathered and scattered) for comparison.
 
 use super::model::Transformer;
-use super::positions::{rope_at, sin_embedding_at, STEP_TOKENS};
+use super::positions::STEP_TOKENS;
 use super::state::{ring_slot, slot_position, LayerCache};
 use super::step_graphs::{StepBuffers, StepGraphs, StepInputs};
 use crate::config::PositionalEmbedding;
@@ -129,7 +129,7 @@ impl Transformer {
             Action::Replay => graphs.replay(dev, key, fill, step)?,
             Action::Capture => {
                 let make = || self.buffers(&tables, xs);
-                match graphs.capture(dev, key, make, |_| Ok(()), step)? {
+                match graphs.capture(dev, key, make, step)? {
                     Some(b) => b,
                     None => return eager(),
                 }
@@ -171,33 +171,11 @@ impl Transformer {
     fn host_tables(&self, pos: &[u64], rows: &[usize], t: usize) -> HostTables {
         let (heads, hd, slots) = (self.cfg.num_heads, self.cfg.head_dim(), self.ring_slots);
         let every = rows.len() == pos.len();
-        let tokens = || pos.iter().flat_map(|&p| p..p + t as u64);
-        let (mut rope, mut sin) = (None, None);
-        match self.cfg.positional_embedding {
-            PositionalEmbedding::Rope => {
-                let half = hd / 2;
-                let (mut c, mut s) = (
-                    vec![0f32; pos.len() * t * half],
-                    vec![0f32; pos.len() * t * half],
-                );
-                for (p, (c, s)) in
-                    tokens().zip(c.chunks_exact_mut(half).zip(s.chunks_exact_mut(half)))
-                {
-                    rope_at(&self.cfg, p, c, s);
-                }
-                rope = Some((c, s));
-            }
-            PositionalEmbedding::Sin => {
-                let d = self.cfg.d_model;
-                let mut e = vec![0f32; pos.len() * t * d];
-                for (p, row) in tokens().zip(e.chunks_exact_mut(d)) {
-                    let (c, s) = row.split_at_mut(d / 2);
-                    sin_embedding_at(&self.cfg, p, c, s);
-                }
-                sin = Some(e);
-            }
-            PositionalEmbedding::None => {}
-        }
+        let (rope, sin) = match self.cfg.positional_embedding {
+            PositionalEmbedding::Rope => (Some(self.rope_values(pos, t)), None),
+            PositionalEmbedding::Sin => (None, Some(self.sin_values(pos, t))),
+            PositionalEmbedding::None => (None, None),
+        };
         HostTables {
             ids: (!every).then(|| rows.iter().map(|&r| r as u32).collect()),
             rope,
